@@ -1,0 +1,30 @@
+# The two commands a newcomer needs: `make demo` (the main job) and `make test` (every test).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Debian packages the tests drive for real: Prometheus and promtool, headless Chromium.
+SYSTEM_TOOLS := promtool prometheus chromium
+
+.PHONY: setup system-deps demo test
+
+$(BIN)/capwatch: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# The local CPU wheel first, so nothing below can pull a CUDA build of torch.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e ".[all]"
+	touch $@
+
+setup: $(BIN)/capwatch
+
+system-deps:
+	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
+	if [ -n "$$missing" ]; then \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus chromium; \
+	fi
+
+demo: setup
+	$(BIN)/capwatch plan --model deepseek-v3 --ep-size 8 --cap 1024 --cap 4096 --cap 16384
+
+test: setup system-deps
+	$(BIN)/python -m pytest

@@ -1,0 +1,5 @@
+import sys
+
+from capwatch.cli import main
+
+sys.exit(main())

@@ -1,0 +1,137 @@
+"""Device-resident cumulative counters of one rank's A2A dispatcher.
+
+Every update is an in-place tensor op on fixed-shape tensors with Python-int indices, so it
+is captured into a CUDA graph with the dispatch and replays with it; nothing here reads a
+device value back to the host on the hot path. ``snapshot()`` is the one host copy, taken by
+the telemetry layer off the hot path.
+
+One ``DispatchCounters`` serves all MoE layers of one rank and role: the dispatch of every
+layer calls ``record_dispatch``; only the step leader (the first layer) calls ``record_step``,
+so a forward step is counted once however many layers share the counters. A speculative
+draft model keeps its own instance with ``role="draft"``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+import torch
+
+ROLES = ("target", "draft")
+OVERFLOW_KINDS = ("runtime_over_cap", "local_over_runtime")
+OVERFLOW_OUTCOMES = ("raised", "chunked")
+
+
+class Field(IntEnum):
+    """Slots of the flat int64 counter vector (one clone copies them all at once)."""
+
+    DISPATCH_CALLS = 0
+    FORWARD_STEPS = 1
+    TOKENS_SENT = 2
+    TOKENS_RECEIVED = 3
+    MAX_RUNTIME_TOKENS = 4
+    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 5
+    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 6
+    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 7
+    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 8
+    CHUNKED_ROUNDS = 9
+
+
+def overflow_field(kind: str, outcome: str) -> Field:
+    if kind not in OVERFLOW_KINDS or outcome not in OVERFLOW_OUTCOMES:
+        raise ValueError(f"unknown overflow ({kind!r}, {outcome!r}); kinds {OVERFLOW_KINDS}, outcomes {OVERFLOW_OUTCOMES}")
+    return Field[f"OVERFLOW_{kind.upper()}_{outcome.upper()}"]
+
+
+@dataclass(frozen=True)
+class CounterSnapshot:
+    """Host copy of the counters at one moment. Histogram bin r < cap+1 counts steps with
+    R == r exactly; the last bin (index cap + 1) counts steps with R > cap."""
+
+    cap: int
+    ep_size: int
+    role: str
+    taken_at: float  # unix seconds
+    dispatch_calls: int
+    forward_steps: int
+    tokens_sent: int
+    tokens_received: int
+    max_runtime_tokens: int
+    chunked_rounds: int
+    overflow_events: dict[tuple[str, str], int]  # (kind, outcome) -> count
+    runtime_tokens_histogram: tuple[int, ...]  # length cap + 2
+    tokens_sent_per_rank: tuple[int, ...]  # to each target rank
+    tokens_received_per_rank: tuple[int, ...]  # from each source rank
+
+    @property
+    def overflow_events_total(self) -> int:
+        return sum(self.overflow_events.values())
+
+
+class DispatchCounters:
+    def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
+        if cap <= 0 or ep_size <= 0:
+            raise ValueError(f"cap and ep_size must be positive, got cap={cap}, ep_size={ep_size}")
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        self.cap = cap
+        self.ep_size = ep_size
+        self.role = role
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        options = dict(dtype=torch.int64, device=self.device)
+        self.values = torch.zeros(len(Field), **options)
+        self.runtime_tokens_histogram = torch.zeros(cap + 2, **options)
+        self.tokens_sent_per_rank = torch.zeros(ep_size, **options)
+        self.tokens_received_per_rank = torch.zeros(ep_size, **options)
+
+    # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
+
+    def record_step(self, runtime_tokens: int) -> None:
+        """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
+        self.values[Field.FORWARD_STEPS].add_(1)
+        self.runtime_tokens_histogram[min(runtime_tokens, self.cap + 1)].add_(1)
+        self.values[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1].clamp_(min=runtime_tokens)
+
+    def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
+        """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
+        self.values[Field.DISPATCH_CALLS].add_(1)
+        self.tokens_sent_per_rank.add_(send_counts)
+        self.tokens_received_per_rank.add_(recv_counts)
+        self.values[Field.TOKENS_SENT].add_(send_counts.sum())
+        self.values[Field.TOKENS_RECEIVED].add_(recv_counts.sum())
+
+    def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
+        self.values[overflow_field(kind, outcome)].add_(1)
+        if chunked_rounds:
+            self.values[Field.CHUNKED_ROUNDS].add_(chunked_rounds)
+
+    # --- off the hot path ---------------------------------------------------------------------
+
+    def snapshot(self) -> CounterSnapshot:
+        """Host copy (a device sync on GPUs: call it from the telemetry thread, not the step)."""
+        values = self.values.clone().cpu().tolist()
+        histogram = self.runtime_tokens_histogram.clone().cpu().tolist()
+        sent = self.tokens_sent_per_rank.clone().cpu().tolist()
+        received = self.tokens_received_per_rank.clone().cpu().tolist()
+        return CounterSnapshot(
+            cap=self.cap,
+            ep_size=self.ep_size,
+            role=self.role,
+            taken_at=time.time(),
+            dispatch_calls=values[Field.DISPATCH_CALLS],
+            forward_steps=values[Field.FORWARD_STEPS],
+            tokens_sent=values[Field.TOKENS_SENT],
+            tokens_received=values[Field.TOKENS_RECEIVED],
+            max_runtime_tokens=values[Field.MAX_RUNTIME_TOKENS],
+            chunked_rounds=values[Field.CHUNKED_ROUNDS],
+            overflow_events={
+                (kind, outcome): values[overflow_field(kind, outcome)]
+                for kind in OVERFLOW_KINDS
+                for outcome in OVERFLOW_OUTCOMES
+            },
+            runtime_tokens_histogram=tuple(histogram),
+            tokens_sent_per_rank=tuple(sent),
+            tokens_received_per_rank=tuple(received),
+        )

@@ -1,0 +1,95 @@
+"""The one list of metrics capwatch exports per rank.
+
+The exporter, the Grafana dashboards, the Prometheus rules and the docs all read this list,
+so a renamed metric breaks their tests instead of silently emptying a panel.
+Prometheus conventions: one prefix, base units, ``_total`` on counters, ``_ratio`` in 0-1,
+and only a few series per rank (no per-expert or per-layer labels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+PREFIX = "moe_a2a_"
+# Every per-rank series carries these; ``cluster`` names the EP group (a deployment).
+RANK_LABELS: tuple[str, ...] = ("cluster", "ep_rank", "dispatcher")
+
+MetricType = Literal["gauge", "counter", "histogram", "info"]
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str  # as exposed (counters include _total; info includes _info)
+    type: MetricType
+    help: str
+    unit: str  # "bytes", "tokens", "ratio", "steps", "calls", "events", "" (info)
+    labels: tuple[str, ...] = RANK_LABELS
+
+
+CAP_TOKENS = MetricSpec(
+    "moe_a2a_cap_tokens", "gauge",
+    "Per-rank token cap (max_num_tokens) the A2A workspace is sized for.", "tokens")
+WORKSPACE_BYTES = MetricSpec(
+    "moe_a2a_workspace_bytes", "gauge",
+    "A2A workspace bytes of this rank by FlashInfer's sizing formula.", "bytes")
+WORKSPACE_ALLOCATED_BYTES = MetricSpec(
+    "moe_a2a_workspace_allocated_bytes", "gauge",
+    "A2A workspace bytes this rank's backend actually allocated (only where the backend knows).", "bytes")
+DISPATCH_TOKEN_BYTES = MetricSpec(
+    "moe_a2a_dispatch_token_bytes", "gauge",
+    "Dispatch payload bytes per token (hidden states, scales, top-k ids and weights).", "bytes")
+COMBINE_TOKEN_BYTES = MetricSpec(
+    "moe_a2a_combine_token_bytes", "gauge",
+    "Combine payload bytes per token.", "bytes")
+INFO = MetricSpec(
+    "moe_a2a_info", "info",
+    "Configuration of this rank's A2A dispatcher (value is always 1).", "",
+    RANK_LABELS + ("ep_size", "backend", "payload_format", "flashinfer_version", "overflow_policy"))
+DISPATCH_CALLS = MetricSpec(
+    "moe_a2a_dispatch_calls_total", "counter",
+    "A2A dispatch calls (one per MoE layer per forward step, more when chunked).", "calls")
+FORWARD_STEPS = MetricSpec(
+    "moe_a2a_forward_steps_total", "counter",
+    "Forward steps that dispatched through the A2A (counted once across layers).", "steps")
+TOKENS_SENT = MetricSpec(
+    "moe_a2a_tokens_sent_total", "counter",
+    "Token copies this rank sent to expert ranks (one per distinct target rank per token).", "tokens")
+TOKENS_RECEIVED = MetricSpec(
+    "moe_a2a_tokens_received_total", "counter",
+    "Token copies this rank received from source ranks.", "tokens")
+OVERFLOW_EVENTS = MetricSpec(
+    "moe_a2a_overflow_events_total", "counter",
+    "Dispatches past the cap, by kind (runtime_over_cap: R > cap; local_over_runtime: local tokens > R) "
+    "and outcome (raised or chunked).", "events",
+    RANK_LABELS + ("kind", "outcome"))
+RUNTIME_TOKENS = MetricSpec(
+    "moe_a2a_runtime_tokens", "histogram",
+    "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap.", "tokens")
+RUNTIME_TOKENS_MAX = MetricSpec(
+    "moe_a2a_runtime_tokens_max", "gauge",
+    "Largest R seen since the rank started.", "tokens")
+INTERVAL_PEAK_RUNTIME_TOKENS = MetricSpec(
+    "moe_a2a_interval_peak_runtime_tokens", "gauge",
+    "Largest R in the last completed reporting interval.", "tokens")
+INTERVAL_PEAK_UTILIZATION = MetricSpec(
+    "moe_a2a_interval_peak_utilization_ratio", "gauge",
+    "Largest R in the last completed reporting interval divided by the cap (above 1 means overflow).", "ratio")
+
+METRICS: tuple[MetricSpec, ...] = (
+    CAP_TOKENS, WORKSPACE_BYTES, WORKSPACE_ALLOCATED_BYTES, DISPATCH_TOKEN_BYTES, COMBINE_TOKEN_BYTES, INFO,
+    DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS,
+    RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
+)
+
+# Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.
+RUNTIME_TOKEN_BUCKET_FRACTIONS: tuple[float, ...] = (
+    1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 0.8, 0.85, 0.9, 0.95, 1.0,
+)
+
+
+def runtime_token_buckets(cap: int) -> tuple[float, ...]:
+    """Upper bounds (tokens) of the R histogram for a cap; the cap itself is always a bound,
+    so everything in +Inf above it is an overflow."""
+    bounds = sorted({max(1, round(cap * fraction)) for fraction in RUNTIME_TOKEN_BUCKET_FRACTIONS} | {cap})
+    return tuple(float(bound) for bound in bounds)

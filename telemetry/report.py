@@ -1,0 +1,150 @@
+"""The interval report a rank posts to the service (``POST /v1/reports``).
+
+Defined once here; the reporter builds it and the service validates it with the same models.
+Strict: ints must be JSON integers (no floats, no NaN), unknown fields are refused, and the
+cross-field checks below reject anything that cannot come from a real rank.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+from dispatcher.sizing import MAX_EP_SIZE, PAYLOAD_FORMATS
+
+SCHEMA_VERSION = 1
+
+# Bounds on what a real deployment can report; anything beyond is a bug or an attack.
+MAX_CAP_TOKENS = 1 << 20
+MAX_HIDDEN_SIZE = 1 << 16
+MAX_TOP_K = 22
+MAX_NUM_EXPERTS = 1 << 12
+MAX_WORKSPACE_BYTES = 1 << 42  # 4 TiB
+MAX_COUNT = 1 << 62
+
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Role = Literal["target", "draft"]
+OverflowKind = Literal["runtime_over_cap", "local_over_runtime"]
+OverflowOutcome = Literal["raised", "chunked"]
+PayloadFormat = Literal["bf16", "fp16", "fp8", "nvfp4", "mxfp8"]
+
+assert set(Role.__args__) == set(ROLES)  # type: ignore[attr-defined]
+assert set(OverflowKind.__args__) == set(OVERFLOW_KINDS)  # type: ignore[attr-defined]
+assert set(OverflowOutcome.__args__) == set(OVERFLOW_OUTCOMES)  # type: ignore[attr-defined]
+assert set(PayloadFormat.__args__) == set(PAYLOAD_FORMATS)  # type: ignore[attr-defined]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class RankIdentity(_Strict):
+    cluster: Name
+    ep_rank: Annotated[int, Field(ge=0, lt=MAX_EP_SIZE)]
+    ep_size: Annotated[int, Field(ge=1, le=MAX_EP_SIZE)]
+    role: Role = "target"
+    boot_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    host: Annotated[str, Field(max_length=255)] | None = None
+
+    @model_validator(mode="after")
+    def _rank_in_group(self) -> "RankIdentity":
+        if self.ep_rank >= self.ep_size:
+            raise ValueError(f"ep_rank {self.ep_rank} must be < ep_size {self.ep_size}")
+        return self
+
+
+class RankConfig(_Strict):
+    cap: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)]
+    hidden_size: Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE)]
+    top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)]
+    num_experts: Annotated[int, Field(ge=1, le=MAX_NUM_EXPERTS)]
+    payload_format: PayloadFormat = "bf16"
+    backend: Annotated[str, Field(min_length=1, max_length=64)]
+    flashinfer_version: Annotated[str, Field(max_length=32)] | None = None
+    overflow_policy: Literal["raise", "chunk"] = "raise"
+    eplb_stats_num_experts: Annotated[int, Field(ge=0, le=MAX_NUM_EXPERTS)] = 0
+    dispatch_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]
+    combine_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]
+    workspace_bytes_per_rank: Annotated[int, Field(ge=1, le=MAX_WORKSPACE_BYTES)]
+    allocated_workspace_bytes: Annotated[int, Field(ge=1, le=MAX_WORKSPACE_BYTES)] | None = None
+    # Floor inputs for the advisor: the largest CUDA-graph decode batch and draft tokens per step.
+    cuda_graph_max_batch_size: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)] | None = None
+    speculative_tokens: Annotated[int, Field(ge=0, le=64)] = 0
+
+
+class OverflowCount(_Strict):
+    kind: OverflowKind
+    outcome: OverflowOutcome
+    count: Count
+
+
+class CumulativeCounters(_Strict):
+    """Totals since the rank booted (reset when boot_id changes)."""
+
+    dispatch_calls: Count
+    forward_steps: Count
+    tokens_sent: Count
+    tokens_received: Count
+    max_runtime_tokens: Count
+    overflow_events: Annotated[list[OverflowCount], Field(max_length=len(OVERFLOW_KINDS) * len(OVERFLOW_OUTCOMES))] = []
+
+
+class Interval(_Strict):
+    """What happened since the previous report. ``runtime_tokens_histogram`` is sparse:
+    ``[[R, steps], ...]`` with R ascending; R == cap + 1 stands for every R above the cap."""
+
+    start_unix_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    end_unix_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    forward_steps: Count
+    dispatch_calls: Count
+    peak_runtime_tokens: Count
+    runtime_tokens_histogram: Annotated[list[tuple[Count, Count]], Field(max_length=MAX_CAP_TOKENS + 2)] = []
+    overflow_events: Annotated[list[OverflowCount], Field(max_length=len(OVERFLOW_KINDS) * len(OVERFLOW_OUTCOMES))] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Interval":
+        if self.end_unix_s < self.start_unix_s:
+            raise ValueError("interval end_unix_s is before start_unix_s")
+        previous = -1
+        steps = 0
+        for runtime_tokens, count in self.runtime_tokens_histogram:
+            if runtime_tokens <= previous:
+                raise ValueError("runtime_tokens_histogram bins must be strictly ascending")
+            if count == 0:
+                raise ValueError("runtime_tokens_histogram lists only non-empty bins")
+            previous = runtime_tokens
+            steps += count
+        if steps != self.forward_steps:
+            raise ValueError(
+                f"runtime_tokens_histogram holds {steps} steps but interval forward_steps is {self.forward_steps}"
+            )
+        return self
+
+
+class RankReport(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    identity: RankIdentity
+    sequence: Count  # per boot_id, from 0; (boot_id, sequence) makes retries idempotent
+    sent_unix_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
+    config: RankConfig
+    counters: CumulativeCounters
+    interval: Interval
+    final: bool = False  # the last report before the rank exits
+    final_reason: Annotated[str, Field(max_length=2000)] | None = None
+
+    @model_validator(mode="after")
+    def _fits_cap(self) -> "RankReport":
+        top_bin = self.config.cap + 1
+        if self.interval.runtime_tokens_histogram and self.interval.runtime_tokens_histogram[-1][0] > top_bin:
+            raise ValueError(
+                f"runtime_tokens_histogram bin {self.interval.runtime_tokens_histogram[-1][0]} exceeds "
+                f"cap + 1 = {top_bin} (the over-cap bin)"
+            )
+        if self.interval.forward_steps > self.counters.forward_steps:
+            raise ValueError("interval forward_steps exceeds the cumulative forward_steps")
+        if self.interval.peak_runtime_tokens > self.counters.max_runtime_tokens:
+            raise ValueError("interval peak_runtime_tokens exceeds the cumulative max_runtime_tokens")
+        return self
