@@ -1,0 +1,103 @@
+"""Decode traces: JSON Lines, one step a line, ``{"tokens": [rank0, rank1, ...], "t": 0.25}``.
+
+``tokens`` is each rank's local batch in that step (the number of ranks follows the trace);
+``t`` (optional, seconds since start, non-decreasing) paces the replay. Blank lines are
+skipped. Every problem is reported with its line number and what to fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import IO, Iterable
+
+from capwatch.workload import Workload
+from dispatcher.sizing import MAX_EP_SIZE
+
+MAX_TOKENS_PER_RANK = 1 << 20
+MAX_TRACE_STEPS = 10_000_000
+TRACE_KEYS = ("tokens", "t")
+
+
+class TraceError(ValueError):
+    """A trace that cannot be replayed; the message names the file, line and problem."""
+
+
+def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Workload:
+    token_counts: list[list[int]] = []
+    times: list[float] = []
+    timed: bool | None = None
+
+    def fail(line_number: int, problem: str) -> TraceError:
+        return TraceError(f"{source}:{line_number}: {problem}")
+
+    for line_number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            step = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise fail(line_number, f"not valid JSON ({error.msg}); each line must be one object like "
+                                    '{"tokens": [12, 30]}') from None
+        if not isinstance(step, dict):
+            raise fail(line_number, f'expected an object like {{"tokens": [12, 30]}}, got {type(step).__name__}')
+        unknown = sorted(set(step) - set(TRACE_KEYS))
+        if unknown:
+            raise fail(line_number, f"unknown key(s) {', '.join(map(repr, unknown))}; allowed: \"tokens\", \"t\"")
+        if "tokens" not in step:
+            raise fail(line_number, 'missing "tokens" (a list with one token count per rank)')
+        tokens = step["tokens"]
+        if not isinstance(tokens, list) or not tokens:
+            raise fail(line_number, '"tokens" must be a non-empty list of integers, one per rank')
+        for rank, count in enumerate(tokens):
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise fail(line_number, f'"tokens"[{rank}] must be an integer, got {json.dumps(count)}')
+            if not 0 <= count <= MAX_TOKENS_PER_RANK:
+                raise fail(line_number, f'"tokens"[{rank}] = {count} is outside 0..{MAX_TOKENS_PER_RANK}')
+        if len(tokens) > MAX_EP_SIZE:
+            raise fail(line_number, f'"tokens" lists {len(tokens)} ranks; at most {MAX_EP_SIZE} are supported')
+        if token_counts and len(tokens) != len(token_counts[0]):
+            raise fail(line_number, f'"tokens" lists {len(tokens)} ranks but the first step lists '
+                                    f"{len(token_counts[0])}; every step needs one count per rank")
+        has_time = "t" in step
+        if timed is None:
+            timed = has_time
+        elif has_time != timed:
+            raise fail(line_number, '"t" must be given on every line or on none')
+        if has_time:
+            moment = step["t"]
+            if isinstance(moment, bool) or not isinstance(moment, (int, float)) or not math.isfinite(moment) \
+                    or moment < 0:
+                raise fail(line_number, f'"t" must be a number of seconds >= 0, got {json.dumps(moment)}')
+            if times and moment < times[-1]:
+                raise fail(line_number, f'"t" = {moment} goes back in time (previous step: {times[-1]})')
+            times.append(float(moment))
+        token_counts.append(tokens)
+        if len(token_counts) > MAX_TRACE_STEPS:
+            raise fail(line_number, f"more than {MAX_TRACE_STEPS} steps; split the trace")
+    if not token_counts:
+        raise TraceError(f"{source}: the trace has no steps; write one JSON object per line, "
+                         'e.g. {"tokens": [12, 30, 7, 9]}')
+    return Workload(token_counts=token_counts, step_times_s=times if timed else None, source=source)
+
+
+def read_trace(path: str | Path) -> Workload:
+    path = Path(path)
+    try:
+        with path.open(encoding="utf-8") as handle:
+            return parse_trace(handle, source=str(path))
+    except FileNotFoundError:
+        raise TraceError(f"trace file {path} does not exist") from None
+    except UnicodeDecodeError:
+        raise TraceError(f"{path}: not UTF-8 text; a trace is JSON Lines") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path} is a directory; pass a JSON Lines file") from None
+
+
+def write_trace(workload: Workload, handle: IO[str]) -> None:
+    for step, tokens in enumerate(workload.token_counts):
+        record: dict = {"tokens": list(tokens)}
+        if workload.step_times_s is not None:
+            record["t"] = workload.step_times_s[step]
+        handle.write(json.dumps(record, separators=(",", ":")) + "\n")
