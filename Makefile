@@ -1,5 +1,5 @@
 # The two commands a newcomer needs: `make demo` (the main job) and `make test` (every test).
-PYTHON ?= python3
+PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 # Debian packages the tests drive for real: Prometheus and promtool, headless Chromium.
