@@ -1,0 +1,219 @@
+"""The one benchmark runner: ``python -m benchmarks NAME [--quick] [--json]``.
+
+A benchmark is any module ``benchmarks/<name>.py`` exposing ``run(quick: bool = False) -> dict``
+(JSON-serialisable figures). ``NAME`` is one of them or ``all``; ``all`` runs every one and
+writes ``docs/benchmarks.md`` with the machine and the date. ``--json`` prints the figures as
+one object. Exit status 2 for an unknown name, 1 when a benchmark failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import os
+import pkgutil
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import benchmarks
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_REPORT = REPO_ROOT / "docs" / "benchmarks.md"
+
+
+def available() -> list[str]:
+    """Every benchmark module (those exposing ``run``), sorted."""
+    names = []
+    for module in pkgutil.iter_modules(benchmarks.__path__):
+        if module.name.startswith("_"):
+            continue
+        if callable(getattr(importlib.import_module(f"benchmarks.{module.name}"), "run", None)):
+            names.append(module.name)
+    return sorted(names)
+
+
+def machine() -> dict:
+    """CPU model, cores, memory, OS and the versions that matter for the figures."""
+    cpu_model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory_bytes = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory_bytes = int(line.split()[1]) * 1024
+                break
+    except OSError:
+        pass
+    info = {
+        "cpu_model": cpu_model,
+        "cpu_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "memory_gib": round(memory_bytes / 2**30, 1) if memory_bytes else None,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+    }
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def run_one(name: str, quick: bool) -> dict:
+    """{"figures": ..., "seconds": ...} or {"error": ...}: one failure never hides the others."""
+    started = time.perf_counter()
+    try:
+        figures = importlib.import_module(f"benchmarks.{name}").run(quick=quick)
+        json.dumps(figures)  # fail here, not in the report, when a figure is not JSON
+    except Exception as error:  # noqa: BLE001 - reported, and the exit status says so
+        return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(),
+                "seconds": round(time.perf_counter() - started, 2)}
+    return {"figures": figures, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def flatten(figures, prefix: str = "") -> list[tuple[str, object]]:
+    """Nested figures as (dotted key, value) rows; lists of scalars stay one value."""
+    if isinstance(figures, dict):
+        rows = []
+        for key, value in figures.items():
+            rows.extend(flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return rows
+    if isinstance(figures, list) and figures and all(isinstance(item, dict) for item in figures):
+        rows = []
+        for index, item in enumerate(figures):
+            rows.extend(flatten(item, f"{prefix}[{index}]"))
+        return rows
+    return [(prefix, figures)]
+
+
+def format_value(value) -> str:
+    if isinstance(value, float):
+        if value == 0 or 0.001 <= abs(value) < 1e7:
+            return f"{value:,.4g}" if abs(value) < 1000 else f"{value:,.1f}"
+        return f"{value:.3e}"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(format_value(item) for item in value)
+    return str(value)
+
+
+def _markdown_cell(value) -> str:
+    return format_value(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _describe(name: str) -> str:
+    doc = (importlib.import_module(f"benchmarks.{name}").__doc__ or "").strip()
+    return doc.split("\n\n", 1)[0].replace("\n", " ")
+
+
+def _render_figures(figures) -> list[str]:
+    # A benchmark may return ready tables: {"tables": {"title": [{"col": v, ...}, ...]}}.
+    lines: list[str] = []
+    tables = figures.get("tables", {}) if isinstance(figures, dict) else {}
+    scalars = {key: value for key, value in figures.items() if key != "tables"} if isinstance(figures, dict) \
+        else {"value": figures}
+    rows = flatten(scalars)
+    if rows:
+        lines += ["| figure | value |", "|---|---|"]
+        lines += [f"| {key} | {_markdown_cell(value)} |" for key, value in rows]
+        lines.append("")
+    for title, table in tables.items():
+        if not table:
+            continue
+        columns = list(table[0])
+        lines += [f"**{title}**", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+        lines += ["| " + " | ".join(_markdown_cell(row.get(column, "")) for column in columns) + " |" for row in table]
+        lines.append("")
+    return lines
+
+
+def render_report(results: dict[str, dict], quick: bool, machine_info: dict, when: dt.datetime) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Measured {when.strftime('%Y-%m-%d %H:%M UTC')} with `python -m benchmarks all{' --quick' if quick else ''}`"
+        " (regenerate with the same command; every figure below comes from that run).",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+    ]
+    lines += [f"| {key.replace('_', ' ')} | {_markdown_cell(value)} |" for key, value in machine_info.items()]
+    lines += ["", "## Summary", "", "| benchmark | status | seconds |", "|---|---|---|"]
+    for name, result in results.items():
+        status = "failed: " + _markdown_cell(result["error"]) if "error" in result else "ok"
+        lines.append(f"| [{name}](#{name.replace('_', '-')}) | {status} | {result['seconds']} |")
+    lines.append("")
+    for name, result in results.items():
+        lines += [f"## {name.replace('_', '-')}", "", _describe(name) or f"`benchmarks/{name}.py`", "",
+                  f"Run alone: `python -m benchmarks {name}{' --quick' if quick else ''}`.", ""]
+        if "error" in result:
+            lines += ["Failed:", "", "```", result["traceback"].rstrip(), "```", ""]
+        else:
+            lines += _render_figures(result["figures"])
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def print_table(name: str, result: dict) -> None:
+    print(f"== {name} ({result['seconds']} s)")
+    if "error" in result:
+        print(result["traceback"].rstrip(), file=sys.stderr)
+        return
+    rows = flatten(result["figures"])
+    width = max((len(key) for key, _ in rows), default=0)
+    for key, value in rows:
+        print(f"  {key.ljust(width)}  {format_value(value)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    names = available()
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("name", metavar="NAME", help=f"one of: all, {', '.join(names) or '(none found)'}")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (CI, 2 cores)")
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--output", type=Path, default=DEFAULT_REPORT,
+                        help="where `all` writes the Markdown report (default: docs/benchmarks.md)")
+    args = parser.parse_args(argv)
+    if args.name != "all" and args.name not in names:
+        parser.error(f"unknown benchmark {args.name!r}; choose all or one of: {', '.join(names)}")
+
+    selected = names if args.name == "all" else [args.name]
+    results: dict[str, dict] = {}
+    for name in selected:
+        if not args.json:
+            print(f"running {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
+        results[name] = run_one(name, args.quick)
+        if not args.json:
+            print_table(name, results[name])
+
+    if args.name == "all":
+        report = render_report(results, args.quick, machine(), dt.datetime.now(dt.timezone.utc))
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(report, encoding="utf-8")
+        if not args.json:
+            print(f"wrote {args.output}", file=sys.stderr)
+    if args.json:
+        payload = {name: result.get("figures", {"error": result.get("error")}) for name, result in results.items()}
+        if args.name != "all":
+            payload = payload[args.name]
+        print(json.dumps(payload, indent=2, sort_keys=False))
+    return 1 if any("error" in result for result in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,340 @@
+// The capwatch page: reads the service's JSON API and draws it. Relative URLs, so it works
+// wherever the service is mounted. Sets body[data-ready] and data-* counts once drawn.
+"use strict";
+
+(() => {
+  const $ = (id) => document.getElementById(id);
+  const GIB = 1024 ** 3;
+  const REFRESH_MS = 3000;
+  const state = { cluster: null, timer: null };
+
+  async function getJSON(path) {
+    const response = await fetch(path, { headers: { Accept: "application/json" } });
+    if (!response.ok) {
+      let detail = "";
+      try { detail = JSON.stringify((await response.json()).detail); } catch (error) { /* not JSON */ }
+      throw new Error(`${path}: HTTP ${response.status} ${detail}`);
+    }
+    return response.json();
+  }
+  const optional = (promise) => promise.catch((error) => ({ __error: String(error.message || error) }));
+
+  const first = (object, names, fallback = undefined) => {
+    for (const name of names) if (object && object[name] !== undefined && object[name] !== null) return object[name];
+    return fallback;
+  };
+  const listOf = (raw, names) => (Array.isArray(raw) ? raw : first(raw, names, []));
+  const gib = (bytes) => (bytes === undefined || bytes === null ? "–" : (bytes / GIB).toFixed(bytes < GIB ? 3 : 2) + " GiB");
+  const signedGib = (bytes) => (bytes === undefined || bytes === null ? "–" : (bytes > 0 ? "+" : "") + gib(bytes));
+  const percent = (value) => (value === undefined || value === null ? "–" : Charts.formatPercent(value));
+  const tokens = (value) => (value === undefined || value === null ? "–" : Number(value).toLocaleString("en-US"));
+
+  function showMessage(text) {
+    const message = $("message");
+    message.hidden = !text;
+    message.textContent = text || "";
+  }
+
+  // --- the history, whatever the grouping the service returns -----------------------------------
+  function normalizeHistory(raw, cap) {
+    const rows = [];
+    const push = (row, rank) => {
+      const t = Number(first(row, ["end_unix_s", "t", "time", "timestamp", "end"], NaN));
+      const peak = Number(first(row, ["peak_runtime_tokens", "peak_r", "peak"], NaN));
+      if (!Number.isFinite(t)) return;
+      const rowCap = Number(first(row, ["cap"], cap));
+      let utilization = Number(first(row, ["utilization", "peak_utilization", "peak_utilization_ratio"], NaN));
+      if (!Number.isFinite(utilization) && Number.isFinite(peak) && rowCap > 0) utilization = peak / rowCap;
+      rows.push({
+        rank: first(row, ["ep_rank", "rank"], rank),
+        role: first(row, ["role", "dispatcher"], "target"),
+        t, peak, utilization,
+        overflows: Number(first(row, ["overflow_events", "overflows", "overflow_events_total"], 0)) || 0,
+      });
+    };
+    const series = Array.isArray(raw) ? null : first(raw, ["ranks", "series"], null);
+    if (Array.isArray(series) && series.length && first(series[0], ["points", "intervals", "samples"], null)) {
+      for (const entry of series) {
+        for (const row of first(entry, ["points", "intervals", "samples"], [])) push(row, first(entry, ["ep_rank", "rank"]));
+      }
+    } else {
+      for (const row of listOf(raw, ["points", "intervals", "samples", "rows", "history"])) push(row, undefined);
+    }
+    rows.sort((a, b) => a.t - b.t);
+    return rows;
+  }
+
+  function groupByInterval(rows) {
+    // Group peak per reporting interval: rows of different ranks within the same second belong together.
+    const buckets = new Map();
+    for (const row of rows) {
+      const key = Math.round(row.t * 2) / 2;
+      const bucket = buckets.get(key) || { t: key, peak: 0, overflows: 0 };
+      if (Number.isFinite(row.peak)) bucket.peak = Math.max(bucket.peak, row.peak);
+      bucket.overflows += row.overflows;
+      buckets.set(key, bucket);
+    }
+    return [...buckets.values()].sort((a, b) => a.t - b.t);
+  }
+
+  // --- renderers ---------------------------------------------------------------------------------
+  function renderAdvice(advice) {
+    const action = first(advice, ["action"], "insufficient_data");
+    const badge = $("action");
+    badge.textContent = action.replace("_", " ");
+    badge.className = `badge ${action}`;
+    $("current-cap").textContent = tokens(first(advice, ["current_cap"]));
+    $("recommended-cap").textContent = tokens(first(advice, ["recommended_cap"]));
+    const facts = [
+      ["bounds", advice.lower_bound !== undefined && advice.lower_bound !== null
+        ? `${tokens(advice.lower_bound)} – ${tokens(advice.upper_bound)}` : "–"],
+      ["confidence", percent(first(advice, ["confidence"]))],
+      ["observed peak R", tokens(first(advice, ["observed_peak_runtime_tokens", "peak_runtime_tokens", "observed_peak"]))],
+      ["overflow rate now", percent(first(advice, ["predicted_overflow_rate_current"]))],
+      ["overflow rate after", percent(first(advice, ["predicted_overflow_rate_recommended"]))],
+      ["workspace / rank now", gib(first(advice, ["workspace_bytes_per_rank_current"]))],
+      ["workspace / rank after", gib(first(advice, ["workspace_bytes_per_rank_recommended"]))],
+      ["change across group", signedGib(first(advice, ["workspace_bytes_group_delta"]))],
+      ["intervals", tokens(first(advice, ["samples", "intervals", "sample_count"]))],
+    ];
+    const list = $("advice-facts");
+    list.textContent = "";
+    for (const [name, value] of facts) {
+      const wrapper = document.createElement("div");
+      const dt = document.createElement("dt"); dt.textContent = name;
+      const dd = document.createElement("dd"); dd.textContent = value;
+      wrapper.append(dt, dd); list.appendChild(wrapper);
+    }
+    const env = first(advice, ["env", "export"], "");
+    $("env-line").textContent = env ? (env.startsWith("export ") ? env : `export ${env}`) : "no recommendation yet";
+    $("env-line").dataset.env = env || "";
+    const reasons = $("reasons");
+    reasons.textContent = "";
+    for (const reason of first(advice, ["reasons"], [])) {
+      const item = document.createElement("li"); item.textContent = reason; reasons.appendChild(item);
+    }
+  }
+
+  function renderUtilization(rows, advice) {
+    const byRank = new Map();
+    for (const row of rows) {
+      if (!Number.isFinite(row.utilization)) continue;
+      const name = `rank ${row.rank}${row.role && row.role !== "target" ? " " + row.role : ""}`;
+      if (!byRank.has(name)) byRank.set(name, []);
+      byRank.get(name).push([row.t, row.utilization]);
+    }
+    const series = [...byRank.entries()].sort((a, b) => a[0].localeCompare(b[0], "en", { numeric: true }))
+      .map(([name, points]) => ({ name, points }));
+    const references = [{ y: 1, label: "cap", color: "#b91c1c" }];
+    const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
+    if (current && recommended) references.push({ y: recommended / current, label: "recommended", color: "#0f766e" });
+    Charts.lines($("chart-utilization"), { series, lines: references, xFormat: Charts.formatClock,
+      yFormat: Charts.formatPercent, emptyText: "no interval reports yet" });
+    return series.reduce((total, s) => total + s.points.length, 0);
+  }
+
+  function renderCaps(advice, peak) {
+    const marks = [];
+    const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
+    if (current) marks.push({ label: "current", value: current, color: "#b91c1c" });
+    if (recommended) marks.push({ label: "recommended", value: recommended, color: "#0f766e" });
+    if (peak) marks.push({ label: "peak R", value: peak, color: "#7c3aed" });
+    const band = advice.lower_bound ? { low: advice.lower_bound, high: advice.upper_bound || advice.lower_bound } : null;
+    const maxValue = Math.max(...marks.map((m) => m.value), band ? band.high : 0) * 1.1 || 1;
+    Charts.ruler($("chart-caps"), { marks, band, maxValue });
+    return marks.length;
+  }
+
+  function renderDistribution(groupPeaks, advice) {
+    const peaks = groupPeaks.map((g) => g.peak).filter(Number.isFinite);
+    if (!peaks.length) { Charts.empty($("chart-distribution"), "no interval peaks yet"); return 0; }
+    const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
+    const high = Math.max(...peaks) + 1;
+    const binCount = Math.min(30, Math.max(8, Math.ceil(Math.sqrt(peaks.length)) * 2));
+    const width = Math.max(1, Math.ceil(high / binCount));
+    const bins = Array.from({ length: Math.ceil(high / width) }, (_, i) => ({ x0: i * width, x1: (i + 1) * width, y: 0 }));
+    for (const peak of peaks) bins[Math.min(bins.length - 1, Math.floor(peak / width))].y += 1;
+    const markers = [];
+    if (recommended) markers.push({ x: recommended, label: `recommended ${recommended}`, color: "#0f766e" });
+    if (current && current <= high * 4) markers.push({ x: current, label: `current ${current}`, color: "#b91c1c" });
+    Charts.bars($("chart-distribution"), { bars: bins, markers, name: "peak R per interval", yTitle: "intervals" });
+    return peaks.length;
+  }
+
+  function renderOverflows(groupPeaks) {
+    const events = groupPeaks.filter((g) => g.overflows > 0);
+    if (!groupPeaks.length) { Charts.empty($("chart-overflows"), "no interval reports yet"); return 0; }
+    const spacing = groupPeaks.length > 1 ? (groupPeaks[groupPeaks.length - 1].t - groupPeaks[0].t) / groupPeaks.length : 1;
+    const items = groupPeaks.map((g) => ({ x0: g.t, x1: g.t + spacing, y: g.overflows, color: "#b91c1c" }));
+    if (!events.length) {
+      Charts.empty($("chart-overflows"), `no overflow in ${groupPeaks.length} intervals`);
+      $("chart-overflows").dataset.intervals = groupPeaks.length;
+      return 0;
+    }
+    Charts.bars($("chart-overflows"), { bars: items, name: "overflow events", xFormat: Charts.formatClock, yTitle: "events" });
+    return events.reduce((total, g) => total + g.overflows, 0);
+  }
+
+  function whatIfCaps(advice, peak) {
+    const alignment = 128;
+    const anchor = Math.max(first(advice, ["current_cap"], 0), first(advice, ["recommended_cap"], 0), peak || 0, alignment);
+    const top = Math.ceil((anchor * 1.25) / alignment) * alignment;
+    const step = Math.max(alignment, Math.ceil(top / 16 / alignment) * alignment);
+    const caps = new Set();
+    for (let cap = step; cap <= top; cap += step) caps.add(cap);
+    for (const extra of [advice.current_cap, advice.recommended_cap]) if (extra) caps.add(extra);
+    if (peak) caps.add(Math.max(1, Math.floor(peak * 0.8)));
+    return [...caps].sort((a, b) => a - b);
+  }
+
+  function renderWhatIf(rows, advice) {
+    const list = listOf(rows, ["caps", "points", "results", "whatif"]);
+    const overflow = { name: "overflow rate", format: Charts.formatPercent, points: [] };
+    const memory = { name: "GiB / rank", format: (v) => v.toFixed(v < 1 ? 2 : 1), points: [] };
+    for (const row of list) {
+      const cap = Number(first(row, ["cap"]));
+      const rate = Number(first(row, ["predicted_overflow_rate", "overflow_rate"]));
+      const bytes = Number(first(row, ["workspace_bytes_per_rank", "workspace_bytes"]));
+      if (Number.isFinite(cap) && Number.isFinite(rate)) overflow.points.push([cap, rate]);
+      if (Number.isFinite(cap) && Number.isFinite(bytes)) memory.points.push([cap, bytes / GIB]);
+    }
+    const markers = [];
+    if (advice.current_cap) markers.push({ x: advice.current_cap, label: "current", color: "#b91c1c" });
+    if (advice.recommended_cap) markers.push({ x: advice.recommended_cap, label: "recommended", color: "#0f766e" });
+    Charts.dual($("chart-whatif"), { left: overflow, right: memory, markers, emptyText: "what-if unavailable" });
+    return overflow.points.length;
+  }
+
+  function renderFindings(findings) {
+    const list = $("findings");
+    list.textContent = "";
+    if (!findings.length) {
+      const item = document.createElement("li"); item.className = "ok";
+      item.textContent = "No findings: every rank agrees on the cap and ep_size, and all are reporting.";
+      list.appendChild(item);
+      return 0;
+    }
+    for (const finding of findings) {
+      const item = document.createElement("li");
+      item.className = first(finding, ["severity"], "warning");
+      const kind = document.createElement("span"); kind.className = "kind";
+      kind.textContent = first(finding, ["kind", "finding"], "finding");
+      const ranks = first(finding, ["ranks"], []);
+      item.append(kind, document.createTextNode(first(finding, ["message"], "") +
+        (ranks.length ? ` (ranks ${ranks.join(", ")})` : "")));
+      list.appendChild(item);
+    }
+    return findings.length;
+  }
+
+  function renderRanks(ranks) {
+    const body = $("ranks").querySelector("tbody");
+    body.textContent = "";
+    for (const rank of ranks) {
+      const row = document.createElement("tr");
+      const overflow = first(rank, ["overflow_events_total", "overflow_events", "overflows"], 0);
+      const overflowTotal = typeof overflow === "object" ? Object.values(overflow).reduce((a, b) => a + (b.count ?? b), 0) : overflow;
+      const stateText = first(rank, ["state"], "");
+      const cells = [
+        first(rank, ["ep_rank", "rank"]), first(rank, ["role", "dispatcher"], "target"), stateText,
+        tokens(first(rank, ["cap"])), tokens(first(rank, ["last_peak_runtime_tokens", "peak_runtime_tokens", "last_peak_r"])),
+        percent(first(rank, ["utilization", "last_peak_utilization", "peak_utilization"])), tokens(overflowTotal),
+        gib(first(rank, ["workspace_bytes_per_rank", "workspace_bytes"])),
+      ];
+      cells.forEach((value, index) => {
+        const cell = document.createElement("td");
+        cell.textContent = value === undefined ? "–" : value;
+        if (index === 2) cell.className = `state-${stateText}`;
+        row.appendChild(cell);
+      });
+      body.appendChild(row);
+    }
+    return ranks.length;
+  }
+
+  // --- the chain ---------------------------------------------------------------------------------
+  async function loadClusters() {
+    const raw = await getJSON("v1/clusters");
+    const clusters = listOf(raw, ["clusters", "items"]).map((c) => (typeof c === "string" ? c : first(c, ["cluster", "name"])));
+    const select = $("cluster");
+    const wanted = new URLSearchParams(location.search).get("cluster") || state.cluster;
+    select.textContent = "";
+    for (const name of clusters) {
+      const option = document.createElement("option"); option.value = option.textContent = name;
+      select.appendChild(option);
+    }
+    state.cluster = clusters.includes(wanted) ? wanted : clusters[0] || null;
+    if (state.cluster) select.value = state.cluster;
+    return clusters;
+  }
+
+  async function refresh() {
+    try {
+      const clusters = await loadClusters();
+      if (!state.cluster) {
+        showMessage("No cluster has reported yet. Start ranks with reporters pointed at this service (capwatch demo does).");
+        document.body.dataset.ready = "1";
+        document.body.dataset.clusters = "0";
+        return;
+      }
+      const base = `v1/clusters/${encodeURIComponent(state.cluster)}`;
+      const [detail, advice, history] = await Promise.all([
+        optional(getJSON(base)), optional(getJSON(`${base}/advice`)), optional(getJSON(`${base}/history`)),
+      ]);
+      const errors = [detail, advice, history].filter((r) => r && r.__error).map((r) => r.__error);
+      const adviceData = advice.__error ? {} : advice;
+      const ranks = detail.__error ? [] : listOf(detail, ["ranks"]);
+      const findings = detail.__error ? [] : listOf(detail, ["findings"]);
+      const cap = first(adviceData, ["current_cap"], ranks.length ? first(ranks[0], ["cap"]) : undefined);
+      const rows = history.__error ? [] : normalizeHistory(history, cap);
+      const groupPeaks = groupByInterval(rows.filter((r) => r.role === "target" || r.role === undefined));
+      const peak = groupPeaks.length ? Math.max(...groupPeaks.map((g) => g.peak).filter(Number.isFinite)) : undefined;
+      const whatif = await optional(getJSON(`${base}/whatif?` + whatIfCaps(adviceData, peak).map((c) => `cap=${c}`).join("&")));
+      if (whatif.__error) errors.push(whatif.__error);
+
+      renderAdvice(adviceData);
+      const counts = {
+        utilizationPoints: renderUtilization(rows, adviceData),
+        capMarks: renderCaps(adviceData, peak),
+        distributionSamples: renderDistribution(groupPeaks, adviceData),
+        overflowEvents: renderOverflows(groupPeaks),
+        whatifPoints: whatif.__error ? 0 : renderWhatIf(whatif, adviceData),
+        findings: renderFindings(findings),
+        ranks: renderRanks(ranks),
+      };
+      if (whatif.__error) Charts.empty($("chart-whatif"), "what-if unavailable");
+      showMessage(errors.length ? `Some data could not be loaded: ${errors.join("; ")}` : "");
+      Object.assign(document.body.dataset, counts, {
+        clusters: String(clusters.length), cluster: state.cluster, action: first(adviceData, ["action"], ""),
+        recommendedCap: String(first(adviceData, ["recommended_cap"], "")), ready: "1",
+      });
+      $("updated").textContent = `updated ${new Date().toTimeString().slice(0, 8)}`;
+    } catch (error) {
+      showMessage(`Cannot reach the capwatch API: ${error.message || error}`);
+      document.body.dataset.ready = "error";
+    }
+  }
+
+  function schedule() {
+    clearInterval(state.timer);
+    if ($("autorefresh").checked) state.timer = setInterval(refresh, REFRESH_MS);
+  }
+
+  $("cluster").addEventListener("change", (event) => {
+    state.cluster = event.target.value;
+    const url = new URL(location.href); url.searchParams.set("cluster", state.cluster);
+    history.replaceState(null, "", url);
+    refresh();
+  });
+  $("autorefresh").addEventListener("change", schedule);
+  $("copy-env").addEventListener("click", async () => {
+    const text = $("env-line").textContent;
+    try { await navigator.clipboard.writeText(text); $("copy-env").textContent = "Copied"; } catch (error) {
+      const range = document.createRange(); range.selectNodeContents($("env-line"));
+      const selection = getSelection(); selection.removeAllRanges(); selection.addRange(range);
+      $("copy-env").textContent = "Selected";
+    }
+    setTimeout(() => { $("copy-env").textContent = "Copy"; }, 1500);
+  });
+  refresh().then(schedule);
+})();
