@@ -174,10 +174,22 @@ def print_table(name: str, result: dict) -> None:
     if "error" in result:
         print(result["traceback"].rstrip(), file=sys.stderr)
         return
-    rows = flatten(result["figures"])
+    figures = result["figures"]
+    tables = figures.get("tables", {}) if isinstance(figures, dict) else {}
+    rows = flatten({key: value for key, value in figures.items() if key != "tables"} if tables else figures)
     width = max((len(key) for key, _ in rows), default=0)
     for key, value in rows:
         print(f"  {key.ljust(width)}  {format_value(value)}")
+    for title, table in tables.items():
+        if not table:
+            continue
+        columns = list(table[0])
+        cells = [[format_value(row.get(column, "")) for column in columns] for row in table]
+        widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(columns)]
+        print(f"  {title}:")
+        print("    " + "  ".join(column.ljust(widths[i]) for i, column in enumerate(columns)))
+        for line in cells:
+            print("    " + "  ".join(value.ljust(widths[i]) for i, value in enumerate(line)))
 
 
 def main(argv: list[str] | None = None) -> int:
