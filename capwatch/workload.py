@@ -63,7 +63,7 @@ def _iter_presets(models_module):
 
 
 def scaled_geometry(model: str = DEFAULT_MODEL, ep_size: int = 4) -> ModelGeometry:
-    """The preset scaled down for CPUs: hidden size /32 clamped to 64..256 (a power of two);
+    """The preset scaled down for CPUs: hidden size /64 clamped to 64..256 (a power of two);
     experts and top-k kept, so the routing fan-out per token is the real model's. Experts
     are only reduced (keeping top_k / num_experts) when there are fewer than ranks."""
     presets = model_presets()
@@ -71,7 +71,7 @@ def scaled_geometry(model: str = DEFAULT_MODEL, ep_size: int = 4) -> ModelGeomet
         raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(presets))}")
     hidden_size, num_experts, top_k = presets[model]
     low, high = CPU_HIDDEN_RANGE
-    cpu_hidden = min(high, max(low, 2 ** round(math.log2(max(1, hidden_size // 32)))))
+    cpu_hidden = min(high, max(low, 2 ** round(math.log2(max(1, hidden_size // 64)))))
     if num_experts < ep_size:
         scale = math.ceil(ep_size / num_experts)
         num_experts, top_k = num_experts * scale, top_k * scale

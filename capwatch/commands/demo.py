@@ -1,0 +1,101 @@
+"""``capwatch demo``: service + N real rank processes + advice, on one machine (no GPU)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from capwatch.cli import CommandError
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65_535:
+        raise argparse.ArgumentTypeError(f"port {value} is outside 0..65535")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not 0 <= value <= 7 * 86_400:
+        raise argparse.ArgumentTypeError(f"seconds must be within 0..604800, got {value}")
+    return value
+
+
+def register(subparsers) -> None:
+    from capwatch.workload import DEFAULT_MODEL
+
+    parser = subparsers.add_parser(
+        "demo", help="run the service and N rank processes on a decode workload, then show the advice",
+        description="Start the capwatch service, launch N ranks (real processes in a torch.distributed gloo group "
+                    "running the instrumented dispatcher) on a realistic decode workload or a trace, with exporters "
+                    "and reporters on; end with the advice and the URLs of the web page, the API and the metrics.")
+    parser.add_argument("--trace", type=Path, metavar="FILE",
+                        help='replay JSON Lines, one step a line: {"tokens": [rank0, rank1, ...], "t": seconds} '
+                             "(t optional); the number of ranks follows the trace")
+    parser.add_argument("--cap", type=_positive_int, default=4096,
+                        help="per-rank token cap the ranks run with (default: 4096, SGLang's default)")
+    parser.add_argument("--ranks", type=_positive_int, help="EP ranks to launch (default: 4, or the trace's)")
+    parser.add_argument("--steps", type=_positive_int,
+                        help="decode steps (default: 1200 generated; with --trace, the first N steps)")
+    parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default="chunk",
+                        help="past the cap: raise ends the demo with the dispatcher's error (exit 1); chunk splits "
+                             "the dispatch into rounds (default: chunk)")
+    parser.add_argument("--model", default=DEFAULT_MODEL,
+                        help=f"model preset for routing and workspace pricing (default: {DEFAULT_MODEL})")
+    parser.add_argument("--cluster", default="demo", help="cluster name the ranks report under (default: demo)")
+    parser.add_argument("--json", action="store_true",
+                        help="print only the final advice object (as GET /v1/clusters/{cluster}/advice returns it)")
+    parser.add_argument("--port", type=_port, help="service port on 127.0.0.1 (default: 8000, or a free one)")
+    parser.add_argument("--metrics-port", type=_port, metavar="B",
+                        help="rank r exports /metrics on B + r (default: 9400, or the next free block)")
+    parser.add_argument("--hold", type=_seconds, default=0.0, metavar="SECONDS",
+                        help="keep the service and the exporters up this long after the run")
+    parser.add_argument("--service-url", metavar="URL",
+                        help="report to this running service instead of starting one")
+    parser.add_argument("--state-dir", type=Path, metavar="DIR",
+                        help="where the embedded service keeps its SQLite database and log "
+                             "(default: $XDG_STATE_HOME/capwatch or ~/.local/state/capwatch)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default: 0)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from telemetry.report import MAX_CAP_TOKENS, RankIdentity
+
+    from capwatch.demo_session import DemoOptions, run_demo
+
+    if args.cap > MAX_CAP_TOKENS:
+        raise CommandError(f"--cap {args.cap} exceeds {MAX_CAP_TOKENS} tokens per rank")
+    if args.ranks is not None and args.ranks > 64:
+        raise CommandError(f"--ranks {args.ranks}: FlashInfer's A2A supports at most 64 ranks")
+    if args.service_url and args.port is not None:
+        raise CommandError("--port starts a service; --service-url reports to a running one: pass only one")
+    if args.service_url and not args.service_url.startswith(("http://", "https://")):
+        raise CommandError(f"--service-url {args.service_url!r} must look like http://host:port")
+    try:
+        RankIdentity.model_validate(dict(cluster=args.cluster, ep_rank=0, ep_size=1, boot_id="x"))
+    except ValueError:
+        raise CommandError(f"--cluster {args.cluster!r}: use 1-128 letters, digits and . _ : -") from None
+    options = DemoOptions(
+        trace=args.trace, cap=args.cap, ranks=args.ranks, steps=args.steps, overflow_policy=args.overflow_policy,
+        model=args.model, cluster=args.cluster, json=args.json, port=args.port, metrics_port=args.metrics_port,
+        hold_s=args.hold, service_url=args.service_url, state_dir=args.state_dir, seed=args.seed,
+    )
+    return run_demo(options)

@@ -1,0 +1,396 @@
+"""``capwatch demo``: the whole product on one machine, in one visible chain.
+
+    workload (generated or a trace) -> service (uvicorn subprocess, SQLite under the state folder)
+      -> N rank processes (gloo group; instrumented dispatcher; exporter + reporter each)
+      -> progress -> final advice from the service's API -> table (or JSON) and the URLs
+
+The embedded service runs the real advisor with its clock compressed: a demo "day" lasts
+seconds, so the advisor's history and confidence thresholds are scaled to match (see
+``DEMO_ADVISOR_SETTINGS``). A service given with ``--service-url`` keeps its own settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from capwatch.cli import CommandError
+from capwatch.rank_process import PROGRESS_FIELDS, Phase, RankPlan
+from capwatch.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOOPBACK = "127.0.0.1"
+DEFAULT_PORT = 8000
+DEFAULT_METRICS_PORT = 9400
+DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
+DEFAULT_STEPS = 1200
+REPORT_INTERVAL_S = 0.5
+STEP_INTERVAL_S = 0.025  # pacing of generated steps (a real decode step is ~10-50 ms)
+SERVICE_START_TIMEOUT_S = 60.0
+# The advisor's clock, compressed so a demo "day" (800 steps, ~20-30 s) counts as one.
+DEMO_ADVISOR_SETTINGS = {
+    "CAPWATCH_ADVISOR__MIN_SAMPLES": "10",
+    "CAPWATCH_ADVISOR__MIN_HISTORY_S": "10",
+    "CAPWATCH_ADVISOR__HALF_LIFE_S": "60",
+    "CAPWATCH_ADVISOR__FULL_CONFIDENCE_HISTORY_S": "30",
+    "CAPWATCH_ADVISOR__CHANGE_MIN_HISTORY_S": "15",
+}
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    trace: Path | None = None
+    cap: int = DEFAULT_CAP
+    ranks: int | None = None
+    steps: int | None = None
+    overflow_policy: str = "chunk"
+    model: str = DEFAULT_MODEL
+    cluster: str = "demo"
+    json: bool = False
+    port: int | None = None
+    metrics_port: int | None = None
+    hold_s: float = 0.0
+    service_url: str | None = None
+    state_dir: Path | None = None
+    seed: int = 0
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "capwatch"
+
+
+# --- the workload --------------------------------------------------------------------------------
+
+def build_workload(options: DemoOptions) -> Workload:
+    if options.trace is not None:
+        from capwatch.trace import read_trace
+
+        workload = read_trace(options.trace)
+        if options.ranks is not None and options.ranks != workload.ranks:
+            raise CommandError(f"--ranks {options.ranks} disagrees with the trace, which has {workload.ranks} ranks "
+                               "per step; drop --ranks (the trace decides)")
+        if options.steps is not None:
+            workload.token_counts = workload.token_counts[: options.steps]
+            if workload.step_times_s is not None:
+                workload.step_times_s = workload.step_times_s[: options.steps]
+        return workload
+    ranks = options.ranks or 4
+    steps = options.steps or DEFAULT_STEPS
+    spec = WorkloadSpec(ranks=ranks, steps=steps, day_steps=800, seed=options.seed,
+                        hot_rank=1 if ranks > 1 else None)
+    return Workload(token_counts=generate_token_counts(spec), source="generated", notes={"spec": spec})
+
+
+# --- ports and the service -----------------------------------------------------------------------
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((LOOPBACK, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((LOOPBACK, 0))
+        return probe.getsockname()[1]
+
+
+def choose_service_port(requested: int | None) -> int:
+    if requested is not None:
+        if requested and not port_is_free(requested):
+            raise CommandError(f"port {requested} on {LOOPBACK} is in use; pass another --port (0 picks a free one)")
+        return requested or free_port()
+    return DEFAULT_PORT if port_is_free(DEFAULT_PORT) else free_port()
+
+
+def choose_metrics_base(requested: int | None, ranks: int) -> int:
+    """Rank r exports on base + r. An explicit base must be free; the default slides to a free block."""
+    def block_free(base: int) -> bool:
+        return base + ranks - 1 <= 65_535 and all(port_is_free(base + rank) for rank in range(ranks))
+
+    if requested is not None:
+        if not block_free(requested):
+            raise CommandError(f"metrics ports {requested}..{requested + ranks - 1} are not all free; "
+                               "pass another --metrics-port")
+        return requested
+    for base in range(DEFAULT_METRICS_PORT, DEFAULT_METRICS_PORT + 2000, max(ranks, 1)):
+        if block_free(base):
+            return base
+    raise CommandError("no free block of metrics ports near 9400; pass --metrics-port")
+
+
+def get_json(url: str, timeout_s: float = 10.0):
+    request = urllib.request.Request(url, headers={"Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+class EmbeddedService:
+    """``capwatch serve`` as a subprocess on loopback, with the demo's database and settings."""
+
+    def __init__(self, state_dir: Path, port: int):
+        self.state_dir = state_dir
+        self.port = port
+        self.url = f"http://{LOOPBACK}:{port}"
+        self.database = state_dir / "demo.sqlite3"
+        self.log_path = state_dir / "demo-service.log"
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> "EmbeddedService":
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        # The demo's own database, recreated each run so the page shows this run only.
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{self.database}{suffix}").unlink(missing_ok=True)
+        environment = dict(os.environ, **DEMO_ADVISOR_SETTINGS)
+        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+        command = [sys.executable, "-m", "capwatch", "serve", "--host", LOOPBACK, "--port", str(self.port),
+                   "--db", str(self.database)]
+        self._log = self.log_path.open("w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment,
+                                        start_new_session=True)
+        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise CommandError(f"the service exited with code {self.process.returncode} while starting:\n"
+                                   + self.log_tail())
+            try:
+                get_json(f"{self.url}/healthz", timeout_s=1.0)
+                return self
+            except (urllib.error.URLError, OSError, ValueError):
+                time.sleep(0.2)
+        self.stop()
+        raise CommandError(f"the service did not answer {self.url}/healthz within {SERVICE_START_TIMEOUT_S:.0f} s:\n"
+                           + self.log_tail())
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=5)
+        if getattr(self, "_log", None):
+            self._log.close()
+
+
+# --- the ranks -----------------------------------------------------------------------------------
+
+class RankGroup:
+    """The rank processes, launched by ``dispatcher.launch.spawn_ranks`` on a background thread so
+    the foreground can show progress and fetch the advice while ranks hold their exporters up."""
+
+    def __init__(self, plan: RankPlan, ranks: int, timeout_s: float):
+        import torch.multiprocessing as mp
+
+        self.plan = plan
+        self.ranks = ranks
+        self.progress = mp.get_context("spawn").Array("q", ranks * PROGRESS_FIELDS)
+        self.timeout_s = timeout_s
+        self.outcomes: list[dict] | None = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="capwatch-demo-ranks", daemon=True)
+
+    def _run(self) -> None:
+        from capwatch.rank_process import run_rank
+        from dispatcher.launch import spawn_ranks
+
+        try:
+            self.outcomes = spawn_ranks(self.ranks, run_rank, self.plan, self.progress, timeout_s=self.timeout_s)
+        except BaseException as error:  # reported by the foreground
+            self.error = error
+
+    def start(self) -> "RankGroup":
+        self._thread.start()
+        return self
+
+    def field(self, rank: int, index: int) -> int:
+        return self.progress[rank * PROGRESS_FIELDS + index]
+
+    @property
+    def steps_done(self) -> int:
+        return min(self.field(rank, 1) for rank in range(self.ranks))
+
+    @property
+    def overflow_events(self) -> int:
+        return sum(self.field(rank, 2) for rank in range(self.ranks))
+
+    @property
+    def all_reported(self) -> bool:
+        return all(self.field(rank, 0) >= Phase.REPORTED for rank in range(self.ranks))
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        self._thread.join(timeout_s)
+
+
+# --- presentation --------------------------------------------------------------------------------
+
+def _gib(value) -> str:
+    return "–" if value is None else f"{value / 2**30:.3f} GiB"
+
+
+def _percent(value) -> str:
+    return "–" if value is None else f"{value:.2%}"
+
+
+def advice_table(advice: dict, cluster: str):
+    from rich.table import Table
+
+    table = Table(title=f"capwatch advice for cluster '{cluster}'", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    bounds = (f"{advice.get('lower_bound')} – {advice.get('upper_bound')}"
+              if advice.get("lower_bound") is not None else "–")
+    rows = [
+        ("action", str(advice.get("action", "?")).upper()),
+        ("current cap", f"{advice.get('current_cap')} tokens per rank"),
+        ("recommended cap", "–" if advice.get("recommended_cap") is None else f"{advice['recommended_cap']} tokens per rank"),
+        ("bounds", bounds),
+        ("confidence", _percent(advice.get("confidence"))),
+        ("group peak R seen", str(advice.get("max_peak_runtime_tokens", "–"))),
+        ("overflow rate now / after", f"{_percent(advice.get('predicted_overflow_rate_current'))} / "
+                                      f"{_percent(advice.get('predicted_overflow_rate_recommended'))}"),
+        ("workspace per rank now / after", f"{_gib(advice.get('workspace_bytes_per_rank_current'))} / "
+                                           f"{_gib(advice.get('workspace_bytes_per_rank_recommended'))}"),
+        ("change across the group", _gib(advice.get("workspace_bytes_group_delta"))),
+        ("samples", f"{advice.get('sample_count', '–')} windows, {advice.get('overflow_windows', 0)} overflowed"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    if advice.get("env"):
+        table.add_row("set", f"[green]export {advice['env']}[/green]")
+    for index, reason in enumerate(advice.get("reasons", [])):
+        table.add_row("why" if index == 0 else "", reason)
+    return table
+
+
+# --- the chain -----------------------------------------------------------------------------------
+
+def run_demo(options: DemoOptions) -> int:
+    from rich.console import Console
+
+    out = Console(highlight=False)
+    err = Console(stderr=True, highlight=False, quiet=options.json)
+    workload = build_workload(options)
+    geometry = scaled_geometry(options.model, workload.ranks)
+    if geometry.num_experts < workload.ranks:
+        raise CommandError(f"{options.model} has {geometry.num_experts} experts, fewer than {workload.ranks} ranks")
+    state_dir = options.state_dir or default_state_dir()
+
+    service: EmbeddedService | None = None
+    if options.service_url:
+        service_url = options.service_url.rstrip("/")
+        try:
+            get_json(f"{service_url}/healthz", timeout_s=5.0)
+        except (urllib.error.URLError, OSError, ValueError) as error:
+            raise CommandError(f"no capwatch service answers at {service_url}/healthz ({error}); start one with "
+                               "`capwatch serve` or drop --service-url") from None
+    else:
+        port = choose_service_port(options.port)
+    metrics_base = choose_metrics_base(options.metrics_port, workload.ranks)
+    if not options.service_url:
+        err.print(f"[dim]starting the service on {LOOPBACK}:{port} (database {state_dir / 'demo.sqlite3'}) ...[/dim]")
+        service = EmbeddedService(state_dir, port).start()
+        service_url = service.url
+
+    plan = RankPlan(
+        cluster=options.cluster, token_counts=workload.token_counts, step_times_s=workload.step_times_s,
+        step_interval_s=STEP_INTERVAL_S if workload.source == "generated" else 0.0,
+        cap=options.cap, overflow_policy=options.overflow_policy, model=options.model,
+        hidden_size=geometry.hidden_size, priced_hidden_size=geometry.priced_hidden_size,
+        num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
+        service_url=service_url, report_interval_s=REPORT_INTERVAL_S, metrics_base_port=metrics_base,
+        hold_s=options.hold_s, seed=options.seed,
+    )
+    paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
+    group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))
+    err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({workload.source}), "
+              f"{options.model} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
+              f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
+              f"policy {options.overflow_policy}, torch.distributed gloo")
+    try:
+        group.start()
+        _show_progress(group, workload, err)
+        if group.error is not None:
+            raise CommandError(f"the rank processes failed: {group.error}")
+        advice = get_json(f"{service_url}/v1/clusters/{options.cluster}/advice")
+        outcomes = group.outcomes or []
+        overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
+        if options.json:
+            out.print_json(json.dumps(advice)) if sys.stdout.isatty() else print(json.dumps(advice, indent=2))
+        else:
+            out.print(advice_table(advice, options.cluster))
+            _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks, service is not None)
+        if overflow is not None:
+            err.quiet = False
+            err.print(f"[red]capwatch demo: the dispatcher raised:[/red] {overflow}", soft_wrap=True)
+            return 1
+        if options.hold_s > 0 and not options.json:
+            err.print(f"holding the service and the exporters up for {options.hold_s:.0f} s (Ctrl-C ends) ...")
+        if options.hold_s > 0:
+            group.wait()
+        return 0
+    finally:
+        if group.running:
+            group.wait(30)
+        if service is not None:
+            service.stop()
+
+
+def _show_progress(group: RankGroup, workload: Workload, err) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    counts = workload.token_counts
+    columns = [TextColumn("[bold]decode steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("R {task.fields[runtime]:>5}  peak {task.fields[peak]:>5}  overflows {task.fields[overflows]}")]
+    with Progress(*columns, console=err, transient=False, disable=err.quiet) as progress:
+        task = progress.add_task("steps", total=workload.steps, runtime=0, peak=0, overflows=0)
+        peak = 0
+        while group.running and not group.all_reported:
+            done = group.steps_done
+            if done:
+                runtime = max(counts[done - 1])
+                peak = max(peak, runtime)
+                progress.update(task, completed=done, runtime=runtime, peak=peak, overflows=group.overflow_events)
+            time.sleep(0.2)
+        done = group.steps_done
+        peak = max([peak] + [max(step) for step in counts[:done]])
+        progress.update(task, completed=done, runtime=max(counts[done - 1]) if done else 0, peak=peak,
+                        overflows=group.overflow_events)
+    if not group.all_reported:
+        group.wait(5)
+
+
+def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: int, embedded: bool) -> None:
+    out.print()
+    out.print(f"web dashboard  {service_url}/?cluster={cluster}")
+    out.print(f"advice (API)   {service_url}/v1/clusters/{cluster}/advice    docs {service_url}/docs")
+    out.print(f"metrics        {service_url}/metrics (service)  "
+              f"http://{LOOPBACK}:{metrics_base}..{metrics_base + ranks - 1}/metrics (ranks 0..{ranks - 1})")
+    if embedded:
+        out.print("[dim](the service and exporters stop with the demo; --hold SECONDS keeps them up)[/dim]")
+

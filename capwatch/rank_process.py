@@ -1,0 +1,164 @@
+"""One EP rank of ``capwatch demo``: a real process in a torch.distributed (gloo) group that
+replays its share of the workload through the instrumented dispatcher, with the per-rank
+exporter and the reporter on — wired exactly as ``telemetry/rank.py`` tells a deployment to.
+
+Runs under ``dispatcher.launch.spawn_ranks``; talks to the parent only through a small shared
+progress array (phase, step, overflows per rank), never on the hot path beyond one store.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+# Fields of the shared progress array, per rank.
+PROGRESS_FIELDS = 3
+
+
+class Phase(IntEnum):
+    STARTING = 0
+    RUNNING = 1
+    REPORTED = 2  # the final report went out; exporter still up while holding
+    FINISHED = 3
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    """Everything a rank needs, picklable (it crosses the spawn boundary)."""
+
+    cluster: str
+    token_counts: list[list[int]]  # [steps][ranks]
+    step_times_s: list[float] | None  # replay pacing; None: as fast as the ranks go
+    step_interval_s: float  # pacing when there are no step times (0: none)
+    cap: int
+    overflow_policy: str
+    model: str
+    hidden_size: int  # what the CPU tensors carry
+    priced_hidden_size: int  # what the reports price the workspace with (the real model)
+    num_experts: int
+    top_k: int
+    moe_layers: int
+    zipf_exponent: float
+    service_url: str
+    report_interval_s: float
+    metrics_base_port: int | None  # None: no exporter
+    hold_s: float
+    seed: int = 0
+
+
+def _set(progress, rank: int, field: int, value: int) -> None:
+    if progress is not None:
+        progress[rank * PROGRESS_FIELDS + field] = value
+
+
+def _routing_pool(plan: RankPlan, rank: int, pool_tokens: int):
+    """Token -> top-k experts for a pool of tokens, Zipf over experts (the same popularity on every
+    rank: hot experts are hot everywhere), plus hidden states and router weights."""
+    import torch
+
+    from capwatch.workload import expert_popularity
+
+    generator = torch.Generator().manual_seed(plan.seed * 1000 + rank)
+    popularity = torch.tensor(expert_popularity(plan.num_experts, plan.zipf_exponent, seed=plan.seed))
+    experts = torch.multinomial(popularity.expand(pool_tokens, -1), plan.top_k, replacement=False,
+                                generator=generator).to(torch.int32)
+    hidden = torch.randn(pool_tokens, plan.hidden_size, generator=generator).to(torch.bfloat16)
+    weights = torch.softmax(torch.randn(pool_tokens, plan.top_k, generator=generator), dim=-1)
+    return experts, hidden, weights
+
+
+def _expert_fn(plan: RankPlan, rank: int, ep_size: int):
+    """A cheap stand-in for this rank's experts: one [H, H] matmul scaled by the router weight of
+    the slots that chose a local expert (so combine sums real per-token contributions)."""
+    import torch
+
+    from dispatcher import local_expert_range
+
+    local = local_expert_range(rank, plan.num_experts, ep_size)
+    projection = (torch.randn(plan.hidden_size, plan.hidden_size,
+                              generator=torch.Generator().manual_seed(rank)) / plan.hidden_size**0.5).to(torch.bfloat16)
+
+    def compute(received):
+        x, ids, weights = received
+        is_local = (ids >= local.start) & (ids < local.stop)
+        coefficient = (weights * is_local).sum(-1, keepdim=True).to(torch.bfloat16)
+        return coefficient * (x @ projection)
+
+    return compute
+
+
+def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
+    """The body of one rank process. Returns how it ended; an overflow under the ``raise`` policy
+    is returned as ``{"overflow": message}`` after the final report went out."""
+    import torch
+
+    from dispatcher import CapOverflowError, DispatchCounters, InstrumentedDispatcher
+    from dispatcher.torch_backend import TorchA2ABackend
+    from telemetry.exporter import ExporterOptions
+    from telemetry.rank import RankTelemetry, rank_config
+    from telemetry.report import RankIdentity
+    from telemetry.reporter import ReporterOptions, new_boot_id
+
+    backend = TorchA2ABackend(plan.num_experts, plan.top_k)
+    counters = DispatchCounters(plan.cap, world_size, role="target")
+    # Every MoE layer shares the rank's counters; layer 0 leads the step, so a step counts once.
+    layers = [InstrumentedDispatcher(backend, counters, plan.cap, overflow_policy=plan.overflow_policy,
+                                     step_leader=(layer == 0)) for layer in range(plan.moe_layers)]
+    identity = RankIdentity(cluster=plan.cluster, ep_rank=rank, ep_size=world_size, role="target",
+                            boot_id=new_boot_id())
+    config = rank_config(cap=plan.cap, ep_size=world_size, hidden_size=plan.priced_hidden_size, top_k=plan.top_k,
+                         num_experts=plan.num_experts, backend="torch-gloo", overflow_policy=plan.overflow_policy)
+    exporter = (ExporterOptions(base_port=plan.metrics_base_port, local_rank=rank)
+                if plan.metrics_base_port is not None else None)
+    telemetry = RankTelemetry(counters, identity, config, exporter=exporter,
+                              reporter=ReporterOptions(service_url=plan.service_url,
+                                                       interval_s=plan.report_interval_s),
+                              final_report_timeout_s=10.0).start()
+    for layer in layers:
+        layer.on_overflow.append(telemetry.on_overflow)  # final report before a raise ends the rank
+
+    max_local = max((step[rank] for step in plan.token_counts), default=0)
+    pool_tokens = max(1, min(max_local, 16_384))
+    experts, hidden, weights = _routing_pool(plan, rank, pool_tokens)
+    expert_fn = _expert_fn(plan, rank, world_size)
+    outcome: dict = {"rank": rank, "steps": 0, "metrics_url": telemetry.metrics_url}
+    _set(progress, rank, 0, Phase.RUNNING)
+    started = time.monotonic()
+    try:
+        for step, tokens in enumerate(plan.token_counts):
+            due = (plan.step_times_s[step] if plan.step_times_s is not None
+                   else step * plan.step_interval_s)
+            delay = started + due - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            local = tokens[rank]
+            runtime_max_tokens = max(max(tokens), 1)  # R: every rank knows every batch size (DP attention)
+            offset = (step * 7919) % max(1, pool_tokens - min(local, pool_tokens) + 1)
+            index = torch.arange(offset, offset + local) % pool_tokens
+            payloads = [hidden[index], experts[index], weights[index]]
+            for layer in layers:
+                output = layer.run(experts[index], payloads, runtime_max_tokens, expert_fn)
+                payloads[0] = output
+            outcome["steps"] = step + 1
+            _set(progress, rank, 1, step + 1)
+            if step % 25 == 0:
+                _set(progress, rank, 2, counters.snapshot().overflow_events_total)
+    except CapOverflowError as error:
+        # on_overflow already shipped the final report (bounded wait) before the raise.
+        outcome["overflow"] = str(error)
+    outcome["loop_s"] = round(time.monotonic() - started, 3)
+    if "overflow" not in outcome:
+        telemetry.reporter.flush_final("demo finished", timeout_s=10.0)
+    snapshot = counters.snapshot()
+    outcome.update(forward_steps=snapshot.forward_steps, dispatch_calls=snapshot.dispatch_calls,
+                   tokens_sent=snapshot.tokens_sent, max_runtime_tokens=snapshot.max_runtime_tokens,
+                   overflow_events=snapshot.overflow_events_total,
+                   reports_delivered=telemetry.reporter.stats().delivered)
+    _set(progress, rank, 2, snapshot.overflow_events_total)
+    _set(progress, rank, 0, Phase.REPORTED)
+    if plan.hold_s > 0 and "overflow" not in outcome:
+        time.sleep(plan.hold_s)  # keep /metrics up for a look or a scrape
+    telemetry.close()
+    _set(progress, rank, 0, Phase.FINISHED)
+    return outcome
