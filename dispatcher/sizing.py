@@ -205,7 +205,8 @@ class WorkspaceLayout:
 
     @property
     def metainfo(self) -> list[int]:
-        """The 10 offsets in FlashInfer's metainfo order (FLAG_VAL ... PAYLOAD_DATA)."""
+        """The 10 offsets in FlashInfer's metainfo order (FLAG_VAL ... PAYLOAD_DATA). Releases before
+        0.6.16 have no EPLB entry: their metainfo is this without index 8."""
         return [
             0, 4, self.send_counters_offset, self.recv_counters_offset,
             self.dispatch_completion_flags_offset, self.combine_completion_flags_offset,
