@@ -25,6 +25,7 @@ optional Lamport region appended at the end.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 
@@ -82,7 +83,10 @@ class FlashInferVersion:
 
     @classmethod
     def parse(cls, version: str | None = None) -> "FlashInferVersion":
-        version = (version or DEFAULT_FLASHINFER_VERSION).strip()
+        return _parse_version((version or DEFAULT_FLASHINFER_VERSION).strip())
+
+    @classmethod
+    def _build(cls, version: str) -> "FlashInferVersion":
         if version not in SUPPORTED_FLASHINFER_VERSIONS:
             _release(version)  # a malformed string gets the format message
             raise SizingError(
@@ -104,6 +108,12 @@ class FlashInferVersion:
         )
 
 
+@functools.lru_cache(maxsize=None)
+def _parse_version(version: str) -> FlashInferVersion:
+    # Cached: the advisor prices many caps per request, each parsing the same version string.
+    return FlashInferVersion._build(version)
+
+
 def _integer(name: str, value: int, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise SizingError(f"{name} must be an integer, got {value!r}")
@@ -113,8 +123,11 @@ def _integer(name: str, value: int, minimum: int) -> int:
     return value
 
 
-def _positive(name: str, value: int) -> int:
+def check_positive(name: str, value: int) -> int:
     return _integer(name, value, 1)
+
+
+_positive = check_positive
 
 
 def check_ep_size(ep_size: int, version: FlashInferVersion) -> int:
@@ -192,7 +205,8 @@ class WorkspaceLayout:
 
     @property
     def metainfo(self) -> list[int]:
-        """The 10 offsets in FlashInfer's metainfo order (FLAG_VAL ... PAYLOAD_DATA)."""
+        """The 10 offsets in FlashInfer's metainfo order (FLAG_VAL ... PAYLOAD_DATA). Releases before
+        0.6.16 have no EPLB entry: their metainfo is this without index 8."""
         return [
             0, 4, self.send_counters_offset, self.recv_counters_offset,
             self.dispatch_completion_flags_offset, self.combine_completion_flags_offset,

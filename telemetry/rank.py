@@ -87,7 +87,7 @@ class RankTelemetry:
         self.identity = identity
         self.exporter_options = exporter
         self.final_report_timeout_s = final_report_timeout_s
-        tracker = IntervalTracker(counters)
+        self.tracker = tracker = IntervalTracker(counters)
         self.reporter = (RankReporter(counters, identity, config, reporter, tracker=tracker)
                          if reporter is not None else None)
         self.collector = DispatchCollector(

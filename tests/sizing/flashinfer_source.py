@@ -8,6 +8,9 @@ builds a tiny program with the host C++ compiler. The tests compare capwatch aga
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -68,11 +71,46 @@ def _line(text: str, pattern: str) -> str:
 
 
 def package_dir() -> Path | None:
-    try:
-        import flashinfer
-    except Exception:  # noqa: BLE001 - any import failure means: not available here
-        return None
-    return Path(flashinfer.__file__).parent
+    """The installed flashinfer package, found without importing it (that takes seconds)."""
+    spec = importlib.util.find_spec("flashinfer")
+    return Path(spec.origin).parent if spec and spec.origin else None
+
+
+def package_version(package: Path) -> str:
+    return re.search(r"__version__\s*=\s*[\"']([^\"']+)", _read(package / "_build_meta.py")).group(1)
+
+
+def packages_under_test() -> list[Path]:
+    """The installed package plus unpacked wheels named in CAPWATCH_FLASHINFER_PACKAGES (paths of
+    their ``flashinfer/`` folders, separated by ``os.pathsep``), to check other releases too."""
+    found = [package_dir()] + [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
+    return [p for p in dict.fromkeys(found) if p is not None and (p / "_build_meta.py").is_file()]
+
+
+def python_definitions(path: Path, names: list[str], namespace: dict) -> dict:
+    """Execute FlashInfer's own top-level definitions (``name`` or ``Class.method``) from its source
+    file, decorators dropped, in ``namespace`` - its Python arithmetic without importing the package."""
+    tree = ast.parse(_read(path))
+    nodes = []
+    for name in names:
+        owner, _, member = name.rpartition(".")
+        scope = tree.body
+        if owner:
+            scope = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == owner).body
+        for node in scope:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == member:
+                node.decorator_list = []
+                nodes.append(node)
+                break
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Name) and t.id == member for t in targets):
+                    nodes.append(node)
+                    break
+        else:
+            raise SourceNotFound(f"{name} not found in {path}")
+    exec(compile(ast.Module(body=nodes, type_ignores=[]), str(path), "exec"), namespace)  # noqa: S102
+    return namespace
 
 
 def _compile(source: str, workdir: Path, name: str) -> Path:
