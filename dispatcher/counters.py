@@ -71,9 +71,16 @@ class CounterSnapshot:
 
 
 class DispatchCounters:
+    """All counters live in one flat int64 tensor (one host copy per snapshot); the public
+    ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
+    ``tokens_received_per_rank`` are views into it. Each record is two fused kernels at most:
+    a step is ``index_add_`` + ``clamp_``, a dispatch is ``cat`` + ``index_add_`` (which also
+    keeps the totals), because per-op launch cost, not arithmetic, is what a step pays."""
+
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
-        if cap <= 0 or ep_size <= 0:
-            raise ValueError(f"cap and ep_size must be positive, got cap={cap}, ep_size={ep_size}")
+        if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
+                or not isinstance(ep_size, int) or cap <= 0 or ep_size <= 0:
+            raise ValueError(f"cap and ep_size must be positive integers, got cap={cap!r}, ep_size={ep_size!r}")
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, got {role!r}")
         self.cap = cap
@@ -81,26 +88,49 @@ class DispatchCounters:
         self.role = role
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         options = dict(dtype=torch.int64, device=self.device)
-        self.values = torch.zeros(len(Field), **options)
-        self.runtime_tokens_histogram = torch.zeros(cap + 2, **options)
-        self.tokens_sent_per_rank = torch.zeros(ep_size, **options)
-        self.tokens_received_per_rank = torch.zeros(ep_size, **options)
+        num_fields = len(Field)
+        sent_offset = num_fields
+        received_offset = sent_offset + ep_size
+        histogram_offset = received_offset + ep_size
+        self._state = torch.zeros(histogram_offset + cap + 2, **options)
+        self.values = self._state[:num_fields]
+        self.tokens_sent_per_rank = self._state[sent_offset:received_offset]
+        self.tokens_received_per_rank = self._state[received_offset:histogram_offset]
+        self.runtime_tokens_histogram = self._state[histogram_offset:]
+        self._max_runtime_tokens = self._state[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1]
+        self._histogram_offset = histogram_offset
+
+        # One dispatch adds [1, send, recv, send, recv] at [calls, sent total x E, received total x E,
+        # sent per rank, received per rank]; index_add_ sums the repeated total slots.
+        self._dispatch_index = torch.tensor(
+            [Field.DISPATCH_CALLS] + [Field.TOKENS_SENT] * ep_size + [Field.TOKENS_RECEIVED] * ep_size
+            + list(range(sent_offset, histogram_offset)),
+            **options,
+        )
+        self._dispatch_increment = torch.zeros(1 + 2 * ep_size, **options)
+        self._dispatch_increment[0] = 1
+        self._one = self._dispatch_increment[:1].clone()
+        self._step_increment = torch.ones(2, **options)
+        self._step_index_table = torch.tensor(
+            [[Field.FORWARD_STEPS, histogram_offset + bin_] for bin_ in range(cap + 2)], **options
+        )
+        self._step_index_views: dict[int, torch.Tensor] = {}
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
 
     def record_step(self, runtime_tokens: int) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
-        self.values[Field.FORWARD_STEPS].add_(1)
-        self.runtime_tokens_histogram[min(runtime_tokens, self.cap + 1)].add_(1)
-        self.values[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1].clamp_(min=runtime_tokens)
+        bin_ = min(runtime_tokens, self.cap + 1)
+        index = self._step_index_views.get(bin_)
+        if index is None:  # a view, made once per bin (no kernel, so capture-safe)
+            index = self._step_index_views[bin_] = self._step_index_table[bin_]
+        self._state.index_add_(0, index, self._step_increment)
+        self._max_runtime_tokens.clamp_(min=runtime_tokens)
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
-        self.values[Field.DISPATCH_CALLS].add_(1)
-        self.tokens_sent_per_rank.add_(send_counts)
-        self.tokens_received_per_rank.add_(recv_counts)
-        self.values[Field.TOKENS_SENT].add_(send_counts.sum())
-        self.values[Field.TOKENS_RECEIVED].add_(recv_counts.sum())
+        increment = torch.cat((self._one, send_counts, recv_counts, send_counts, recv_counts))
+        self._state.index_add_(0, self._dispatch_index, increment)
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
         self.values[overflow_field(kind, outcome)].add_(1)
@@ -111,10 +141,11 @@ class DispatchCounters:
 
     def snapshot(self) -> CounterSnapshot:
         """Host copy (a device sync on GPUs: call it from the telemetry thread, not the step)."""
-        values = self.values.clone().cpu().tolist()
-        histogram = self.runtime_tokens_histogram.clone().cpu().tolist()
-        sent = self.tokens_sent_per_rank.clone().cpu().tolist()
-        received = self.tokens_received_per_rank.clone().cpu().tolist()
+        state = self._state.clone().cpu().tolist()
+        values = state[: len(Field)]
+        sent = state[len(Field) : len(Field) + self.ep_size]
+        received = state[len(Field) + self.ep_size : self._histogram_offset]
+        histogram = state[self._histogram_offset :]
         return CounterSnapshot(
             cap=self.cap,
             ep_size=self.ep_size,

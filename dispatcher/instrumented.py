@@ -1,0 +1,207 @@
+"""``InstrumentedDispatcher``: any A2A backend, with loud cap guards and device-side counters.
+
+Guards run before every dispatch with plain ``if``/``raise`` (no ``assert``, so ``python -O``
+keeps them) on host-side integers only: ``R`` is a Python int and the local token count is a
+tensor *shape*, so a guard never syncs the device.
+
+* ``R > cap``: FlashInfer would only trip a Python assert (or write past the workspace).
+* ``local tokens > R``: FlashInfer up to 0.7.2.post1 never checks this; the kernel writes
+  into other ranks' slots.
+
+Every overflow is counted in the device counters and announced to the ``on_overflow``
+callbacks *before* anything is raised, so a reporter can ship a last report.
+
+Overflow policy ``"chunk"``: ``R`` is the group-wide maximum and every rank passes the same
+value (as SGLang does), so every rank derives the same ``rounds = ceil(R / cap)`` and runs the
+same number of collectives; round i dispatches local tokens ``[i*cap, (i+1)*cap)`` with
+``R_i = min(cap, R - i*cap)``. Because FlashInfer's workspace holds one round at a time, chunking
+needs the expert computation between dispatch and combine: use :meth:`InstrumentedDispatcher.run`.
+A ``local > R`` overflow is always raised: the other ranks cannot know about it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .backend import A2ABackend
+from .counters import DispatchCounters
+
+OVERFLOW_POLICIES = ("raise", "chunk")
+CAP_ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+CAP_ALIGNMENT = 128
+
+
+def suggested_cap(tokens_needed: int) -> int:
+    """Smallest multiple of 128 that holds ``tokens_needed`` tokens per rank."""
+    return max(CAP_ALIGNMENT, -(-tokens_needed // CAP_ALIGNMENT) * CAP_ALIGNMENT)
+
+
+@dataclass(frozen=True)
+class OverflowEvent:
+    kind: str  # "runtime_over_cap" | "local_over_runtime"
+    outcome: str  # "raised" | "chunked"
+    cap: int
+    runtime_max_tokens_per_rank: int
+    local_tokens: int
+    tokens_needed: int
+    suggested_cap: int
+    role: str
+    ep_rank: int
+    ep_size: int
+
+    @property
+    def message(self) -> str:
+        if self.kind == "runtime_over_cap":
+            problem = (
+                f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank "
+                f"(runtime_max_tokens_per_rank) but the per-rank cap is {self.cap}"
+            )
+        else:
+            problem = (
+                f"MoE A2A dispatch on EP rank {self.ep_rank} has {self.local_tokens} local tokens but "
+                f"runtime_max_tokens_per_rank is {self.runtime_max_tokens_per_rank} (cap {self.cap}): "
+                "they would overwrite other ranks' slots. R must be the largest local batch over all "
+                f"ranks, so {self.tokens_needed} tokens are needed"
+            )
+        return (
+            f"{problem}. Set {CAP_ENV_VAR}={self.suggested_cap} (or more) to hold {self.tokens_needed} "
+            f"tokens, or use overflow_policy='chunk'. [{self.role} dispatcher, rank {self.ep_rank}/{self.ep_size}]"
+        )
+
+
+class CapOverflowError(RuntimeError):
+    def __init__(self, event: OverflowEvent):
+        super().__init__(event.message)
+        self.event = event
+
+
+OverflowCallback = Callable[[OverflowEvent], None]
+ExpertFn = Callable[[list[torch.Tensor]], torch.Tensor]
+
+
+class InstrumentedDispatcher:
+    """Wraps a backend; counts each step's geometry on the device, guards the cap.
+
+    ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records
+    the forward step; all of them record their dispatches. ``on_overflow``: callbacks run with
+    the :class:`OverflowEvent` after it is counted and before anything is raised.
+    """
+
+    def __init__(
+        self,
+        backend: A2ABackend,
+        counters: DispatchCounters,
+        cap: int,
+        overflow_policy: str = "raise",
+        step_leader: bool = True,
+        on_overflow: Iterable[OverflowCallback] = (),
+    ):
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
+            raise ValueError(f"cap must be a positive int (tokens per rank), got {cap!r}")
+        if overflow_policy not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow_policy must be one of {OVERFLOW_POLICIES}, got {overflow_policy!r}")
+        if counters.ep_size != backend.ep_size:
+            raise ValueError(f"counters are for ep_size {counters.ep_size}, the backend has {backend.ep_size}")
+        if counters.cap != cap:
+            raise ValueError(f"counters were sized for cap {counters.cap}, the dispatcher's cap is {cap}")
+        self.backend = backend
+        self.counters = counters
+        self.cap = cap
+        self.overflow_policy = overflow_policy
+        self.step_leader = step_leader
+        self.on_overflow: list[OverflowCallback] = list(on_overflow)
+
+    # --- guards ----------------------------------------------------------------------------
+
+    def _overflow(self, kind: str, outcome: str, runtime_tokens: int, local_tokens: int, rounds: int = 0) -> OverflowEvent:
+        needed = max(runtime_tokens, local_tokens)
+        event = OverflowEvent(
+            kind=kind, outcome=outcome, cap=self.cap, runtime_max_tokens_per_rank=runtime_tokens,
+            local_tokens=local_tokens, tokens_needed=needed, suggested_cap=suggested_cap(needed),
+            role=self.counters.role, ep_rank=self.backend.ep_rank, ep_size=self.backend.ep_size,
+        )
+        self.counters.record_overflow(kind, outcome, chunked_rounds=rounds)  # counted first, always
+        failures = []
+        for callback in self.on_overflow:
+            try:
+                callback(event)
+            except Exception as error:  # a broken hook must not hide the overflow itself
+                failures.append(f"on_overflow callback {callback!r} failed: {error!r}")
+        if outcome == "raised":
+            error = CapOverflowError(event)
+            for failure in failures:
+                error.add_note(failure)
+            raise error
+        return event
+
+    def _check_local(self, runtime_tokens: int, local_tokens: int) -> None:
+        if local_tokens > runtime_tokens:
+            self._overflow("local_over_runtime", "raised", runtime_tokens, local_tokens)
+
+    def _record_step(self, runtime_tokens: int) -> None:
+        if self.step_leader:
+            self.counters.record_step(runtime_tokens)
+
+    # --- the plain pair --------------------------------------------------------------------
+
+    def dispatch(
+        self,
+        token_selected_experts: torch.Tensor,
+        payloads: Sequence[torch.Tensor],
+        runtime_max_tokens_per_rank: int,
+        invalid_token_expert_id: int | None = None,
+        expert_id_payload_index: int | None = None,
+    ) -> list[torch.Tensor]:
+        """Guarded ``backend.dispatch``; ``R > cap`` always raises here (chunking needs :meth:`run`)."""
+        runtime_tokens, local_tokens = runtime_max_tokens_per_rank, token_selected_experts.shape[0]
+        self._record_step(runtime_tokens)
+        self._check_local(runtime_tokens, local_tokens)
+        if runtime_tokens > self.cap:
+            self._overflow("runtime_over_cap", "raised", runtime_tokens, local_tokens)
+        received = self.backend.dispatch(
+            token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
+        )
+        self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
+        return received
+
+    def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int) -> torch.Tensor:
+        return self.backend.combine(payload, runtime_max_tokens_per_rank)
+
+    # --- one whole MoE communication step, chunked if the policy says so ----------------------
+
+    def run(
+        self,
+        token_selected_experts: torch.Tensor,
+        payloads: Sequence[torch.Tensor],
+        runtime_max_tokens_per_rank: int,
+        expert_fn: ExpertFn,
+        invalid_token_expert_id: int | None = None,
+        expert_id_payload_index: int | None = None,
+    ) -> torch.Tensor:
+        """dispatch -> ``expert_fn(received) -> [ep_size, R_i, H]`` -> combine, returning ``[T, H]``."""
+        runtime_tokens, local_tokens = runtime_max_tokens_per_rank, token_selected_experts.shape[0]
+        if runtime_tokens <= self.cap or self.overflow_policy == "raise":
+            received = self.dispatch(token_selected_experts, payloads, runtime_tokens,
+                                     invalid_token_expert_id, expert_id_payload_index)
+            return self.combine(expert_fn(received), runtime_tokens)
+
+        self._record_step(runtime_tokens)
+        self._check_local(runtime_tokens, local_tokens)
+        rounds = -(-runtime_tokens // self.cap)
+        self._overflow("runtime_over_cap", "chunked", runtime_tokens, local_tokens, rounds=rounds)
+        outputs = []
+        for round_index in range(rounds):
+            start = round_index * self.cap
+            round_tokens = min(self.cap, runtime_tokens - start)
+            stop = min(start + self.cap, local_tokens)
+            start = min(start, local_tokens)  # a rank may run out of tokens before the last round
+            received = self.backend.dispatch(
+                token_selected_experts[start:stop], [payload[start:stop] for payload in payloads], round_tokens,
+                invalid_token_expert_id, expert_id_payload_index,
+            )
+            self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
+            outputs.append(self.backend.combine(expert_fn(received), round_tokens))
+        return torch.cat(outputs, dim=0)
