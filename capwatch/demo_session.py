@@ -30,7 +30,7 @@ from capwatch.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_to
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
-DEFAULT_PORT = 8000
+DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
 DEFAULT_STEPS = 1200
@@ -39,6 +39,7 @@ STEP_INTERVAL_S = 0.025  # pacing of generated steps (a real decode step is ~10-
 SERVICE_START_TIMEOUT_S = 60.0
 # The advisor's clock, compressed so a demo "day" (800 steps, ~20-30 s) counts as one.
 DEMO_ADVISOR_SETTINGS = {
+    "CAPWATCH_WINDOW_S": "1",
     "CAPWATCH_ADVISOR__MIN_SAMPLES": "10",
     "CAPWATCH_ADVISOR__MIN_HISTORY_S": "10",
     "CAPWATCH_ADVISOR__HALF_LIFE_S": "60",
@@ -261,8 +262,8 @@ def advice_table(advice: dict, cluster: str):
     from rich.table import Table
 
     table = Table(title=f"capwatch advice for cluster '{cluster}'", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column()
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
     bounds = (f"{advice.get('lower_bound')} – {advice.get('upper_bound')}"
               if advice.get("lower_bound") is not None else "–")
     rows = [
@@ -281,11 +282,16 @@ def advice_table(advice: dict, cluster: str):
     ]
     for name, value in rows:
         table.add_row(name, value)
-    if advice.get("env"):
-        table.add_row("set", f"[green]export {advice['env']}[/green]")
-    for index, reason in enumerate(advice.get("reasons", [])):
-        table.add_row("why" if index == 0 else "", reason)
     return table
+
+
+def print_advice(out, advice: dict, cluster: str) -> None:
+    out.print(advice_table(advice, cluster))
+    for reason in advice.get("reasons", []):
+        out.print(f"  - {reason}", soft_wrap=True)
+    if advice.get("env"):
+        out.print()
+        out.print(f"export {advice['env']}", soft_wrap=True, style="green")
 
 
 # --- the chain -----------------------------------------------------------------------------------
@@ -343,7 +349,7 @@ def run_demo(options: DemoOptions) -> int:
         if options.json:
             out.print_json(json.dumps(advice)) if sys.stdout.isatty() else print(json.dumps(advice, indent=2))
         else:
-            out.print(advice_table(advice, options.cluster))
+            print_advice(out, advice, options.cluster)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks, service is not None)
         if overflow is not None:
             err.quiet = False
@@ -387,10 +393,16 @@ def _show_progress(group: RankGroup, workload: Workload, err) -> None:
 
 def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: int, embedded: bool) -> None:
     out.print()
-    out.print(f"web dashboard  {service_url}/?cluster={cluster}")
-    out.print(f"advice (API)   {service_url}/v1/clusters/{cluster}/advice    docs {service_url}/docs")
-    out.print(f"metrics        {service_url}/metrics (service)  "
-              f"http://{LOOPBACK}:{metrics_base}..{metrics_base + ranks - 1}/metrics (ranks 0..{ranks - 1})")
+    lines = [
+        ("web dashboard", f"{service_url}/?cluster={cluster}"),
+        ("advice (API)", f"{service_url}/v1/clusters/{cluster}/advice"),
+        ("API docs", f"{service_url}/docs"),
+        ("service metrics", f"{service_url}/metrics"),
+        ("rank metrics", f"http://{LOOPBACK}:{metrics_base}/metrics"
+                         + (f" ... :{metrics_base + ranks - 1}/metrics (rank r on {metrics_base} + r)" if ranks > 1 else "")),
+    ]
+    for name, url in lines:
+        out.print(f"{name:<16} {url}", soft_wrap=True)
     if embedded:
         out.print("[dim](the service and exporters stop with the demo; --hold SECONDS keeps them up)[/dim]")
 

@@ -12,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from pydantic.json_schema import models_json_schema
 
-from service.api.routes import advice, clusters, health, metrics, reports
+from service.api.routes import advice, clusters, health, metrics, reports, web
 from service.config import Settings
 from service.metrics import build_metrics
 from service.store.sqlite import Store, StoreOptions
@@ -74,7 +74,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.source = source
     app.state.clock = clock
     app.state.metrics = build_metrics(registry, source, settings, clock)
-    for module in (reports, clusters, advice, health, metrics):
+    for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     _install_openapi(app)
     return app

@@ -62,7 +62,7 @@ def register(subparsers) -> None:
     parser.add_argument("--cluster", default="demo", help="cluster name the ranks report under (default: demo)")
     parser.add_argument("--json", action="store_true",
                         help="print only the final advice object (as GET /v1/clusters/{cluster}/advice returns it)")
-    parser.add_argument("--port", type=_port, help="service port on 127.0.0.1 (default: 8000, or a free one)")
+    parser.add_argument("--port", type=_port, help="service port on 127.0.0.1 (default: 8321, or a free one)")
     parser.add_argument("--metrics-port", type=_port, metavar="B",
                         help="rank r exports /metrics on B + r (default: 9400, or the next free block)")
     parser.add_argument("--hold", type=_seconds, default=0.0, metavar="SECONDS",

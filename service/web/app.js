@@ -39,7 +39,7 @@
   function normalizeHistory(raw, cap) {
     const rows = [];
     const push = (row, rank) => {
-      const t = Number(first(row, ["end_unix_s", "t", "time", "timestamp", "end"], NaN));
+      const t = Number(first(row, ["interval_end_unix_s", "end_unix_s", "t", "time", "timestamp"], NaN));
       const peak = Number(first(row, ["peak_runtime_tokens", "peak_r", "peak"], NaN));
       if (!Number.isFinite(t)) return;
       const rowCap = Number(first(row, ["cap"], cap));
@@ -89,13 +89,14 @@
       ["bounds", advice.lower_bound !== undefined && advice.lower_bound !== null
         ? `${tokens(advice.lower_bound)} – ${tokens(advice.upper_bound)}` : "–"],
       ["confidence", percent(first(advice, ["confidence"]))],
-      ["observed peak R", tokens(first(advice, ["observed_peak_runtime_tokens", "peak_runtime_tokens", "observed_peak"]))],
+      ["group peak R seen", tokens(first(advice, ["max_peak_runtime_tokens", "observed_peak_runtime_tokens"]))],
       ["overflow rate now", percent(first(advice, ["predicted_overflow_rate_current"]))],
       ["overflow rate after", percent(first(advice, ["predicted_overflow_rate_recommended"]))],
       ["workspace / rank now", gib(first(advice, ["workspace_bytes_per_rank_current"]))],
       ["workspace / rank after", gib(first(advice, ["workspace_bytes_per_rank_recommended"]))],
       ["change across group", signedGib(first(advice, ["workspace_bytes_group_delta"]))],
-      ["intervals", tokens(first(advice, ["samples", "intervals", "sample_count"]))],
+      ["windows (overflowed)", advice.sample_count === undefined ? "–"
+        : `${tokens(advice.sample_count)} (${tokens(advice.overflow_windows || 0)})`],
     ];
     const list = $("advice-facts");
     list.textContent = "";
@@ -287,7 +288,12 @@
       const findings = detail.__error ? [] : listOf(detail, ["findings"]);
       const cap = first(adviceData, ["current_cap"], ranks.length ? first(ranks[0], ["cap"]) : undefined);
       const rows = history.__error ? [] : normalizeHistory(history, cap);
-      const groupPeaks = groupByInterval(rows.filter((r) => r.role === "target" || r.role === undefined));
+      // The service's own group samples (one peak per advisor window) when it sends them.
+      const serviceGroup = history.__error ? [] : listOf(history.group, []);
+      const groupPeaks = serviceGroup.length
+        ? serviceGroup.map((g) => ({ t: Number(first(g, ["window_start_unix_s", "t"])), peak: Number(g.peak_runtime_tokens),
+          overflows: Number(first(g, ["overflow_events"], 0)) || 0 }))
+        : groupByInterval(rows);
       const peak = groupPeaks.length ? Math.max(...groupPeaks.map((g) => g.peak).filter(Number.isFinite)) : undefined;
       const whatif = await optional(getJSON(`${base}/whatif?` + whatIfCaps(adviceData, peak).map((c) => `cap=${c}`).join("&")));
       if (whatif.__error) errors.push(whatif.__error);

@@ -5,7 +5,7 @@
 const Charts = (() => {
   const SVG_NS = "http://www.w3.org/2000/svg";
   const PALETTE = ["#2563eb", "#dc2626", "#059669", "#d97706", "#7c3aed", "#db2777", "#0891b2", "#65a30d"];
-  const MARGIN = { top: 12, right: 56, bottom: 26, left: 54 };
+  const MARGIN = { top: 26, right: 64, bottom: 26, left: 54 };
 
   function el(name, attributes = {}, parent = null) {
     const node = document.createElementNS(SVG_NS, name);
@@ -34,8 +34,12 @@ const Charts = (() => {
     const raw = (high - low) / count;
     const power = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw) || raw;
+    // From the first step at or below low to the first at or above high: the data always fits.
     const ticks = [];
-    for (let value = Math.ceil(low / step) * step; value <= high + step * 1e-9; value += step) ticks.push(+value.toFixed(10));
+    const last = Math.ceil(high / step - 1e-9) * step;
+    for (let value = Math.floor(low / step + 1e-9) * step; value <= last + step * 1e-9; value += step) {
+      ticks.push(+value.toFixed(10));
+    }
     return ticks;
   }
 
@@ -81,11 +85,18 @@ const Charts = (() => {
     const group = el("g", { class: "legend" }, svg);
     let offset = inner.x0 + 4;
     for (const entry of entries) {
-      el("rect", { x: offset, y: inner.y1 - 2, width: 10, height: 3, fill: entry.color }, group);
-      const text = el("text", { x: offset + 14, y: inner.y1 + 3 }, group);
+      el("rect", { x: offset, y: inner.y1 - 18, width: 10, height: 3, fill: entry.color }, group);
+      const text = el("text", { x: offset + 14, y: inner.y1 - 13 }, group);
       text.textContent = entry.name;
       offset += 22 + entry.name.length * 6.2;
     }
+  }
+
+  // A vertical marker's label, on the side of the line that has room.
+  function markerLabel(svg, inner, at, y, marker) {
+    const right = at > (inner.x0 + inner.x1) / 2;
+    el("text", { x: right ? at - 4 : at + 4, y, fill: marker.color, "font-size": 11,
+      "text-anchor": right ? "end" : "start" }, svg).textContent = marker.label;
   }
 
   function extent(values) {
@@ -153,8 +164,7 @@ const Charts = (() => {
     markers.forEach((marker, index) => {
       el("line", { x1: x(marker.x), x2: x(marker.x), y1: inner.y0, y2: inner.y1, stroke: marker.color,
         "stroke-width": 2, "stroke-dasharray": "5 3", "data-reference": marker.label }, svg);
-      el("text", { x: x(marker.x) + 4, y: inner.y1 + 10 + index * 13, fill: marker.color, "font-size": 11 }, svg)
-        .textContent = marker.label;
+      markerLabel(svg, inner, x(marker.x), inner.y1 + 10 + index * 13, marker);
     });
     return svg;
   }
@@ -182,8 +192,7 @@ const Charts = (() => {
     markers.forEach((marker, index) => {
       el("line", { x1: x(marker.x), x2: x(marker.x), y1: inner.y0, y2: inner.y1, stroke: marker.color,
         "stroke-width": 1.5, "stroke-dasharray": "5 3", "data-reference": marker.label }, svg);
-      el("text", { x: x(marker.x) + 4, y: inner.y1 + 10 + index * 13, fill: marker.color, "font-size": 11 }, svg)
-        .textContent = marker.label;
+      markerLabel(svg, inner, x(marker.x), inner.y1 + 10 + index * 13, marker);
     });
     legend(svg, { ...inner, x0: inner.x0 + 40 }, [{ name: left.name, color: PALETTE[1] }, { name: right.name, color: PALETTE[0] }]);
     return svg;
@@ -195,7 +204,7 @@ const Charts = (() => {
     const { svg, inner } = frame(container);
     const x = scale(0, maxValue, inner.x0, inner.x1);
     const mid = (inner.y0 + inner.y1) / 2 + 6;
-    xAxis(svg, { ...inner, y0: mid + 14 }, x, niceTicks(0, maxValue, 6), formatNumber);
+    xAxis(svg, { ...inner, y0: mid + 14 }, x, niceTicks(0, maxValue, 6).filter((t) => t <= maxValue), formatNumber);
     el("rect", { x: inner.x0, y: mid - 6, width: inner.x1 - inner.x0, height: 12, fill: "#eef0f3", rx: 6 }, svg);
     if (band) {
       el("rect", { x: x(band.low), y: mid - 6, width: Math.max(2, x(band.high) - x(band.low)), height: 12,
