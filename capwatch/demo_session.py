@@ -237,6 +237,10 @@ class RankGroup:
         return sum(self.field(rank, 2) for rank in range(self.ranks))
 
     @property
+    def raised(self) -> bool:
+        return any(self.field(rank, 3) for rank in range(self.ranks))
+
+    @property
     def all_reported(self) -> bool:
         return all(self.field(rank, 0) >= Phase.REPORTED for rank in range(self.ranks))
 
@@ -341,6 +345,10 @@ def run_demo(options: DemoOptions) -> int:
     try:
         group.start()
         _show_progress(group, workload, err)
+        if group.error is not None:
+            raise CommandError(f"the rank processes failed: {group.error}")
+        if group.raised or options.hold_s == 0:
+            group.wait(60)  # the ranks are closing their telemetry; an overflow skips the hold
         if group.error is not None:
             raise CommandError(f"the rank processes failed: {group.error}")
         advice = get_json(f"{service_url}/v1/clusters/{options.cluster}/advice")

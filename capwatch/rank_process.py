@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass
 from enum import IntEnum
 
-# Fields of the shared progress array, per rank.
-PROGRESS_FIELDS = 3
+# Fields of the shared progress array, per rank: phase, steps done, overflow events, raised (0/1).
+PROGRESS_FIELDS = 4
 
 
 class Phase(IntEnum):
@@ -147,6 +147,7 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     except CapOverflowError as error:
         # on_overflow already shipped the final report (bounded wait) before the raise.
         outcome["overflow"] = str(error)
+        _set(progress, rank, 3, 1)
     outcome["loop_s"] = round(time.monotonic() - started, 3)
     if "overflow" not in outcome:
         telemetry.reporter.flush_final("demo finished", timeout_s=10.0)

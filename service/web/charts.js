@@ -29,9 +29,9 @@ const Charts = (() => {
     el("text", { x: width / 2, y: height / 2, "text-anchor": "middle", class: "empty" }, svg).textContent = text;
   }
 
-  function niceTicks(low, high, count = 5) {
+  function niceTicks(low, high, count = 5, integer = false) {
     if (!(high > low)) high = low + 1;
-    const raw = (high - low) / count;
+    const raw = Math.max((high - low) / count, integer ? 1 : 0);
     const power = Math.pow(10, Math.floor(Math.log10(raw)));
     const step = [1, 2, 2.5, 5, 10].map((m) => m * power).find((s) => s >= raw) || raw;
     // From the first step at or below low to the first at or above high: the data always fits.
@@ -130,7 +130,10 @@ const Charts = (() => {
       const color = s.color || PALETTE[index % PALETTE.length];
       s.color = color;
       const d = s.points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
-      el("path", { d, fill: "none", stroke: color, "stroke-width": 1.6, "data-series": s.name,
+      // Earlier series are drawn wider, so lines that coincide (ranks share R) stay visible as bands.
+      const width = 1.6 + Math.min(6, (drawn.length - 1 - index) * 1.5);
+      el("path", { d, fill: "none", stroke: color, "stroke-width": width, "stroke-opacity": 0.9,
+        "stroke-linejoin": "round", "data-series": s.name,
         "data-points": s.points.length }, svg);
       if (s.points.length === 1) {
         el("circle", { cx: x(s.points[0][0]), cy: y(s.points[0][1]), r: 3, fill: color }, svg);
@@ -143,13 +146,13 @@ const Charts = (() => {
 
   // bars: [{x0, x1, y}] over a numeric x axis (histograms, events over time); markers: [{x, label, color}].
   function bars(container, { bars: items, markers = [], xFormat = formatNumber, yFormat = formatNumber,
-    color = PALETTE[0], name = "bars", emptyText = "no data yet", yTitle = "" }) {
+    color = PALETTE[0], name = "bars", emptyText = "no data yet", yTitle = "", integer = true }) {
     if (!items.length) return empty(container, emptyText);
     const { svg, inner } = frame(container);
     const [xLow] = extent(items.map((b) => b.x0).concat(markers.map((m) => m.x)));
     const [, xHigh] = extent(items.map((b) => b.x1).concat(markers.map((m) => m.x)));
     const [, yHigh] = extent(items.map((b) => b.y));
-    const yTicks = niceTicks(0, Math.max(yHigh, 1) * 1.08);
+    const yTicks = niceTicks(0, Math.max(yHigh, 1) * 1.08, 5, integer);
     const x = scale(xLow, xHigh, inner.x0, inner.x1);
     const y = scale(0, yTicks[yTicks.length - 1], inner.y0, inner.y1);
     yAxis(svg, inner, y, yTicks, yFormat, "left", yTitle);
@@ -211,12 +214,20 @@ const Charts = (() => {
         fill: "#bfdbfe", rx: 6, "data-series": "bounds", "data-points": 2 }, svg);
     }
     const group = el("g", { "data-series": "caps", "data-points": marks.length }, svg);
-    marks.forEach((mark, index) => {
-      const above = index % 2 === 0;
-      el("line", { x1: x(mark.value), x2: x(mark.value), y1: mid - 14, y2: mid + 14, stroke: mark.color,
+    // Labels take turns above and below the bar, stacking further out where they would overlap.
+    const levels = [-20, 44, -34, 58];
+    const lastRight = levels.map(() => -Infinity);
+    [...marks].sort((a, b) => a.value - b.value).forEach((mark) => {
+      const text = `${mark.label} ${formatNumber(mark.value)}`;
+      const half = text.length * 3.6;
+      const at = x(mark.value);
+      let level = levels.findIndex((_, i) => lastRight[i] < at - half - 6);
+      if (level < 0) level = 0;
+      lastRight[level] = at + half;
+      el("line", { x1: at, x2: at, y1: mid - 14, y2: mid + 14, stroke: mark.color,
         "stroke-width": 3, "data-mark": mark.label, "data-value": mark.value }, group);
-      el("text", { x: x(mark.value), y: above ? mid - 20 : mid + 44, fill: mark.color, "text-anchor": "middle",
-        "font-size": 12, "font-weight": 600 }, group).textContent = `${mark.label} ${formatNumber(mark.value)}`;
+      el("text", { x: at, y: mid + levels[level], fill: mark.color, "text-anchor": "middle",
+        "font-size": 12, "font-weight": 600 }, group).textContent = text;
     });
     return svg;
   }

@@ -1,0 +1,113 @@
+"""Real processes for the demo tests: ``capwatch serve`` and ``capwatch demo`` as subprocesses on
+free loopback ports, each in its own process group that teardown kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
+from capwatch.trace import write_trace
+from capwatch.workload import Workload
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def free_port_block(count: int) -> int:
+    """A base port with ``count`` free ports after it (rank r exports on base + r)."""
+    for _ in range(50):
+        base = free_port()
+        if base + count <= 65_535 and all(_is_free(base + offset) for offset in range(count)):
+            return base
+    raise RuntimeError("no block of free ports")
+
+
+def _is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def environment(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, **extra)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    return env
+
+
+def run_capwatch(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess:
+    process = subprocess.Popen([sys.executable, "-m", "capwatch", *args], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"capwatch {' '.join(args)} ran past {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def get_json(url: str):
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def write_timed_trace(path: Path, token_counts: list[list[int]], seconds_per_step: float) -> Path:
+    with path.open("w") as handle:
+        write_trace(Workload(token_counts, [round(step * seconds_per_step, 3) for step in range(len(token_counts))]),
+                    handle)
+    return path
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """``capwatch serve`` on a free port, with the demo's compressed advisor clock."""
+    folder = tmp_path_factory.mktemp("service")
+    port = free_port()
+    log = (folder / "service.log").open("w")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "capwatch", "serve", "--host", "127.0.0.1", "--port", str(port),
+         "--db", str(folder / "capwatch.db")],
+        stdout=log, stderr=subprocess.STDOUT, env=environment(**DEMO_ADVISOR_SETTINGS), cwd=REPO_ROOT,
+        start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                get_json(f"{url}/healthz")
+                break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail("capwatch serve did not start:\n" + (folder / "service.log").read_text())
+                time.sleep(0.2)
+        yield url
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+        log.close()

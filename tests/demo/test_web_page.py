@@ -1,0 +1,125 @@
+"""The built-in web page in real headless Chromium, against a real service holding real reports
+from a real demo run (gloo ranks, reporters): the charts drew data and the advice shows."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+
+import pytest
+
+from tests.demo.conftest import free_port_block, get_json, run_capwatch, write_timed_trace
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+CLUSTER = "webpage"
+CAP = 256
+
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make system-deps)")
+
+
+class PageElements(HTMLParser):
+    """The attributes of the elements the test looks at."""
+
+    def __init__(self):
+        super().__init__()
+        self.body: dict[str, str] = {}
+        self.series: list[dict[str, str]] = []  # elements carrying data-series
+        self.text_by_id: dict[str, str] = {}
+        self._open_id: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = {name: value or "" for name, value in attrs}
+        if tag == "body":
+            self.body = attributes
+        if "data-series" in attributes:
+            self.series.append(dict(attributes, tag=tag))
+        self._open_id = attributes.get("id")
+
+    def handle_data(self, data):
+        if self._open_id:
+            self.text_by_id[self._open_id] = self.text_by_id.get(self._open_id, "") + data
+
+    def handle_endtag(self, tag):
+        self._open_id = None
+
+
+def chromium(tmp_path, *arguments: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / "chromium-profile"
+    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1800",
+                           "--virtual-time-budget=15000", *arguments], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def cluster_with_data(service, tmp_path_factory):
+    """A chunked demo run whose peaks cross the cap: overflow events, a raise, a full history."""
+    folder = tmp_path_factory.mktemp("webdata")
+    counts = [[60 + (step * 37) % 150, 40 + (step * 53) % 120] for step in range(44)]
+    for step in (12, 30):
+        counts[step] = [300, 120]  # R = 300 > cap 256: chunked, counted
+    trace = write_timed_trace(folder / "trace.jsonl", counts, seconds_per_step=0.25)
+    result = run_capwatch("demo", "--json", "--trace", str(trace), "--cap", str(CAP), "--overflow-policy", "chunk",
+                          "--service-url", service, "--cluster", CLUSTER, "--metrics-port", str(free_port_block(2)))
+    assert result.returncode == 0, result.stderr
+    return counts
+
+
+def test_page_draws_the_real_data(service, cluster_with_data, tmp_path):
+    advice = get_json(f"{service}/v1/clusters/{CLUSTER}/advice")
+    assert advice["action"] == "raise" and advice["recommended_cap"] > 300
+    dom = chromium(tmp_path, "--dump-dom", f"{service}/?cluster={CLUSTER}")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = PageElements()
+    page.feed(dom.stdout)
+
+    body = page.body
+    assert body.get("data-ready") == "1", body
+    assert body["data-cluster"] == CLUSTER and body["data-action"] == "raise"
+    assert body["data-recommended-cap"] == str(advice["recommended_cap"])
+    assert int(body["data-ranks"]) == 2
+    assert int(body["data-utilization-points"]) >= 2 * 10  # ~11 s of 0.5 s intervals from each rank
+    assert int(body["data-distribution-samples"]) >= 8
+    assert int(body["data-overflow-events"]) >= 2  # both over-cap steps, summed over ranks
+    assert int(body["data-whatif-points"]) >= 5
+    assert int(body["data-cap-marks"]) == 3
+
+    drawn = {element["data-series"]: int(element["data-points"]) for element in page.series}
+    assert drawn["rank 0"] >= 10 and drawn["rank 1"] >= 10  # one line per rank
+    assert drawn["overflow rate"] >= 5 and drawn["GiB / rank"] >= 5  # the what-if curve
+    assert drawn["peak R per interval"] >= 3  # histogram bars with data
+    assert drawn["overflow events"] >= 1
+    assert all(re.fullmatch(r"M[\d.,L-]+", element["d"]) for element in page.series if element["tag"] == "path")
+
+    env_line = page.text_by_id["env-line"]
+    assert env_line == f"export SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK={advice['recommended_cap']}"
+    assert page.text_by_id["action"].strip() == "raise"
+    assert page.text_by_id["current-cap"] == str(CAP)
+    assert page.text_by_id["recommended-cap"].replace(",", "") == str(advice["recommended_cap"])
+
+
+def test_page_screenshot(service, cluster_with_data, tmp_path):
+    """A screenshot a person can look at (kept under the test's tmp folder)."""
+    shot = tmp_path / "capwatch-page.png"
+    result = chromium(tmp_path, f"--screenshot={shot}", f"{service}/?cluster={CLUSTER}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 50_000  # a blank page is a few KB
+
+
+def test_assets_are_served_from_the_package_only(service):
+    import urllib.error
+    import urllib.request
+
+    for name, kind in (("app.js", "javascript"), ("charts.js", "javascript"), ("style.css", "css")):
+        with urllib.request.urlopen(f"{service}/web/{name}") as response:
+            assert kind in response.headers["Content-Type"] and response.read()
+    for name in ("../main.py", "index.html.bak", "%2e%2e%2fconfig.py"):
+        with pytest.raises(urllib.error.HTTPError) as error:
+            urllib.request.urlopen(f"{service}/web/{name}")
+        assert error.value.code == 404
+    with urllib.request.urlopen(f"{service}/") as response:
+        page = response.read().decode()
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # no CDN
