@@ -97,6 +97,7 @@ def test_version_0_7_4_plans_nvlink_one_sided():
         (dict(geometry=model_geometry("gpt-oss-120b"), payload_format="nvfp4", flashinfer_version="0.7.4",
               lamport_max_tokens=128), "hidden_size % 256"),
         (dict(cap=1 << 30, mode="sglang-legacy"), "int32"),
+        (dict(eplb_stats_num_experts=256, mode="sglang"), "no EPLB stats region"),
     ],
 )
 def test_bad_plans_are_refused(kwargs, message):
