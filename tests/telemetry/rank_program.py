@@ -29,7 +29,7 @@ class RankPlan:
     interval_s: float = 0.2
     backoff_max_s: float = 0.2
     max_pending_reports: int = 64
-    first_step: int = 0
+    bearer_token: str | None = None
 
 
 def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, stop) -> dict:
@@ -45,14 +45,14 @@ def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, st
                          top_k=workload.top_k, num_experts=workload.num_experts, backend="torch-gloo")
     reporter = None if plan.service_url is None else ReporterOptions(
         plan.service_url, interval_s=plan.interval_s, backoff_initial_s=0.05, backoff_max_s=plan.backoff_max_s,
-        max_pending_reports=plan.max_pending_reports, request_timeout_s=30.0)
+        max_pending_reports=plan.max_pending_reports, request_timeout_s=30.0, bearer_token=plan.bearer_token)
     telemetry = RankTelemetry(counters, identity, config, reporter=reporter,
                               exporter=ExporterOptions(base_port=0, local_rank=rank)).start()
     for layer in layers:
         layer.on_overflow.append(telemetry.on_overflow)
     # -------------------------------------------------------------------------------------------------
 
-    step = plan.first_step
+    step = 0
 
     def run_step(runtime_tokens: int | None = None) -> None:
         nonlocal step

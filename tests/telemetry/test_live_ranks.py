@@ -40,10 +40,10 @@ def samples(exposition: bytes) -> dict[tuple, float]:
     }
 
 
-def check_reports_exactly_once(sink: ReportSink, statuses: list[dict], first_step: int = 0) -> None:
+def check_reports_exactly_once(sink: ReportSink, statuses: list[dict]) -> None:
     """Per rank: one boot, sequences 0..n, one final report last, intervals adding up to the run."""
     ep_size = len(statuses)
-    expected = expected_totals(WORKLOAD, ep_size, range(first_step, statuses[0]["step"]))
+    expected = expected_totals(WORKLOAD, ep_size, range(statuses[0]["step"]))
     for status in statuses:
         boots = sink.boots_of(status["rank"])
         reports = boots[status["boot_id"]]
