@@ -211,20 +211,20 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
             _stop(process)
 
 
-def _dashboard_queries(committed_dashboards: dict) -> list[tuple[str, str, str]]:
+def _dashboard_queries(committed_dashboards: dict) -> list[tuple[str, str]]:
     values = {"cluster": CLUSTER, "dispatcher": ".+", "ep_rank": ".+"}
     queries = []
     for file_name, dashboard in committed_dashboards.items():
         for panel, target in lint.targets(dashboard):
             expr = lint.substitute_variables(target["expr"].replace("$__rate_interval", RATE_INTERVAL), values)
-            queries.append((f"{file_name} / {panel['title']} / {target['refId']}", expr, target["expr"]))
+            queries.append((f"{file_name} / {panel['title']} / {target['refId']}", expr))
     return queries
 
 
 def test_every_dashboard_query_returns_data(stack, committed_dashboards):
     queries = _dashboard_queries(committed_dashboards)
     assert len(queries) > 30
-    empty = [f"{where}: {expr}" for where, expr, _ in queries if not stack.query(expr)]
+    empty = [f"{where}: {expr}" for where, expr in queries if not stack.query(expr)]
     assert empty == [], "queries without data:\n" + "\n".join(empty)
 
 
@@ -268,6 +268,14 @@ def test_values_agree_with_the_run(stack):
     assert [(s["metric"]["kind"], s["metric"]["outcome"]) for s in overflows] == [("runtime_over_cap", "chunked")]
     peak = stack.values(f'cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{cluster="{CLUSTER}"}}')
     assert 0 < peak[""] <= 1.25
+    # The service's recommendation, as scraped, lies within its own bounds and above the overflowing cap.
+    advice = {name: stack.values(f'{name}{{cluster="{CLUSTER}"}}')[""] for name in (
+        service_metrics.RECOMMENDED_CAP_LOWER_TOKENS, service_metrics.RECOMMENDED_CAP_TOKENS,
+        service_metrics.RECOMMENDED_CAP_UPPER_TOKENS, service_metrics.CLUSTER_CAP_TOKENS)}
+    assert advice[service_metrics.CLUSTER_CAP_TOKENS] == e2e_rank.CAP
+    assert (advice[service_metrics.RECOMMENDED_CAP_LOWER_TOKENS] <= advice[service_metrics.RECOMMENDED_CAP_TOKENS]
+            <= advice[service_metrics.RECOMMENDED_CAP_UPPER_TOKENS])
+    assert advice[service_metrics.RECOMMENDED_CAP_TOKENS] > e2e_rank.CAP
 
 
 def test_alerts_match_the_run(stack):
