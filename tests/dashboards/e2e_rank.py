@@ -1,5 +1,6 @@
 """What each rank process of the end-to-end test runs: the instrumented dispatcher over the torch (gloo)
-backend, with the rank's real exporter and reporter, stepping until the parent drops a stop file.
+backend, with the rank's real exporter and reporter, stepping until the parent drops a stop file (or, for one rank, an
+exporter-close file: the rank keeps stepping but stops answering scrapes).
 
 Every step is a real dispatch -> expert -> combine through ``InstrumentedDispatcher.run``; the R schedule is
 the same on every rank (as in SGLang, R is the group-wide max), and every 15th step needs more than the cap,
@@ -75,6 +76,8 @@ def serve_rank(rank: int, world_size: int, cluster: str, service_url: str, run_d
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item():
                 break
+            if telemetry.exporter.port is not None and (run_path / f"rank{rank}.close-exporter").exists():
+                telemetry.exporter.close()  # the test's "lost rank": it stops answering scrapes
             runtime = runtime_tokens(step)
             tokens = local_tokens(step, rank, world_size, runtime)
             ids = torch.randint(0, NUM_EXPERTS, (tokens, TOP_K), generator=generator, dtype=torch.int32)

@@ -72,7 +72,7 @@ def _stop(process: subprocess.Popen) -> None:
 class Stack:
     prometheus_url: str
     service_url: str
-    rank_results: list
+    rank_ports: list[int]
     logs: Path
 
     def query(self, expr: str) -> list[dict]:
@@ -160,7 +160,6 @@ def _wait_for(condition, what: str, stack: Stack, timeout_s: float = READY_TIMEO
 def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("e2e")
     processes: list[subprocess.Popen] = []
-    rank_results: list = []
     rank_errors: list[BaseException] = []
     ranks_thread = None
     try:
@@ -169,8 +168,8 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
 
         def run_ranks() -> None:
             try:
-                rank_results.extend(spawn_ranks(EP_SIZE, e2e_rank.serve_rank, CLUSTER, service_url, str(run_dir),
-                                                float(READY_TIMEOUT_S + 60), timeout_s=READY_TIMEOUT_S + 120))
+                spawn_ranks(EP_SIZE, e2e_rank.serve_rank, CLUSTER, service_url, str(run_dir),
+                            float(READY_TIMEOUT_S + 60), timeout_s=READY_TIMEOUT_S + 120)
             except BaseException as error:  # surfaced by the fixture below
                 rank_errors.append(error)
 
@@ -187,7 +186,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
         prometheus, prometheus_url = _start_prometheus(
             prometheus_binary, _prometheus_config(run_dir, rank_ports, service_url), run_dir)
         processes.append(prometheus)
-        live = Stack(prometheus_url, service_url, rank_results, run_dir)
+        live = Stack(prometheus_url, service_url, rank_ports, run_dir)
 
         def ready() -> bool:
             if rank_errors:
@@ -196,7 +195,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
             return (
                 len(live.query('up{job="capwatch-ranks"} == 1')) == EP_SIZE
                 and len(live.query('up{job="capwatch-service"} == 1')) == 1
-                and scrapes.get("", 0) >= 15  # 15 scrapes of every rank: each 10s window holds samples
+                and scrapes.get("", 0) >= 12  # 12 scrapes of every rank: each 10s window holds samples
                 and bool(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{CLUSTER}"}}'))
                 and bool(live.query('ALERTS{alertname="MoeA2AOverflow", alertstate="firing"}'))
             )
@@ -298,3 +297,24 @@ def test_every_named_metric_is_scraped(stack):
             continue  # only where the backend knows its allocation; the torch backend does not
         expected.add(spec.name + "_bucket" if spec.type == "histogram" else spec.name)
     assert sorted(expected - scraped) == []
+
+
+def test_a_lost_rank_is_reported_missing_and_down(stack):
+    """Runs last: one rank's exporter stops answering. Prometheus marks its series stale, so MoeA2ARankMissing
+    (3 of ep_size 4) and MoeA2ARankDown (its failed scrape) go pending at once (both wait 1m to fire)."""
+    victim = EP_SIZE - 1
+    (stack.logs / f"rank{victim}.close-exporter").touch()
+    instance = f"127.0.0.1:{stack.rank_ports[victim]}"
+
+    def pending() -> bool:
+        missing = stack.query(f'ALERTS{{alertname="MoeA2ARankMissing", cluster="{CLUSTER}", ep_size="{EP_SIZE}"}}')
+        down = stack.query(f'ALERTS{{alertname="MoeA2ARankDown", instance="{instance}"}}')
+        return bool(missing) and bool(down)
+
+    _wait_for(pending, "MoeA2ARankMissing and MoeA2ARankDown after a rank stopped exporting", stack, timeout_s=30)
+    alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
+    missing = next(alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2ARankMissing")
+    assert float(missing["value"]) == EP_SIZE - 1 and missing["state"] == "pending"
+    down = next(alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2ARankDown")
+    assert down["labels"]["instance"] == instance and down["state"] == "pending"
+    assert stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}') == {"": EP_SIZE - 1}
