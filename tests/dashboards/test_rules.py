@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import subprocess
 
+import yaml
+
 from tests.dashboards import lint
 from tests.dashboards.conftest import DASHBOARDS_DIR, RULES_FILE
 
@@ -74,8 +76,6 @@ def test_sample_prometheus_config_is_valid(promtool):
 
 
 def test_provisioning_files():
-    import yaml
-
     providers = yaml.safe_load((DASHBOARDS_DIR / "provisioning" / "dashboards.yaml").read_text())
     datasources = yaml.safe_load((DASHBOARDS_DIR / "provisioning" / "datasources.yaml").read_text())
     assert providers["apiVersion"] == 1 and datasources["apiVersion"] == 1
