@@ -116,28 +116,52 @@ def _markdown_cell(value) -> str:
 
 
 def _describe(name: str) -> str:
+    """The module docstring, paragraphs kept, lines joined."""
     doc = (importlib.import_module(f"benchmarks.{name}").__doc__ or "").strip()
-    return doc.split("\n\n", 1)[0].replace("\n", " ")
+    return "\n\n".join(" ".join(paragraph.split()) for paragraph in doc.split("\n\n"))
+
+
+def _as_table(value) -> list[dict] | None:
+    """A dict of same-shaped flat dicts ({"1": {"bare": .., "ratio": ..}, "8": {...}}) reads best as a table."""
+    if not isinstance(value, dict) or len(value) < 2 or not all(isinstance(row, dict) for row in value.values()):
+        return None
+    keys = [tuple(row) for row in value.values()]
+    if len(set(keys)) != 1 or any(isinstance(cell, (dict, list)) for row in value.values() for cell in row.values()):
+        return None
+    return [{"": name, **row} for name, row in value.items()]
+
+
+def _markdown_table(table: list[dict]) -> list[str]:
+    columns = list(table[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_markdown_cell(row.get(column, "")) for column in columns) + " |" for row in table]
+    return lines + [""]
 
 
 def _render_figures(figures) -> list[str]:
-    # A benchmark may return ready tables: {"tables": {"title": [{"col": v, ...}, ...]}}.
+    # A benchmark may return ready tables: {"tables": {"title": [{"col": v, ...}, ...]}}; a dict of
+    # same-shaped dicts becomes a table too; everything else is a figure/value row.
+    if not isinstance(figures, dict):
+        figures = {"value": figures}
+    tables = dict(figures.get("tables", {}))
+    scalars = {}
+    for key, value in figures.items():
+        if key == "tables":
+            continue
+        table = _as_table(value)
+        if table is not None:
+            tables[key.replace("_", " ")] = table
+        else:
+            scalars[key] = value
     lines: list[str] = []
-    tables = figures.get("tables", {}) if isinstance(figures, dict) else {}
-    scalars = {key: value for key, value in figures.items() if key != "tables"} if isinstance(figures, dict) \
-        else {"value": figures}
     rows = flatten(scalars)
     if rows:
         lines += ["| figure | value |", "|---|---|"]
         lines += [f"| {key} | {_markdown_cell(value)} |" for key, value in rows]
         lines.append("")
     for title, table in tables.items():
-        if not table:
-            continue
-        columns = list(table[0])
-        lines += [f"**{title}**", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-        lines += ["| " + " | ".join(_markdown_cell(row.get(column, "")) for column in columns) + " |" for row in table]
-        lines.append("")
+        if table:
+            lines += [f"**{title}**", ""] + _markdown_table(table)
     return lines
 
 

@@ -6,6 +6,12 @@ a chunked dispatch) and price the workspace per rank with FlashInfer's formula a
 model's geometry (DeepSeek-V3, bf16, EP 8). Policies: a static 4096 (SGLang's default), KRR's
 max × 1.15, VPA's p90 × 1.15 of the windowed peaks, and ours (the service's advisor chain,
 called as pure functions, no HTTP, starting from a current cap of 4096).
+
+Columns: ``cap`` each policy's setting after training; ``overflow_steps`` steps of the test day
+with R above it; ``workspace_gib_per_rank`` FlashInfer's workspace at that cap; ``workspace_vs_static``
+against 4096. Traces: a diurnal ramp with bursts, more and larger bursts, a hot rank, speculative
+decoding with 3 draft tokens, a rare large burst that the test day exceeds, and traffic that grows by
+25 % on the test day. ``python -m benchmarks advice_quality [--quick] [--json]``.
 """
 
 from __future__ import annotations
