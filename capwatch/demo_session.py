@@ -97,6 +97,8 @@ def build_workload(options: DemoOptions) -> Workload:
 
 def port_is_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As uvicorn binds: a port whose old connections linger in TIME_WAIT is free to reuse.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((LOOPBACK, port))
         except OSError:
@@ -263,6 +265,7 @@ def _percent(value) -> str:
 
 
 def advice_table(advice: dict, cluster: str):
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=f"capwatch advice for cluster '{cluster}'", show_header=False, title_justify="left")
@@ -285,23 +288,24 @@ def advice_table(advice: dict, cluster: str):
         ("samples", f"{advice.get('sample_count', '–')} windows, {advice.get('overflow_windows', 0)} overflowed"),
     ]
     for name, value in rows:
-        table.add_row(name, value)
+        table.add_row(name, escape(value))
     return table
 
 
 def print_advice(out, advice: dict, cluster: str) -> None:
     out.print(advice_table(advice, cluster))
     for reason in advice.get("reasons", []):
-        out.print(f"  - {reason}", soft_wrap=True)
+        out.print(f"  - {reason}", soft_wrap=True, markup=False)
     if advice.get("env"):
         out.print()
-        out.print(f"export {advice['env']}", soft_wrap=True, style="green")
+        out.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False)
 
 
 # --- the chain -----------------------------------------------------------------------------------
 
 def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, quiet=options.json)
@@ -323,7 +327,8 @@ def run_demo(options: DemoOptions) -> int:
         port = choose_service_port(options.port)
     metrics_base = choose_metrics_base(options.metrics_port, workload.ranks)
     if not options.service_url:
-        err.print(f"[dim]starting the service on {LOOPBACK}:{port} (database {state_dir / 'demo.sqlite3'}) ...[/dim]")
+        err.print(f"[dim]starting the service on {LOOPBACK}:{port} "
+                  f"(database {escape(str(state_dir / 'demo.sqlite3'))}) ...[/dim]")
         service = EmbeddedService(state_dir, port).start()
         service_url = service.url
 
@@ -338,7 +343,7 @@ def run_demo(options: DemoOptions) -> int:
     )
     paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
     group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))
-    err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({workload.source}), "
+    err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({escape(workload.source)}), "
               f"{options.model} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
               f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
               f"policy {options.overflow_policy}, torch.distributed gloo")
@@ -361,7 +366,7 @@ def run_demo(options: DemoOptions) -> int:
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks, service is not None)
         if overflow is not None:
             err.quiet = False
-            err.print(f"[red]capwatch demo: the dispatcher raised:[/red] {overflow}", soft_wrap=True)
+            err.print("capwatch demo: the dispatcher raised: " + overflow, soft_wrap=True, markup=False, style="red")
             return 1
         if options.hold_s > 0 and not options.json:
             err.print(f"holding the service and the exporters up for {options.hold_s:.0f} s (Ctrl-C ends) ...")
@@ -410,7 +415,7 @@ def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: i
                          + (f" ... :{metrics_base + ranks - 1}/metrics (rank r on {metrics_base} + r)" if ranks > 1 else "")),
     ]
     for name, url in lines:
-        out.print(f"{name:<16} {url}", soft_wrap=True)
+        out.print(f"{name:<16} {url}", soft_wrap=True, markup=False)
     if embedded:
         out.print("[dim](the service and exporters stop with the demo; --hold SECONDS keeps them up)[/dim]")
 
