@@ -47,7 +47,6 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
     generator = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, NUM_EXPERTS, (TOKENS, TOP_K), generator=generator, dtype=torch.int32)
     payloads = [torch.randn(TOKENS, HIDDEN, generator=generator).to(torch.bfloat16), ids]
-    identity = RankIdentity(cluster="bench", ep_rank=rank, ep_size=world_size, boot_id=new_boot_id())
     config = rank_config(cap=CAP, ep_size=world_size, hidden_size=HIDDEN, top_k=TOP_K, num_experts=NUM_EXPERTS,
                          backend="torch-gloo")
     with socket.socket() as probe:  # one port for the whole run, re-bound by every "on" block
@@ -67,7 +66,8 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
         order = ("off", "on") if block % 2 == 0 else ("on", "off")
         for mode in order:
             telemetry = None
-            if mode == "on":
+            if mode == "on":  # as if the rank restarted: a new boot, sequences from 0
+                identity = RankIdentity(cluster="bench", ep_rank=rank, ep_size=world_size, boot_id=new_boot_id())
                 telemetry = RankTelemetry(
                     counters, identity, config, exporter=ExporterOptions(base_port=port),
                     reporter=ReporterOptions(service_url, interval_s=AGGRESSIVE_INTERVAL_S)).start()
