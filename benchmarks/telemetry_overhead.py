@@ -26,10 +26,11 @@ HIDDEN = 256
 TOP_K = 8
 NUM_EXPERTS = 16
 CAP = 256
-AGGRESSIVE_INTERVAL_S = 0.05
+AGGRESSIVE_INTERVAL_S = 0.05  # both the scrape and the report period while "on"
 
 
-def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_block: int, ports) -> dict:
+def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_block: int, ports,
+          interval_s: float) -> dict:
     import socket
 
     import torch
@@ -47,7 +48,6 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
     generator = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, NUM_EXPERTS, (TOKENS, TOP_K), generator=generator, dtype=torch.int32)
     payloads = [torch.randn(TOKENS, HIDDEN, generator=generator).to(torch.bfloat16), ids]
-    identity = RankIdentity(cluster="bench", ep_rank=rank, ep_size=world_size, boot_id=new_boot_id())
     config = rank_config(cap=CAP, ep_size=world_size, hidden_size=HIDDEN, top_k=TOP_K, num_experts=NUM_EXPERTS,
                          backend="torch-gloo")
     with socket.socket() as probe:  # one port for the whole run, re-bound by every "on" block
@@ -67,10 +67,11 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
         order = ("off", "on") if block % 2 == 0 else ("on", "off")
         for mode in order:
             telemetry = None
-            if mode == "on":
+            if mode == "on":  # as if the rank restarted: a new boot, sequences from 0
+                identity = RankIdentity(cluster="bench", ep_rank=rank, ep_size=world_size, boot_id=new_boot_id())
                 telemetry = RankTelemetry(
                     counters, identity, config, exporter=ExporterOptions(base_port=port),
-                    reporter=ReporterOptions(service_url, interval_s=AGGRESSIVE_INTERVAL_S)).start()
+                    reporter=ReporterOptions(service_url, interval_s=interval_s)).start()
             start = time.perf_counter()
             for _ in range(steps_per_block):
                 step()
@@ -93,8 +94,9 @@ class _Accept(BaseHTTPRequestHandler):
         pass
 
 
-def run(quick: bool = False) -> dict:
+def run(quick: bool = False, interval_s: float = AGGRESSIVE_INTERVAL_S) -> dict:
     import multiprocessing
+    import os
 
     from dispatcher.launch import spawn_ranks
 
@@ -121,13 +123,13 @@ def run(quick: bool = False) -> dict:
                         scrapes["ok"] += 1
                 except OSError:
                     pass  # an "off" block: nobody listens
-            done.wait(AGGRESSIVE_INTERVAL_S)
+            done.wait(interval_s)
 
     thread = threading.Thread(target=scraper, daemon=True)
     thread.start()
     try:
         results = spawn_ranks(WORLD_SIZE, _rank, f"http://127.0.0.1:{service.server_port}", blocks,
-                              steps_per_block, ports, timeout_s=900)
+                              steps_per_block, ports, interval_s, timeout_s=900)
     finally:
         done.set()
         thread.join(timeout=10)
@@ -142,7 +144,9 @@ def run(quick: bool = False) -> dict:
         "backend": f"torch.distributed gloo, {WORLD_SIZE} processes, CPU; {TOKENS} tokens, hidden {HIDDEN} bf16",
         "blocks_per_mode": blocks,
         "steps_per_block": steps_per_block,
-        "scrape_and_report_interval_s": AGGRESSIVE_INTERVAL_S,
+        "scrape_and_report_interval_s": interval_s,
+        "load_average_1m_at_end": round(os.getloadavg()[0], 2),
+        "cpu_count": os.cpu_count(),
         "off_steps_per_s": round(1 / off_median, 1),
         "on_steps_per_s": round(1 / on_median, 1),
         "throughput_ratio_on_vs_off": round(off_median / on_median, 4),
@@ -157,8 +161,12 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer blocks (a smoke run)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--interval-s", type=float, default=AGGRESSIVE_INTERVAL_S,
+                        help=f"scrape and report period while on (default {AGGRESSIVE_INTERVAL_S})")
     args = parser.parse_args(argv)
-    figures = run(quick=args.quick)
+    if not args.interval_s > 0:
+        parser.error("--interval-s must be > 0")
+    figures = run(quick=args.quick, interval_s=args.interval_s)
     if args.json:
         print(json.dumps(figures, indent=2))
         return
@@ -167,7 +175,8 @@ def main(argv: list[str] | None = None) -> None:
           f"scrape + report every {figures['scrape_and_report_interval_s']} s while on")
     print(f"off: {figures['off_steps_per_s']} steps/s   on: {figures['on_steps_per_s']} steps/s   "
           f"throughput on/off: {figures['throughput_ratio_on_vs_off']} (paired {figures['paired_throughput_ratio']})")
-    print(f"scrapes answered: {figures['scrapes_answered']}, reports delivered: {figures['reports_delivered']}")
+    print(f"scrapes answered: {figures['scrapes_answered']}, reports delivered: {figures['reports_delivered']}; "
+          f"load average {figures['load_average_1m_at_end']} on {figures['cpu_count']} CPUs")
 
 
 if __name__ == "__main__":

@@ -86,8 +86,6 @@ def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, st
         elif command == "overflow":  # R past the cap: the raise policy kills this rank
             run_step(workload.cap + argument)
         elif command == "exit":
-            if telemetry.reporter is not None:
-                telemetry.reporter.flush_final("shutdown", timeout_s=30)
-            telemetry.close()
+            telemetry.close(timeout_s=30)
             return status()
         replies.put(("done", status()))

@@ -16,6 +16,7 @@ from dispatcher.launch import RankFailedError
 from telemetry.catalogue import runtime_token_buckets
 
 from .group import RankGroup
+from .prometheus_server import PrometheusServer
 from .promtool import promtool_findings
 from .rank_program import RankPlan
 from .sink import ReportSink
@@ -121,6 +122,30 @@ def test_exported_values_equal_what_was_dispatched(group4):
     assert sum(expected.tokens_sent) == sum(expected.tokens_received) > 0
 
 
+def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
+    targets = [url.split("//")[1].split("/")[0] for url in group4.metrics_urls]
+    prometheus = PrometheusServer(tmp_path, targets)
+    try:
+        steps = group4.command("steps", 5)[0]["step"]
+        expected = expected_totals(WORKLOAD, 4, range(steps))
+        prometheus.wait_for('sum(up{job="capwatch-ranks"})', lambda result: result and result[0]["value"][1] == "4")
+        selector = '{cluster="live4", dispatcher="target"}'
+        sent = prometheus.wait_for(
+            f"sum(moe_a2a_tokens_sent_total{selector})",
+            lambda result: result and float(result[0]["value"][1]) == sum(expected.tokens_sent))
+        assert sent
+        received = prometheus.query(f"sum(moe_a2a_tokens_received_total{selector})")
+        assert float(received[0]["value"][1]) == sum(expected.tokens_received)
+        per_rank = prometheus.query(f"moe_a2a_forward_steps_total{selector}")
+        assert sorted(item["metric"]["ep_rank"] for item in per_rank) == ["0", "1", "2", "3"]
+        assert all(float(item["value"][1]) == steps for item in per_rank)
+        # The cap-fitted buckets work with histogram_quantile: the median R lies within the cap.
+        median = prometheus.query(f"histogram_quantile(0.5, sum by (le) (moe_a2a_runtime_tokens_bucket{selector}))")
+        assert 0 < float(median[0]["value"][1]) <= WORKLOAD.cap
+    finally:
+        prometheus.stop()
+
+
 def test_scrape_under_load_never_blocks_dispatch(group4):
     """Four scrapers hammer every rank while one more connection per rank stalls half-way through a
     request; the forward-step counter keeps moving between scrapes all along."""
@@ -147,7 +172,9 @@ def test_scrape_under_load_never_blocks_dispatch(group4):
     scrapers = [threading.Thread(target=hammer, args=(scraper,)) for scraper in range(4)]
     for thread in scrapers:
         thread.start()
-    time.sleep(3)
+    deadline = time.monotonic() + 90  # until every scraper saw every rank move a few times (load-proof)
+    while not failures and time.monotonic() < deadline and min(len(set(v)) for v in seen.values()) < 3:
+        time.sleep(0.2)
     done.set()
     for thread in scrapers:
         thread.join(timeout=60)
