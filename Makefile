@@ -2,8 +2,9 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests drive for real: Prometheus and promtool, headless Chromium.
-SYSTEM_TOOLS := promtool prometheus chromium
+# Debian packages the tests drive for real: Prometheus and promtool, headless Chromium, and g++ to
+# compile FlashInfer's own workspace-layout C++ for the sizing cross-check.
+SYSTEM_TOOLS := promtool prometheus chromium g++
 
 .PHONY: setup system-deps demo test
 
@@ -25,7 +26,7 @@ $(VENV)/.test-deps: $(BIN)/capwatch
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus chromium; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus chromium g++; \
 	fi
 
 demo: setup

@@ -7,7 +7,8 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from pydantic.json_schema import models_json_schema
@@ -15,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 from service.api.routes import advice, clusters, health, metrics, reports
 from service.config import Settings
 from service.metrics import build_metrics
+from service.prometheus_source import PrometheusSource, SourceUnavailable
 from service.store.sqlite import Store, StoreOptions
 from service.views import ClusterSource
 from telemetry.report import RankReport
@@ -55,7 +57,6 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     owned_store = None
     if source is None and store is None:
         if settings.prometheus_url:
-            from service.prometheus_source import PrometheusSource
             source = PrometheusSource(settings.prometheus_url, settings, clock)
         else:
             store = owned_store = Store(settings.db_path, store_options(settings), clock)
@@ -67,6 +68,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
         yield
         if owned_store is not None:
             owned_store.close()  # drains the writer: every acknowledged report is already committed
+        if hasattr(source, "close") and source is not store:
+            source.close()
 
     app = FastAPI(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
     app.state.settings = settings
@@ -76,5 +79,10 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.metrics = build_metrics(registry, source, settings, clock)
     for module in (reports, clusters, advice, health, metrics):
         app.include_router(module.router)
+
+    @app.exception_handler(SourceUnavailable)
+    async def source_unavailable(_: Request, error: SourceUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=503)
+
     _install_openapi(app)
     return app

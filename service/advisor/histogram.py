@@ -50,6 +50,8 @@ class DecayingHistogram:
     weights: dict[int, float] = field(default_factory=dict)
 
     def add(self, tokens: int, time_s: float, weight: float = 1.0) -> None:
+        if not self.weights:
+            self.reference_s = time_s  # weights near 1: no overflow whatever the epoch
         exponent = (time_s - self.reference_s) / self.half_life_s
         if exponent > _MAX_EXPONENT:
             self._shift_reference(time_s)
@@ -65,6 +67,12 @@ class DecayingHistogram:
     def merge(self, other: "DecayingHistogram") -> None:
         if other.half_life_s != self.half_life_s:
             raise ValueError("cannot merge histograms with different half-lives")
+        if not other.weights:
+            return
+        if not self.weights:
+            self.reference_s = other.reference_s
+        if (other.reference_s - self.reference_s) / self.half_life_s > _MAX_EXPONENT:
+            self._shift_reference(other.reference_s)
         scale = 2.0 ** ((other.reference_s - self.reference_s) / self.half_life_s)
         for index, weight in other.weights.items():
             self.weights[index] = self.weights.get(index, 0.0) + weight * scale
@@ -109,8 +117,12 @@ class DecayingHistogram:
 
     def forget_below(self, relative_weight: float, now_s: float) -> None:
         """Drop buckets weighing less than ``relative_weight`` of one fresh sample at ``now_s``."""
-        fresh = 2.0 ** ((now_s - self.reference_s) / self.half_life_s)
-        self.weights = {index: weight for index, weight in self.weights.items() if weight >= relative_weight * fresh}
+        if not self.weights or relative_weight <= 0.0:
+            return
+        # in log2 space: a fresh sample's weight 2 ** ((now - reference) / half_life) may not fit a float
+        threshold = math.log2(relative_weight) + (now_s - self.reference_s) / self.half_life_s
+        self.weights = {index: weight for index, weight in self.weights.items()
+                        if weight > 0.0 and math.log2(weight) >= threshold}
 
     def to_dict(self) -> dict:
         return {

@@ -124,5 +124,9 @@ def hot_path_without_host_reads(rank: int, case: MoECase, cap: int) -> str | Non
 
 def run_all(rank: int, world_size: int, plan: dict) -> dict:
     """Run every scenario named in ``plan`` ({name: (function name, args)}) in order."""
+    import torch.distributed as dist
+
     functions = {f.__name__: f for f in (moe_step, overflow_raise, pairing, shared_layers, hot_path_without_host_reads)}
-    return {name: functions[function](rank, *args) for name, (function, args) in plan.items()}
+    results = {name: functions[function](rank, *args) for name, (function, args) in plan.items()}
+    results["group"] = (dist.get_rank(), dist.get_world_size())
+    return results
