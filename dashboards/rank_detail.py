@@ -45,7 +45,9 @@ def build() -> dashboard_models.Dashboard:
             width=6, height=8, thresholds=UTILIZATION_STEPS))
         .with_panel(timeseries_panel(
             "Peak R per rank vs cap",
-            "Largest R per reporting interval and since start, against the cap each rank's workspace is sized for.",
+            "Largest R per reporting interval and since start, against the cap each rank's workspace is sized for. "
+            "The counters keep one bin above the cap, so an interval that overflowed without setting a new "
+            "maximum reads cap + 1.",
             "short",
             [Query(ranks(cat.INTERVAL_PEAK_RUNTIME_TOKENS.name), "rank {{ep_rank}} interval peak"),
              Query(ranks(cat.RUNTIME_TOKENS_MAX.name), "rank {{ep_rank}} max since start"),
@@ -90,7 +92,27 @@ def build() -> dashboard_models.Dashboard:
             "short",
             [Query(f"sum by ({RANK}, kind, outcome) ({rate(cat.OVERFLOW_EVENTS.name, 'increase')})",
                    "rank {{ep_rank}} {{kind}}/{{outcome}}")],
-            width=24, min_value=0))
+            width=16, min_value=0))
+        .with_panel(timeseries_panel(
+            "Chunked rounds per second",
+            "Cap-sized A2A rounds the chunk overflow policy ran instead of failing: the price of a cap that is "
+            "too small (each round is a full dispatch and combine).",
+            "ops", [Query(rate(cat.CHUNKED_ROUNDS.name), RANK_LEGEND)], width=8, min_value=0))
+        .with_row(row("Reporting to the service"))
+        .with_panel(timeseries_panel(
+            "Reports pending per rank",
+            "Interval reports buffered on each rank until the capwatch service accepts them; a growing backlog "
+            "means the service is unreachable and the advice goes stale.",
+            "none", [Query(ranks(cat.REPORTS_PENDING.name), RANK_LEGEND)], min_value=0))
+        .with_panel(timeseries_panel(
+            "Report delivery per rank",
+            "Reports per second each rank delivered, failed to send (retried) and had refused for good (4xx: a "
+            "bad token or schema mismatch).",
+            "ops",
+            [Query(rate(cat.REPORTS_DELIVERED.name), "rank {{ep_rank}} delivered"),
+             Query(rate(cat.REPORT_SEND_FAILURES.name), "rank {{ep_rank}} failed"),
+             Query(rate(cat.REPORTS_REJECTED.name), "rank {{ep_rank}} rejected")],
+            min_value=0))
         .with_row(row("Memory"))
         .with_panel(timeseries_panel(
             "Workspace bytes per rank",

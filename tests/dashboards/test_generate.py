@@ -58,3 +58,31 @@ def test_dashboards_cover_the_issue():
     assert heatmap["targets"][0]["format"] == "heatmap"
     assert "moe_a2a_runtime_tokens_bucket" in heatmap["targets"][0]["expr"]
     assert [v["name"] for v in overview["templating"]["list"]] == ["datasource", "cluster", "dispatcher", "ep_rank"]
+
+
+def _contained(part: object, whole: object, path: str = "") -> list[str]:
+    """Paths where ``part`` is not contained in ``whole`` (dict keys may be extra in ``whole``)."""
+    if isinstance(part, dict) and isinstance(whole, dict):
+        return [missing for key, value in part.items()
+                for missing in ([f"{path}/{key}"] if key not in whole else _contained(value, whole[key], f"{path}/{key}"))]
+    if isinstance(part, list) and isinstance(whole, list) and len(part) == len(whole):
+        return [missing for index, (a, b) in enumerate(zip(part, whole)) for missing in _contained(a, b, f"{path}/{index}")]
+    return [] if part == whole else [path]
+
+
+def test_committed_json_loads_into_the_grafana_schema_models(committed_dashboards):
+    """The SDK's schema models (generated from Grafana's own schema) read every field back unchanged;
+    they only add defaults (e.g. table and heatmap ``fieldConfig.defaults.custom``)."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    def unknown_fields(raw: dict) -> list[str]:
+        return _contained(raw, json.loads(json.dumps(Dashboard.from_json(raw), cls=JSONEncoder)))
+
+    plugins.register_default_plugins()
+    for name, raw in committed_dashboards.items():
+        assert unknown_fields(raw) == [], name
+    misspelled = json.loads(json.dumps(next(iter(committed_dashboards.values()))))
+    misspelled["panels"][1]["fieldconfig"] = misspelled["panels"][1].pop("fieldConfig")
+    assert unknown_fields(misspelled) == ["/panels/1/fieldconfig"]
