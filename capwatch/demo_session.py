@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -28,7 +26,6 @@ from capwatch.cli import CommandError
 from capwatch.rank_process import PROGRESS_FIELDS, Phase, RankPlan
 from capwatch.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
@@ -143,41 +140,28 @@ def get_json(url: str, timeout_s: float = 10.0):
 
 
 class EmbeddedService:
-    """``capwatch serve`` as a subprocess on loopback, with the demo's database and settings."""
+    """``capwatch serve`` (``service.launch.ServiceProcess``) with the demo's database and settings."""
 
     def __init__(self, state_dir: Path, port: int):
+        from service.launch import ServiceProcess
+
         self.state_dir = state_dir
-        self.port = port
-        self.url = f"http://{LOOPBACK}:{port}"
         self.database = state_dir / "demo.sqlite3"
         self.log_path = state_dir / "demo-service.log"
-        self.process: subprocess.Popen | None = None
+        self.process = ServiceProcess(self.database, port=port, env=DEMO_ADVISOR_SETTINGS, log_path=self.log_path)
+        self.url = self.process.url
 
     def start(self) -> "EmbeddedService":
         self.state_dir.mkdir(parents=True, exist_ok=True)
         # The demo's own database, recreated each run so the page shows this run only.
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{self.database}{suffix}").unlink(missing_ok=True)
-        environment = dict(os.environ, **DEMO_ADVISOR_SETTINGS)
-        environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-        command = [sys.executable, "-m", "capwatch", "serve", "--host", LOOPBACK, "--port", str(self.port),
-                   "--db", str(self.database)]
-        self._log = self.log_path.open("w")
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=environment,
-                                        start_new_session=True)
-        deadline = time.monotonic() + SERVICE_START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise CommandError(f"the service exited with code {self.process.returncode} while starting:\n"
-                                   + self.log_tail())
-            try:
-                get_json(f"{self.url}/healthz", timeout_s=1.0)
-                return self
-            except (urllib.error.URLError, OSError, ValueError):
-                time.sleep(0.2)
-        self.stop()
-        raise CommandError(f"the service did not answer {self.url}/healthz within {SERVICE_START_TIMEOUT_S:.0f} s:\n"
-                           + self.log_tail())
+        self.log_path.unlink(missing_ok=True)
+        try:
+            self.process.start(timeout_s=SERVICE_START_TIMEOUT_S)
+        except (RuntimeError, TimeoutError) as error:
+            raise CommandError(f"the service did not start: {error}\n{self.log_tail()}") from None
+        return self
 
     def log_tail(self, lines: int = 20) -> str:
         try:
@@ -186,15 +170,7 @@ class EmbeddedService:
             return ""
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=5)
-        if getattr(self, "_log", None):
-            self._log.close()
+        self.process.stop()
 
 
 # --- the ranks -----------------------------------------------------------------------------------

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -83,31 +82,11 @@ def write_timed_trace(path: Path, token_counts: list[list[int]], seconds_per_ste
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """``capwatch serve`` on a free port, with the demo's compressed advisor clock."""
+    from service.launch import ServiceProcess
+
     folder = tmp_path_factory.mktemp("service")
-    port = free_port()
-    log = (folder / "service.log").open("w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "capwatch", "serve", "--host", "127.0.0.1", "--port", str(port),
-         "--db", str(folder / "capwatch.db")],
-        stdout=log, stderr=subprocess.STDOUT, env=environment(**DEMO_ADVISOR_SETTINGS), cwd=REPO_ROOT,
-        start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    process = ServiceProcess(folder / "capwatch.db", env=DEMO_ADVISOR_SETTINGS).start(timeout_s=60)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                get_json(f"{url}/healthz")
-                break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail("capwatch serve did not start:\n" + (folder / "service.log").read_text())
-                time.sleep(0.2)
-        yield url
+        yield process.url
     finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        log.close()
+        process.stop()
