@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from capwatch.workload import WorkloadSpec, generate_token_counts
 from tests.demo.conftest import free_port_block, get_json, run_capwatch, write_timed_trace
 
@@ -52,23 +54,34 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service):
         assert rank["max_runtime_tokens"] == 300
 
 
-def test_usage_errors_exit_2_without_a_traceback(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"tokens": [1, 2]}\n{"tokens": [1, "x"]}\n')
-    two_ranks = tmp_path / "two.jsonl"
-    two_ranks.write_text('{"tokens": [1, 2]}\n')
-    cases = [
-        (["--trace", str(bad)], f"{bad}:2: \"tokens\"[1] must be an integer"),
-        (["--trace", str(two_ranks), "--ranks", "3"], "the trace, which has 2 ranks"),
-        (["--trace", str(tmp_path / "missing.jsonl")], "does not exist"),
-        (["--cap", "0"], "expected a positive integer"),
-        (["--model", "gpt-5"], "unknown model 'gpt-5'"),
-        (["--service-url", "localhost:1"], "must look like http://host:port"),
-        (["--overflow-policy", "explode"], "invalid choice"),
-    ]
-    for arguments, words in cases:
-        result = run_capwatch("demo", "--state-dir", str(tmp_path / "state"), *arguments, timeout_s=60)
-        assert result.returncode == 2, (arguments, result.stderr)
-        assert words in result.stderr, (arguments, result.stderr)
-        assert "Traceback" not in result.stderr
+@pytest.mark.parametrize("arguments, words", [
+    (["--trace", "{bad}"], '{bad}:2: "tokens"[1] must be an integer'),
+    (["--trace", "{two}", "--ranks", "3"], "the trace, which has 2 ranks"),
+    (["--trace", "{missing}"], "does not exist"),
+    (["--cap", "0"], "expected a positive integer"),
+    (["--model", "gpt-5"], "unknown model 'gpt-5'"),
+    (["--service-url", "localhost:1"], "must look like http://host:port"),
+    (["--cluster", "no spaces"], "--cluster 'no spaces'"),
+    (["--overflow-policy", "explode"], "invalid choice"),
+])
+def test_usage_errors_exit_2_and_start_nothing(tmp_path, capsys, arguments, words):
+    from capwatch.cli import main
+
+    paths = {"bad": tmp_path / "bad.jsonl", "two": tmp_path / "two.jsonl", "missing": tmp_path / "missing.jsonl"}
+    paths["bad"].write_text('{"tokens": [1, 2]}\n{"tokens": [1, "x"]}\n')
+    paths["two"].write_text('{"tokens": [1, 2]}\n')
+    arguments = [argument.format(**paths) for argument in arguments]
+    words = words.format(**paths)
+    try:
+        code = main(["demo", "--state-dir", str(tmp_path / "state"), *arguments])
+    except SystemExit as exit:  # argparse's own usage errors
+        code = exit.code
+    assert code == 2
+    assert words in capsys.readouterr().err
     assert not (tmp_path / "state").exists()  # nothing started, nothing written
+
+
+def test_a_usage_error_in_a_real_process_has_no_traceback(tmp_path):
+    result = run_capwatch("demo", "--trace", str(tmp_path / "missing.jsonl"), timeout_s=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"capwatch demo: error: trace file {tmp_path / 'missing.jsonl'} does not exist"
