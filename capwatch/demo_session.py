@@ -339,7 +339,8 @@ def run_demo(options: DemoOptions) -> int:
             out.print_json(json.dumps(advice)) if sys.stdout.isatty() else print(json.dumps(advice, indent=2))
         else:
             print_advice(out, advice, options.cluster)
-            _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks, service is not None)
+            _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,
+                        hint=service is not None and options.hold_s == 0)
         if overflow is not None:
             err.quiet = False
             err.print("capwatch demo: the dispatcher raised: " + overflow, soft_wrap=True, markup=False, style="red")
@@ -380,7 +381,7 @@ def _show_progress(group: RankGroup, workload: Workload, err) -> None:
         group.wait(5)
 
 
-def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: int, embedded: bool) -> None:
+def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: int, hint: bool) -> None:
     out.print()
     lines = [
         ("web dashboard", f"{service_url}/?cluster={cluster}"),
@@ -392,6 +393,6 @@ def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: i
     ]
     for name, url in lines:
         out.print(f"{name:<16} {url}", soft_wrap=True, markup=False)
-    if embedded:
+    if hint:
         out.print("[dim](the service and exporters stop with the demo; --hold SECONDS keeps them up)[/dim]")
 
