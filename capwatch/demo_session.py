@@ -311,7 +311,7 @@ def run_demo(options: DemoOptions) -> int:
     plan = RankPlan(
         cluster=options.cluster, token_counts=workload.token_counts, step_times_s=workload.step_times_s,
         step_interval_s=STEP_INTERVAL_S if workload.source == "generated" else 0.0,
-        cap=options.cap, overflow_policy=options.overflow_policy, model=options.model,
+        cap=options.cap, overflow_policy=options.overflow_policy, model=geometry.name,
         hidden_size=geometry.hidden_size, priced_hidden_size=geometry.priced_hidden_size,
         num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
         service_url=service_url, report_interval_s=REPORT_INTERVAL_S, metrics_base_port=metrics_base,
@@ -320,7 +320,7 @@ def run_demo(options: DemoOptions) -> int:
     paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
     group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))
     err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({escape(workload.source)}), "
-              f"{options.model} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
+              f"{geometry.name} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
               f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
               f"policy {options.overflow_policy}, torch.distributed gloo")
     try:

@@ -29,53 +29,28 @@ class ModelGeometry:
     priced_hidden_size: int
 
 
-# Public geometry (hidden size, routed experts, top-k); used when the sizing presets are absent.
-_FALLBACK_PRESETS: dict[str, tuple[int, int, int]] = {
-    "deepseek-v3": (7168, 256, 8),
-    "kimi-k2": (7168, 384, 8),
-    "qwen3-235b-a22b": (4096, 128, 8),
-    "qwen3-30b-a3b": (2048, 128, 8),
-    "gpt-oss-120b": (2880, 128, 4),
-    "mixtral-8x7b": (4096, 8, 2),
-}
 DEFAULT_MODEL = "deepseek-v3"
 CPU_HIDDEN_RANGE = (64, 256)
 
 
-def model_presets() -> dict[str, tuple[int, int, int]]:
-    """name -> (hidden_size, num_experts, top_k): the sizing module's presets when present."""
-    try:
-        from dispatcher import models  # the sizing helper's presets
-    except ImportError:
-        return dict(_FALLBACK_PRESETS)
-    presets = {}
-    for name, preset in _iter_presets(models):
-        presets[name] = (preset.hidden_size, preset.num_experts, preset.top_k)
-    return presets or dict(_FALLBACK_PRESETS)
-
-
-def _iter_presets(models_module):
-    registry = getattr(models_module, "MODEL_PRESETS", None) or getattr(models_module, "PRESETS", None) or {}
-    items = registry.items() if isinstance(registry, dict) else ((p.name, p) for p in registry)
-    for name, preset in items:
-        if all(hasattr(preset, attribute) for attribute in ("hidden_size", "num_experts", "top_k")):
-            yield name, preset
-
-
 def scaled_geometry(model: str = DEFAULT_MODEL, ep_size: int = 4) -> ModelGeometry:
-    """The preset scaled down for CPUs: hidden size /64 clamped to 64..256 (a power of two);
-    experts and top-k kept, so the routing fan-out per token is the real model's. Experts
-    are only reduced (keeping top_k / num_experts) when there are fewer than ranks."""
-    presets = model_presets()
-    if model not in presets:
-        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(sorted(presets))}")
-    hidden_size, num_experts, top_k = presets[model]
+    """The sizing module's preset scaled down for CPUs: hidden size /64 clamped to 64..256 (a power
+    of two); experts and top-k kept, so the routing fan-out per token is the real model's. Experts
+    are only multiplied (keeping top_k / num_experts) when there are fewer than ranks."""
+    from dispatcher.models import known_model_names, model_geometry
+    from dispatcher.sizing import SizingError
+
+    try:
+        preset = model_geometry(model)
+    except SizingError:
+        raise ValueError(f"unknown model {model!r}; choose one of {', '.join(known_model_names())}") from None
+    hidden_size, num_experts, top_k = preset.hidden_size, preset.num_experts, preset.top_k
     low, high = CPU_HIDDEN_RANGE
     cpu_hidden = min(high, max(low, 2 ** round(math.log2(max(1, hidden_size // 64)))))
     if num_experts < ep_size:
         scale = math.ceil(ep_size / num_experts)
         num_experts, top_k = num_experts * scale, top_k * scale
-    return ModelGeometry(model, cpu_hidden, num_experts, min(top_k, num_experts), hidden_size)
+    return ModelGeometry(preset.name, cpu_hidden, num_experts, min(top_k, num_experts), hidden_size)
 
 
 @dataclass(frozen=True)
