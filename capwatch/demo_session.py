@@ -281,6 +281,8 @@ def print_advice(out, advice: dict, cluster: str) -> None:
 
 def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
+
+    from capwatch.commands.advise import fetch_advice
     from rich.markup import escape
 
     out = Console(highlight=False)
@@ -332,7 +334,7 @@ def run_demo(options: DemoOptions) -> int:
             group.wait(60)  # the ranks are closing their telemetry; an overflow skips the hold
         if group.error is not None:
             raise CommandError(f"the rank processes failed: {group.error}")
-        advice = get_json(f"{service_url}/v1/clusters/{options.cluster}/advice")
+        advice = fetch_advice(service_url, options.cluster, "target", timeout=30.0)[0]
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
         if options.json:
