@@ -343,6 +343,7 @@ def run_demo(options: DemoOptions) -> int:
             print_advice(out, advice, options.cluster)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,
                         hint=service is not None and options.hold_s == 0)
+        sys.stdout.flush()  # the advice is out before any hold
         if overflow is not None:
             err.quiet = False
             err.print("capwatch demo: the dispatcher raised: " + overflow, soft_wrap=True, markup=False, style="red")

@@ -3,25 +3,72 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import urllib.request
 
 import pytest
 
 from capwatch.workload import WorkloadSpec, generate_token_counts
-from tests.demo.conftest import free_port_block, get_json, run_capwatch, write_timed_trace
+from tests.demo.conftest import (REPO_ROOT, environment, free_port, free_port_block, get_json, run_capwatch,
+                                 write_timed_trace)
 
 ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
 
-def test_demo_json_with_embedded_service(tmp_path):
-    """Two ranks replay a paced 12 s trace; the demo starts its own service and prints its advice."""
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in Prometheus text format."""
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            found = dict(re.findall(r'(\w+)="([^"]*)"', line.split("}")[0])) if "{" in line else {}
+            if all(found.get(key) == value for key, value in labels.items()):
+                return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {name}{labels} in:\n{text[:2000]}")
+
+
+def test_demo_json_with_embedded_service_and_hold(tmp_path):
+    """Two ranks replay a paced 12 s trace; the demo starts its own service, prints only the advice
+    JSON, then holds: the page, the service's gauges and each rank's exporter (on B + r) answer."""
     counts = generate_token_counts(WorkloadSpec(ranks=2, steps=48, peak_tokens_per_rank=96, day_steps=48,
                                                 mean_decode_steps=10, seed=5))
     trace = write_timed_trace(tmp_path / "trace.jsonl", counts, seconds_per_step=0.25)
-    result = run_capwatch("demo", "--json", "--trace", str(trace), "--cap", "2048", "--port", "0",
-                          "--metrics-port", str(free_port_block(2)), "--state-dir", str(tmp_path / "state"),
-                          "--cluster", "embedded")
-    assert result.returncode == 0, result.stderr
-    advice = json.loads(result.stdout)  # only the advice object on stdout
+    metrics_base, port = free_port_block(2), free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "capwatch", "demo", "--json", "--trace", str(trace), "--cap", "2048",
+         "--port", str(port), "--metrics-port", str(metrics_base), "--state-dir", str(tmp_path / "state"),
+         "--cluster", "embedded", "--hold", "8"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
+        start_new_session=True)
+    try:
+        lines = []
+        for line in process.stdout:  # the JSON object ends with a closing brace at column 0
+            lines.append(line)
+            if line.rstrip() == "}":
+                break
+        assert lines, process.stderr.read()
+        advice = json.loads("".join(lines))  # only the advice object on stdout
+
+        # Holding: the service and both exporters are still up.
+        service = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(f"{service}/?cluster=embedded", timeout=10) as response:
+            assert "capwatch" in response.read().decode()
+        with urllib.request.urlopen(f"{service}/metrics", timeout=10) as response:
+            gauges = response.read().decode()
+        assert metric_value(gauges, "capwatch_recommended_cap_tokens", cluster="embedded") == advice["recommended_cap"]
+        for rank in (0, 1):
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + rank}/metrics", timeout=10) as response:
+                exported = response.read().decode()
+            assert metric_value(exported, "moe_a2a_forward_steps_total", ep_rank=str(rank)) == len(counts)
+        assert process.wait(timeout=60) == 0, process.stderr.read()
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.stdout.close()
+        process.stderr.close()
+
     assert advice["cluster"] == "embedded" and advice["current_cap"] == 2048
     peak = max(max(step) for step in counts)
     assert advice["max_peak_runtime_tokens"] == peak  # the service saw the trace's true R
