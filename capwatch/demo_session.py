@@ -338,7 +338,7 @@ def run_demo(options: DemoOptions) -> int:
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
         if options.json:
-            out.print_json(json.dumps(advice)) if sys.stdout.isatty() else print(json.dumps(advice, indent=2))
+            print(json.dumps(advice, indent=2))  # plain JSON, for jq and scripts
         else:
             print_advice(out, advice, options.cluster)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,
