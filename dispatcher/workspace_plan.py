@@ -1,0 +1,220 @@
+"""What a per-rank cap costs: one model geometry + EP size + cap -> the workspace FlashInfer allocates.
+
+Three modes say who does the sizing:
+
+``flashinfer``     FlashInfer's own formula for the given payload format and version (the
+                   ``moe_a2a`` layout up to 0.7.2.post1, ``NVLinkOneSidedAlltoAll``'s in 0.7.4).
+``sglang``         what SGLang's ``FlashinferDispatcher`` allocates (sglang
+                   ``python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py``): dispatch bytes
+                   are never below the bf16 payload (``max(quantized, bf16)``, and bf16 for any
+                   format it cannot dispatch quantized), and a speculative draft model's dispatcher
+                   adds 128 B (``_workspace_size_for_namespace``) so its workspace gets its own
+                   FlashInfer cache entry.
+``sglang-legacy``  SGLang before PR #25907: ``max_num_tokens = cap * ep_size`` although FlashInfer
+                   already multiplies by ep_size (an ep_size-fold over-allocation of the payload
+                   and routing regions); nvfp4 dispatch sized unfloored, everything else bf16.
+
+Pure arithmetic, no torch: the advisor prices many caps with these per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from dispatcher.models import ModelGeometry
+from dispatcher.sizing import (
+    INT32_MAX,
+    LAYOUT_MOE_A2A,
+    FlashInferVersion,
+    SizingError,
+    check_ep_size,
+    check_eplb_stats,
+    check_max_num_tokens,
+    check_payload_format,
+    check_positive,
+    check_routing,
+    combine_bytes_per_token,
+    dispatch_bytes_per_token,
+    hidden_bytes_per_token,
+    nvlink_one_sided_layout,
+    routing_bytes_per_token,
+    workspace_layout,
+)
+
+MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
+SGLANG_DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
+CAP_ALIGNMENT = 128
+
+
+@dataclass(frozen=True)
+class WorkspacePlan:
+    # inputs
+    model: str
+    hidden_size: int
+    top_k: int
+    num_experts: int
+    ep_size: int
+    cap: int  # tokens per rank per dispatch (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK)
+    payload_format: str
+    eplb_stats_num_experts: int
+    flashinfer_version: str
+    layout: str  # "moe_a2a" or "nvlink_one_sided"
+    mode: str
+    draft: bool
+    # what FlashInfer is told and what it allocates
+    max_num_tokens: int  # cap, or cap * ep_size in sglang-legacy
+    dispatch_bytes_per_token: int  # hidden payload + scales + int32 ids + fp32 weights
+    combine_bytes_per_token: int
+    aux_bytes: int  # control and routing regions
+    dispatch_region_bytes: int
+    combine_region_bytes: int
+    lamport_bytes: int  # 0.7.4 Lamport transport regions (0 when off)
+    namespace_bytes: int  # SGLang's +128 B for a draft dispatcher
+    workspace_bytes_per_rank: int
+    workspace_bytes_group: int  # all ep_size ranks together
+    expert_rows: int  # ep_size * max_num_tokens: receive rows handed to the expert kernel
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sglang_dispatch_bytes_per_token(hidden_size: int, top_k: int, payload_format: str) -> int:
+    """SGLang's ``total_dispatch_payload_size_per_token``: never below the bf16 payload."""
+    bf16 = dispatch_bytes_per_token(hidden_size, top_k, "bf16")
+    if payload_format in ("nvfp4", "mxfp8"):  # its two quantized dispatch types
+        return max(dispatch_bytes_per_token(hidden_size, top_k, payload_format), bf16)
+    return bf16
+
+
+def sglang_legacy_dispatch_bytes_per_token(hidden_size: int, top_k: int, payload_format: str) -> int:
+    """Before #25907 nvfp4 dispatch was sized as sent; there was no mxfp8 path."""
+    return dispatch_bytes_per_token(hidden_size, top_k, "nvfp4" if payload_format == "nvfp4" else "bf16")
+
+
+def plan_workspace(
+    geometry: ModelGeometry,
+    ep_size: int,
+    cap: int,
+    payload_format: str = "bf16",
+    eplb_stats_num_experts: int = 0,
+    flashinfer_version: str | None = None,
+    mode: str = "flashinfer",
+    draft: bool = False,
+    *,
+    lamport_max_tokens: int = 0,
+    cft: bool = False,
+) -> WorkspacePlan:
+    """The workspace one rank allocates for ``cap`` tokens per rank. Raises ``SizingError``."""
+    version = FlashInferVersion.parse(flashinfer_version)
+    if mode not in MODES:
+        raise SizingError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    check_payload_format(payload_format)
+    check_ep_size(ep_size, version)
+    check_positive("cap", cap)
+    check_eplb_stats(eplb_stats_num_experts, version)
+    check_routing(geometry.top_k, geometry.num_experts, ep_size, version, eplb_stats_num_experts)
+    hidden_bytes_per_token(geometry.hidden_size, payload_format)  # the format must fit the hidden size
+    if mode != "flashinfer" and version.layout != LAYOUT_MOE_A2A:
+        raise SizingError(
+            f"SGLang's dispatcher calls flashinfer.comm.MoeAlltoAll, which flashinfer {version.version} "
+            "removed; pick a version <= 0.7.2.post1 for --mode sglang/sglang-legacy"
+        )
+    if mode != "flashinfer" and eplb_stats_num_experts:
+        raise SizingError("SGLang's dispatcher reserves no EPLB stats region: drop --eplb-stats-experts "
+                          "or use --mode flashinfer")
+    if draft and mode != "sglang":
+        raise SizingError("draft sizing (+128 B namespace) exists only in SGLang's dispatcher: use --mode sglang")
+    if (lamport_max_tokens or cft) and version.layout == LAYOUT_MOE_A2A:
+        raise SizingError(
+            f"the Lamport transport and CFT exist only in flashinfer 0.7.4's NVLinkOneSidedAlltoAll, "
+            f"not in {version.version}"
+        )
+
+    hidden, top_k = geometry.hidden_size, geometry.top_k
+    combine = combine_bytes_per_token(hidden)
+    max_num_tokens = cap * ep_size if mode == "sglang-legacy" else cap
+    check_max_num_tokens(max_num_tokens, "cap * ep_size" if mode == "sglang-legacy" else "cap")
+    lamport_bytes = namespace_bytes = 0
+    if version.layout == LAYOUT_MOE_A2A:
+        if mode == "sglang":
+            dispatch = sglang_dispatch_bytes_per_token(hidden, top_k, payload_format)
+            namespace_bytes = SGLANG_DRAFT_NAMESPACE_BYTES if draft else 0
+        elif mode == "sglang-legacy":
+            dispatch = sglang_legacy_dispatch_bytes_per_token(hidden, top_k, payload_format)
+        else:
+            dispatch = dispatch_bytes_per_token(hidden, top_k, payload_format)
+        layout = workspace_layout(ep_size, max_num_tokens, dispatch, combine, eplb_stats_num_experts,
+                                  version.version)
+        aux, dispatch_region, combine_region = layout.aux_bytes, layout.dispatch_region_bytes, \
+            layout.combine_region_bytes
+        per_rank = layout.workspace_bytes_per_rank + namespace_bytes
+    else:
+        dispatch = hidden_bytes_per_token(hidden, payload_format) + routing_bytes_per_token(top_k)
+        nvlink = nvlink_one_sided_layout(ep_size, max_num_tokens, top_k, hidden, payload_format,
+                                         eplb_stats_num_experts, cft=cft, lamport_max_tokens=lamport_max_tokens)
+        aux, dispatch_region = nvlink.aux_bytes, nvlink.dispatch_payload_bytes
+        combine_region = nvlink.combine_input_bytes + nvlink.combine_recv_bytes
+        lamport_bytes, per_rank = nvlink.lamport_bytes, nvlink.workspace_bytes_per_rank
+    return WorkspacePlan(
+        model=geometry.name, hidden_size=hidden, top_k=top_k, num_experts=geometry.num_experts,
+        ep_size=ep_size, cap=cap, payload_format=payload_format,
+        eplb_stats_num_experts=eplb_stats_num_experts, flashinfer_version=version.version,
+        layout=version.layout, mode=mode, draft=draft, max_num_tokens=max_num_tokens,
+        dispatch_bytes_per_token=dispatch, combine_bytes_per_token=combine, aux_bytes=aux,
+        dispatch_region_bytes=dispatch_region, combine_region_bytes=combine_region,
+        lamport_bytes=lamport_bytes, namespace_bytes=namespace_bytes,
+        workspace_bytes_per_rank=per_rank, workspace_bytes_group=per_rank * ep_size,
+        expert_rows=ep_size * max_num_tokens,
+    )
+
+
+def largest_cap_within(
+    budget_bytes: int,
+    geometry: ModelGeometry,
+    ep_size: int,
+    payload_format: str = "bf16",
+    eplb_stats_num_experts: int = 0,
+    flashinfer_version: str | None = None,
+    mode: str = "flashinfer",
+    draft: bool = False,
+    *,
+    alignment: int = CAP_ALIGNMENT,
+    **layout_options,
+) -> WorkspacePlan:
+    """The plan of the largest multiple of ``alignment`` whose per-rank workspace fits the budget.
+
+    The workspace grows monotonically with the cap, so: double until it no longer fits, then bisect
+    (about 2 log2(cap / alignment) evaluations).
+    """
+    check_positive("budget_bytes", budget_bytes)
+    check_positive("alignment", alignment)
+
+    def plan(units: int) -> WorkspacePlan:
+        return plan_workspace(geometry, ep_size, units * alignment, payload_format, eplb_stats_num_experts,
+                              flashinfer_version, mode, draft, **layout_options)
+
+    smallest = plan(1)
+    if smallest.workspace_bytes_per_rank > budget_bytes:
+        raise SizingError(
+            f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
+            f"already needs {smallest.workspace_bytes_per_rank} bytes"
+        )
+    token_limit = INT32_MAX // ep_size if mode == "sglang-legacy" else INT32_MAX
+    max_units = token_limit // alignment
+    fits, best = 1, smallest  # invariant: `fits` units fit; `above` units do not (or exceed the limit)
+    above = max_units + 1
+    units = 2
+    while units <= max_units:
+        candidate = plan(units)
+        if candidate.workspace_bytes_per_rank > budget_bytes:
+            above = units
+            break
+        fits, best, units = units, candidate, units * 2
+    while above - fits > 1:
+        middle = (fits + above) // 2
+        candidate = plan(middle)
+        if candidate.workspace_bytes_per_rank <= budget_bytes:
+            fits, best = middle, candidate
+        else:
+            above = middle
+    return best
