@@ -20,7 +20,6 @@ CREATE TABLE IF NOT EXISTS reports (
     UNIQUE (cluster, role, ep_rank, boot_id, sequence)
 );
 CREATE INDEX IF NOT EXISTS reports_by_time ON reports (cluster, role, interval_end_unix_s);
-CREATE INDEX IF NOT EXISTS reports_by_received ON reports (received_unix_s);
 
 CREATE TABLE IF NOT EXISTS ranks (
     cluster TEXT NOT NULL,

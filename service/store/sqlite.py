@@ -324,7 +324,11 @@ class Store:
                                    (cluster, role, json.dumps(history.to_dict())))
                 connection.execute("DELETE FROM windows WHERE cluster = ? AND role = ? AND window_start_s < ?",
                                    (cluster, role, fold_before))
-            connection.execute("DELETE FROM reports WHERE received_unix_s < ?", (now - self.options.retention_s,))
+            # Ids grow with arrival, so the rows past retention are a prefix of the id order: find its
+            # end by walking from the start (cost ~ rows deleted) instead of indexing received time.
+            connection.execute(
+                "DELETE FROM reports WHERE id < coalesce((SELECT id FROM reports WHERE received_unix_s >= ? "
+                "ORDER BY id LIMIT 1), (SELECT max(id) + 1 FROM reports))", (now - self.options.retention_s,))
             connection.execute("COMMIT")
         except Exception:
             connection.execute("ROLLBACK")
