@@ -21,6 +21,7 @@ A ``local > R`` overflow is always raised: the other ranks cannot know about it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -86,8 +87,11 @@ class InstrumentedDispatcher:
     """Wraps a backend; counts each step's geometry on the device, guards the cap.
 
     ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records
-    the forward step; all of them record their dispatches. ``on_overflow``: callbacks run with
-    the :class:`OverflowEvent` after it is counted and before anything is raised.
+    the forward step; all of them record their dispatches. The step is recorded before the
+    guards, so a step that overflows still lands in the R histogram (bin ``cap + 1``).
+    ``on_overflow``: callbacks run with the :class:`OverflowEvent` after it is counted and
+    before anything is raised; a callback's own exception is attached to the overflow error as
+    a note (or warned, when chunking), never raised in its place.
     """
 
     def __init__(
@@ -135,6 +139,8 @@ class InstrumentedDispatcher:
             for failure in failures:
                 error.add_note(failure)
             raise error
+        for failure in failures:
+            warnings.warn(failure, RuntimeWarning, stacklevel=3)
         return event
 
     def _check_local(self, runtime_tokens: int, local_tokens: int) -> None:

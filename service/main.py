@@ -41,7 +41,11 @@ def _install_openapi(app: FastAPI) -> None:
                                  routes=app.routes)
             _, definitions = models_json_schema([(RankReport, "validation")],
                                                 ref_template="#/components/schemas/{model}")
-            schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions.get("$defs", {}))
+            components = schema.setdefault("components", {})
+            components.setdefault("schemas", {}).update(definitions.get("$defs", {}))
+            # The token is optional (CAPWATCH_TOKEN): declared, and required only when configured.
+            components["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            schema["paths"]["/v1/reports"]["post"]["security"] = [{"bearer": []}, {}]
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -242,10 +242,14 @@ class RankReporter:
             self._drain(deadline=None)
 
     def _enqueue(self, pending: _Pending) -> None:
-        """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports."""
+        """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports
+        (never merging a final report into a later one: the service must see why a rank stopped)."""
         self._pending.append(pending)
         while len(self._pending) > self.options.max_pending_reports:
-            index = next(i for i, item in enumerate(self._pending) if item.report is None)
+            index = next((i for i in range(len(self._pending) - 1)
+                          if self._pending[i].report is None and not self._pending[i].final), None)
+            if index is None:
+                return
             earlier, later = self._pending[index], self._pending[index + 1]
             merged = _Pending(merge_intervals(earlier.interval, later.interval), later.counters, later.final_reason,
                               outcome=later.outcome)

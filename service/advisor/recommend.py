@@ -106,9 +106,9 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
                      policy.full_confidence_history_s)
     reasons.append(
         f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} tokens "
-        f"over {history.sample_count} windows ({history.history_s / 3600:.1f} h); sizing for the "
-        f"p{policy.target_percentile * 100:g} sample plus a {policy.safety_margin:.0%} margin gives "
-        f"{found.target_tokens:.0f} tokens")
+        f"over {history.sample_count} windows ({history.history_s / 3600:.1f} h); sizing for "
+        f"{'the largest remembered sample' if policy.target_percentile >= 1 else f'the p{policy.target_percentile * 100:g} sample'}"
+        f" plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens")
     if history.overflow_windows:
         reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
                        f"{policy.bump_factor:g}x above what was used")

@@ -10,6 +10,7 @@ durability costs one fsync per batch, not per report. Readers use their own conn
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import json
 import logging
@@ -45,6 +46,7 @@ class StoreOptions:
     retention_s: float = 2 * 86_400.0
     maintenance_interval_s: float = 30.0
     max_batch_reports: int = 1024
+    checkpoint_interval_s: float = 1.0
     policy: AdvisorPolicy = AdvisorPolicy()
 
 
@@ -56,6 +58,40 @@ class IntervalRow:
     cap: int
     forward_steps: int
     overflow_events: int
+
+
+@dataclass(frozen=True)
+class _LoopWaiter:
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+
+
+def _settle(outcomes: list[tuple[asyncio.Future, object, BaseException | None]]) -> None:
+    for future, result, error in outcomes:
+        if future.cancelled():
+            continue  # the client went away; the report is stored all the same
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+
+def _resolve(batch: list, results: list | None, error: BaseException | None) -> None:
+    """Settle every waiter of a batch: concurrent futures directly, asyncio futures per loop in one call."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for index, (_, _, waiter) in enumerate(batch):
+        result = results[index] if results is not None else None
+        if isinstance(waiter, _LoopWaiter):
+            by_loop.setdefault(waiter.loop, []).append((waiter.future, result, error))
+        elif error is not None:
+            waiter.set_exception(error)
+        else:
+            waiter.set_result(result)
+    for loop, outcomes in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_settle, outcomes)
+        except RuntimeError:  # that loop has closed: nobody is waiting any more
+            pass
 
 
 class StoreUnavailable(RuntimeError):
@@ -79,12 +115,45 @@ class Store:
         self._closed = False
         self._writer_connection = self._connect()
         self._writer_connection.executescript(SCHEMA)
-        self._ranks: dict[tuple[str, str, int], RankState] = {
-            (row[0], row[1], row[2]): RankState.from_dict(json.loads(row[3]))
-            for row in self._writer_connection.execute("SELECT cluster, role, ep_rank, state FROM ranks")
-        }
+        self._ranks_lock = threading.Lock()
+        self._ranks, self._checkpoint_id = self._load_ranks(self._writer_connection)
+        self._dirty: set[tuple[str, str, int]] = set()
+        self._last_report_id = self._checkpoint_id
         self._writer = threading.Thread(target=self._run_writer, name="capwatch-store-writer", daemon=True)
         self._writer.start()
+
+    def _load_ranks(self, connection: sqlite3.Connection) -> tuple[dict, int]:
+        """The checkpointed rank states, brought up to date by replaying the reports after it."""
+        ranks = {(row[0], row[1], row[2]): RankState.from_dict(json.loads(row[3]))
+                 for row in connection.execute("SELECT cluster, role, ep_rank, state FROM ranks")}
+        row = connection.execute("SELECT last_report_id FROM checkpoint WHERE id = 0").fetchone()
+        checkpoint = row[0] if row else 0
+        last = checkpoint
+        for report_id, payload, received in connection.execute(
+                "SELECT id, payload, received_unix_s FROM reports WHERE id > ? ORDER BY id", (checkpoint,)):
+            report = RankReport.model_validate_json(payload)
+            key = (report.identity.cluster, report.identity.role, report.identity.ep_rank)
+            ranks[key] = apply_report(ranks.get(key), report, received)
+            last = report_id
+        if last != checkpoint:
+            self._write_checkpoint(connection, ranks, ranks.keys(), last)
+        return ranks, last
+
+    @staticmethod
+    def _write_checkpoint(connection: sqlite3.Connection, ranks: dict, keys, last_report_id: int) -> None:
+        connection.execute("BEGIN IMMEDIATE")
+        connection.executemany(
+            "INSERT OR REPLACE INTO ranks (cluster, role, ep_rank, state) VALUES (?, ?, ?, ?)",
+            [(key[0], key[1], key[2], json.dumps(ranks[key].to_dict())) for key in keys])
+        connection.execute("INSERT OR REPLACE INTO checkpoint (id, last_report_id) VALUES (0, ?)", (last_report_id,))
+        connection.execute("COMMIT")
+
+    def _checkpoint(self, connection: sqlite3.Connection) -> None:
+        if self._dirty:
+            with self._ranks_lock:
+                ranks = {key: self._ranks[key] for key in self._dirty}
+            self._write_checkpoint(connection, ranks, ranks.keys(), self._last_report_id)
+            self._dirty.clear()
 
     # --- connections ------------------------------------------------------------------------
 
@@ -107,13 +176,29 @@ class Store:
 
     # --- writes -------------------------------------------------------------------------------
 
-    def submit(self, report: RankReport, received_unix_s: float | None = None) -> concurrent.futures.Future:
-        """Queue a validated report; the future resolves to IngestResult after COMMIT."""
+    def submit(self, report: RankReport, received_unix_s: float | None = None,
+               payload: bytes | None = None) -> concurrent.futures.Future:
+        """Queue a validated report; the future resolves to IngestResult after COMMIT.
+        ``payload``: the report's JSON as received (stored as is; saves re-serialising it)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
         if self._closed:
             future.set_exception(StoreUnavailable("the store is closed"))
             return future
-        self._queue.put((report, self.clock() if received_unix_s is None else received_unix_s, future))
+        received = self.clock() if received_unix_s is None else received_unix_s
+        self._queue.put((report, (received, payload), future))
+        return future
+
+    def submit_async(self, report: RankReport, received_unix_s: float | None = None,
+                     payload: bytes | None = None) -> asyncio.Future:
+        """``submit`` for the event loop: an asyncio future, settled with ONE loop wake-up per
+        committed batch (a cross-thread future per report cost more than the commit itself)."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if self._closed:
+            future.set_exception(StoreUnavailable("the store is closed"))
+            return future
+        received = self.clock() if received_unix_s is None else received_unix_s
+        self._queue.put((report, (received, payload), _LoopWaiter(loop, future)))
         return future
 
     def ingest(self, report: RankReport, received_unix_s: float | None = None) -> IngestResult:
@@ -131,10 +216,12 @@ class Store:
     def _run_writer(self) -> None:
         connection = self._writer_connection
         next_maintenance = self.clock() + self.options.maintenance_interval_s
+        next_checkpoint = time.monotonic() + self.options.checkpoint_interval_s
         stopping = False
         while not stopping:
             try:
-                first = self._queue.get(timeout=self.options.maintenance_interval_s)
+                first = self._queue.get(timeout=min(self.options.maintenance_interval_s,
+                                                    self.options.checkpoint_interval_s))
             except queue.Empty:
                 first = None
             batch, calls = [], []
@@ -157,6 +244,12 @@ class Store:
                     future.set_result(function(connection))
                 except Exception as error:  # surfaced to the caller, the writer keeps going
                     future.set_exception(error)
+            if stopping or time.monotonic() >= next_checkpoint:
+                try:
+                    self._checkpoint(connection)
+                except Exception:
+                    log.exception("rank state checkpoint failed; the reports replay on start")
+                next_checkpoint = time.monotonic() + self.options.checkpoint_interval_s
             if self.clock() >= next_maintenance:
                 try:
                     self._maintain(connection)
@@ -168,9 +261,10 @@ class Store:
     def _commit(self, connection: sqlite3.Connection, batch: list) -> None:
         results: list[IngestResult] = []
         touched: dict[tuple[str, str, int], RankState] = {}
+        last_report_id = self._last_report_id
         try:
             connection.execute("BEGIN IMMEDIATE")
-            for report, received, _ in batch:
+            for report, (received, payload), _ in batch:
                 identity, interval = report.identity, report.interval
                 overflow = _runtime_overflows(report)
                 cursor = connection.execute(
@@ -179,10 +273,11 @@ class Store:
                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (identity.cluster, identity.role, identity.ep_rank, identity.boot_id, report.sequence, received,
                      interval.end_unix_s, interval.peak_runtime_tokens, report.config.cap, interval.forward_steps,
-                     overflow, report.model_dump_json()))
+                     overflow, payload.decode() if payload is not None else report.model_dump_json()))
                 if cursor.rowcount == 0:
                     results.append(IngestResult(accepted=True, duplicate=True))
                     continue
+                last_report_id = cursor.lastrowid
                 if interval.forward_steps > 0:  # an idle interval says nothing about the need
                     connection.execute(UPSERT_WINDOW, (
                         identity.cluster, identity.role, window_start(interval.end_unix_s, self.options.window_s),
@@ -191,24 +286,23 @@ class Store:
                 state = touched.get(key) or self._copy_state(key)
                 touched[key] = apply_report(state, report, received)
                 results.append(IngestResult(accepted=True, duplicate=False))
-            connection.executemany(
-                "INSERT OR REPLACE INTO ranks (cluster, role, ep_rank, state) VALUES (?, ?, ?, ?)",
-                [(key[0], key[1], key[2], json.dumps(state.to_dict())) for key, state in touched.items()])
             connection.execute("COMMIT")
         except Exception as error:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
             log.exception("commit of %d reports failed", len(batch))
-            for _, _, future in batch:
-                future.set_exception(StoreUnavailable(f"the report was not stored: {error}"))
+            _resolve(batch, None, StoreUnavailable(f"the report was not stored: {error}"))
             return
-        self._ranks.update(touched)
-        for (_, _, future), result in zip(batch, results):
-            future.set_result(result)
+        with self._ranks_lock:
+            self._ranks.update(touched)
+        self._dirty.update(touched)
+        self._last_report_id = last_report_id
+        _resolve(batch, results, None)
 
     def _copy_state(self, key: tuple[str, str, int]) -> RankState | None:
+        # A copy: the cached state changes only after COMMIT (a failed batch leaves it as it was).
         state = self._ranks.get(key)
-        return None if state is None else RankState.from_dict(json.loads(json.dumps(state.to_dict())))
+        return None if state is None else state.copy()
 
     def _maintain(self, connection: sqlite3.Connection) -> None:
         now = self.clock()
@@ -246,12 +340,14 @@ class Store:
     # --- reads ----------------------------------------------------------------------------------
 
     def clusters(self) -> list[str]:
-        return [row[0] for row in self._reader().execute("SELECT DISTINCT cluster FROM ranks ORDER BY cluster")]
+        with self._ranks_lock:
+            return sorted({key[0] for key in self._ranks})
 
     def rank_states(self, cluster: str) -> list[RankState]:
-        rows = self._reader().execute(
-            "SELECT state FROM ranks WHERE cluster = ? ORDER BY role DESC, ep_rank", (cluster,)).fetchall()
-        return [RankState.from_dict(json.loads(row[0])) for row in rows]
+        """Committed states (published only after COMMIT; never mutated once published)."""
+        with self._ranks_lock:
+            states = [state for key, state in self._ranks.items() if key[0] == cluster]
+        return sorted(states, key=lambda state: (state.role != "target", state.role, state.ep_rank))
 
     def sample_history(self, cluster: str, role: str) -> SampleHistory:
         connection = self._reader()

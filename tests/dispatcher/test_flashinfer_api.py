@@ -93,14 +93,31 @@ def test_workspace_counter_indices_match_the_installed_metainfo_header():
 # --- any release's source, read with ast ------------------------------------------------------------
 
 
-def read_sources(root) -> dict[str, str]:
-    """{path: text} of flashinfer/{comm,moe_ep}/**.py from a wheel (zip) or an installed tree."""
-    if isinstance(root, zipfile.ZipFile):
-        return {name: root.read(name).decode() for name in root.namelist()
-                if re.match(r"flashinfer/(comm|moe_ep)/.*\.py$", name)}
-    base = Path(root)
-    return {str(path.relative_to(base.parent)): path.read_text()
-            for sub in ("comm", "moe_ep") for path in (base / sub).rglob("*.py")}
+class Release:
+    """One flashinfer release's files: an installed or unpacked ``flashinfer/`` folder, or a wheel."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._wheel = zipfile.ZipFile(root) if root.suffix == ".whl" else None
+        self.version = re.search(r"__version__\s*=\s*[\"']([^\"']+)", self.read("flashinfer/_build_meta.py")).group(1)
+
+    def read(self, path: str) -> str:
+        if self._wheel is not None:
+            return self._wheel.read(path).decode()
+        return (self.root.parent / path).read_text()
+
+    def has(self, path: str) -> bool:
+        if self._wheel is not None:
+            return path in self._wheel.namelist()
+        return (self.root.parent / path).exists()
+
+    def sources(self) -> dict[str, str]:
+        """{path: text} of flashinfer/{comm,moe_ep}/**.py."""
+        if self._wheel is not None:
+            names = [n for n in self._wheel.namelist() if re.match(r"flashinfer/(comm|moe_ep)/.*\.py$", n)]
+        else:
+            names = [str(p.relative_to(self.root.parent)) for sub in ("comm", "moe_ep") for p in (self.root / sub).rglob("*.py")]
+        return {name: self.read(name) for name in names}
 
 
 def ast_api_problems(sources: dict[str, str], uses) -> list[str]:
@@ -166,7 +183,7 @@ def ast_api_problems(sources: dict[str, str], uses) -> list[str]:
 
 @needs_flashinfer
 def test_the_ast_checker_agrees_with_inspect_on_the_installed_package():
-    sources = read_sources(Path(flashinfer.__file__).parent)
+    sources = Release(Path(flashinfer.__file__).parent).sources()
     assert ast_api_problems(sources, MOE_EP_API) == []
     assert ast_api_problems(sources, MOE_A2A_API) == []
     assert ast_api_problems(sources, [ApiUse("flashinfer.moe_ep", "MoEEpCommParams", ("no_such_field",))]) == [
@@ -174,30 +191,46 @@ def test_the_ast_checker_agrees_with_inspect_on_the_installed_package():
     ]
 
 
-def wheels(version: str) -> list[Path]:
+def other_releases() -> list[Path]:
+    """Wheels in $CAPWATCH_FLASHINFER_WHEELS or .whl/, and unpacked ``flashinfer/`` folders in
+    $CAPWATCH_FLASHINFER_PACKAGES (os.pathsep-separated, the sizing tests' convention)."""
     folders = [Path(os.environ["CAPWATCH_FLASHINFER_WHEELS"])] if "CAPWATCH_FLASHINFER_WHEELS" in os.environ else []
     folders.append(REPO_ROOT / ".whl")
-    return [wheel for folder in folders for wheel in sorted(folder.glob(f"flashinfer_python-{version}-*.whl"))]
+    found = [wheel for folder in folders for wheel in sorted(folder.glob("flashinfer_python-*.whl"))]
+    found += [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
+    return found
 
 
-def test_moe_ep_adapter_matches_the_0_7_4_wheel():
-    found = wheels("0.7.4")
-    if not found:
-        pytest.skip("no flashinfer_python-0.7.4 wheel in $CAPWATCH_FLASHINFER_WHEELS or .whl/ "
-                    "(pip download --no-deps flashinfer-python==0.7.4 -d .whl)")
-    with zipfile.ZipFile(found[0]) as wheel:
-        sources = read_sources(wheel)
-        header = wheel.read("flashinfer/data/csrc/nv_internal/tensorrt_llm/thop/moe/communication/moeAlltoAllMeta.h")
-    assert ast_api_problems(sources, MOE_EP_API) == []
-    # 0.7.4 dropped the legacy API: the adapter must not be offered there.
-    assert "MoeAlltoAll" not in sources["flashinfer/comm/__init__.py"]
-    # Its counters: layout_constants() exports the indices; recv counters are two parity banks.
-    kernels = sources["flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/kernels.py"]
-    assert "def layout_constants" in kernels and 'removeprefix("MOE_A2A_")' in kernels
-    header = header.decode()
-    for name in ("FLAG_VAL_OFFSET_INDEX", "SEND_COUNTERS_OFFSET_INDEX", "RECV_COUNTERS_OFFSET_INDEX"):
-        assert f'"MOE_A2A_{name}"' in header
-    assert re.search(r"int32_t\[2\]\[ep_size\]: incoming counts by round parity", header)
-    assert "NVLinkOneSidedAlltoAll" in sources["flashinfer/moe_ep/__init__.py"]
-    communication = sources["flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/communication.py"]
-    assert "def alltoall" not in communication  # so the adapter picks the 0.7.4 counter path
+RELEASES = other_releases()
+
+
+@pytest.mark.parametrize("root", RELEASES, ids=lambda root: root.name)
+def test_adapters_match_another_release(root):
+    release = Release(root)
+    sources = release.sources()
+    has_legacy = "MoeAlltoAll" in sources["flashinfer/comm/__init__.py"]
+    has_moe_ep = "flashinfer/moe_ep/__init__.py" in sources
+    assert has_legacy or has_moe_ep, f"flashinfer {release.version} has neither A2A API"
+    if has_legacy:
+        assert ast_api_problems(sources, MOE_A2A_API) == [], release.version
+    if has_moe_ep:
+        assert ast_api_problems(sources, MOE_EP_API) == [], release.version
+    kernels = "flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/kernels.py"
+    if kernels in sources:  # the 0.7.4 layout: indices from layout_constants(), recv counters in parity banks
+        assert "def layout_constants" in sources[kernels] and 'removeprefix("MOE_A2A_")' in sources[kernels]
+        header = release.read("flashinfer/data/csrc/nv_internal/tensorrt_llm/thop/moe/communication/moeAlltoAllMeta.h")
+        for name in ("FLAG_VAL_OFFSET_INDEX", "SEND_COUNTERS_OFFSET_INDEX", "RECV_COUNTERS_OFFSET_INDEX"):
+            assert f'"MOE_A2A_{name}"' in header
+        assert re.search(r"int32_t\[2\]\[ep_size\]: incoming counts by round parity", header)
+        communication = sources["flashinfer/moe_ep/backends/split/comm/nvlink_one_sided/communication.py"]
+        assert "def alltoall" not in communication  # so the adapter takes the 0.7.4 counter path
+
+
+def test_required_releases_were_checked():
+    """CI names the releases it supplies (CAPWATCH_REQUIRE_FLASHINFER=0.7.4) so a lost wheel fails."""
+    required = [v for v in os.environ.get("CAPWATCH_REQUIRE_FLASHINFER", "").split(",") if v]
+    if not required:
+        pytest.skip("CAPWATCH_REQUIRE_FLASHINFER is not set; releases checked: "
+                    + (", ".join(Release(root).version for root in RELEASES) or "the installed one only"))
+    checked = {Release(root).version for root in RELEASES}
+    assert not set(required) - checked, f"required flashinfer releases not supplied: {set(required) - checked}"

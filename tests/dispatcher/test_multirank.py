@@ -129,6 +129,7 @@ def test_over_cap_raises_a_message_naming_cap_tokens_and_env_and_still_counts(ru
         assert [(e["kind"], e["outcome"], e["suggested_cap"]) for e in got["events"]] == [
             ("runtime_over_cap", "raised", 128)
         ]
+        assert any("reporter is down" in note for note in got["notes"])  # the failing hook, as a note
         torch.testing.assert_close(got["output_after"], results[rank]["fp32"]["output"])
 
 

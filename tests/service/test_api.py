@@ -211,3 +211,24 @@ def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(cl
     store.maintain()
     assert store.report_count() == 0
     assert client.get("/v1/clusters/c5/advice").json()["sample_count"] == 40
+
+
+def test_rank_states_not_yet_checkpointed_are_replayed_from_the_reports(tmp_path, clock):
+    from service.store.sqlite import Store, StoreOptions
+
+    options = StoreOptions(checkpoint_interval_s=3600.0)
+    first = Store(tmp_path / "c.db", options, clock)
+    rank = SimulatedRank("c6", 0, 1, cap=512)
+    from telemetry.report import RankReport
+    for index in range(3):
+        first.ingest(RankReport.model_validate(rank.report(T0 + index, T0 + index + 1, [100 * (index + 1)]),
+                                               strict=False))
+    # No checkpoint was written: a second store on the same file (as after a SIGKILL) replays the reports.
+    second = Store(tmp_path / "c.db", options, clock)
+    try:
+        [state] = second.rank_states("c6")
+        assert state.sequence == 2 and state.max_runtime_tokens == 300 and state.reports == 3
+        assert state.to_dict() == first.rank_states("c6")[0].to_dict()
+    finally:
+        second.close()
+        first.close()

@@ -134,6 +134,23 @@ def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_i
     assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
 
 
+def test_a_final_report_is_never_merged_away_while_the_buffer_is_full(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.stop()  # refused: the reporter keeps cutting intervals and retrying
+    reporter = make_reporter(sink, counters, interval_s=0.02, max_pending_reports=3).start()
+    wait_for(lambda: reporter.stats().send_failures >= 1)
+    dispatch(counters, 11)
+    assert reporter.flush_final("dying", timeout_s=0.05) is False
+    for step in range(30):  # ~15 more intervals pile up behind it and get merged
+        dispatch(counters, 1 + step)
+        time.sleep(0.01)
+    assert reporter.stats().pending <= 3
+    sink.start()
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
+    assert len(reports) <= 4
+
+
 def test_flush_final_without_the_thread_sends_inline_and_a_surviving_rank_reports_on(sink):
     counters = DispatchCounters(CAP, EP_SIZE)
     reporter = make_reporter(sink, counters)
