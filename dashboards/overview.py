@@ -8,7 +8,7 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from dashboards import service_metrics as svc
 from dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, number_panels, rate, ranks, row, service, stat_panel, table_panel,
+    UTILIZATION_STEPS, Query, dashboard, number_panels, rate, ranks, row, service, stat_panel, labels_table_panel,
     timeseries_panel,
 )
 from telemetry import catalogue as cat
@@ -136,7 +136,7 @@ def build() -> dashboard_models.Dashboard:
             [Query(f"sum by (cluster, state) ({service(svc.RANKS)})", "{{cluster}} {{state}}"),
              Query(f"count by ({GROUP}) ({ranks(cat.INFO.name)})", "scraped " + GROUP_LEGEND)],
             min_value=0))
-        .with_panel(table_panel(
+        .with_panel(labels_table_panel(
             "Rank configuration",
             "Each rank's dispatcher configuration as exported: ep_size, backend, payload format, FlashInfer "
             "version and overflow policy. Ranks of one group should agree.",

@@ -151,14 +151,18 @@ def heatmap_panel(
     )
 
 
-def table_panel(
+def labels_table_panel(
     title: str, description: str, unit: str, queries: list[Query], *, width: int = 24, height: int = 7,
 ) -> table.Panel:
+    # Label columns only: for info-style series the sample value is always 1 and says nothing.
+    hide = dashboard_models.DataTransformerConfig(
+        id_val="organize", options={"excludeByName": {"Time": True, "Value": True, "__name__": True}})
     return (
         table.Panel()
         .title(title).description(description).unit(unit).datasource(DATASOURCE)
         .targets(_targets(queries))
         .span(width).height(height)
+        .with_transformation(hide)
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, rate, ranks, row, stat_panel, table_panel,
+    UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, rate, ranks, row, stat_panel, labels_table_panel,
     timeseries_panel,
 )
 from telemetry import catalogue as cat
@@ -125,7 +125,7 @@ def build() -> dashboard_models.Dashboard:
             [Query(ranks(cat.DISPATCH_TOKEN_BYTES.name), "rank {{ep_rank}} dispatch"),
              Query(ranks(cat.COMBINE_TOKEN_BYTES.name), "rank {{ep_rank}} combine")],
             min_value=0))
-        .with_panel(table_panel(
+        .with_panel(labels_table_panel(
             "Rank configuration",
             "Each rank's dispatcher configuration as exported.",
             "none", [Query(ranks(cat.INFO.name), instant=True, format="table")]))

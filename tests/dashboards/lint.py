@@ -114,10 +114,8 @@ def selectors(expr: str) -> list[Selector]:
                 end = cursor
                 while toks[end][1] != "]":
                     end += 1
-                selector_range = "".join(text for _, text in toks[cursor + 1:end])
-            enclosing = next((function for function, is_list in reversed(stack) if not is_list), None)
-            innermost = stack[-1][0] if stack else None
-            found.append(Selector(text, selector_range, innermost if innermost is not None else enclosing))
+                selector_range = "".join(part for _, part in toks[cursor + 1:end])
+            found.append(Selector(text, selector_range, stack[-1][0] if stack else None))
         index += 1
     return found
 

@@ -112,7 +112,7 @@ def _start_prometheus(prometheus_binary: str, config: Path, run_dir: Path) -> tu
         port = free_port()
         process = _start([
             prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle", "--log.level=warn",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
         ], run_dir / f"prometheus-{attempt}.log")
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
@@ -138,7 +138,7 @@ def _wait_for(condition, what: str, stack: Stack, timeout_s: float = READY_TIMEO
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("e2e")
-    processes: list[subprocess.Popen] = []
+    prometheus = None
     rank_errors: list[BaseException] = []
     ranks_thread = None
     service = None
@@ -165,7 +165,6 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
 
         prometheus, prometheus_url = _start_prometheus(
             prometheus_binary, _prometheus_config(run_dir, rank_ports, service_url), run_dir)
-        processes.append(prometheus)
         live = Stack(prometheus_url, service_url, rank_ports, run_dir)
 
         def ready() -> bool:
@@ -186,14 +185,14 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
         (run_dir / "stop").touch()
         if ranks_thread is not None:
             ranks_thread.join(timeout=60)
-        for process in reversed(processes):
-            _stop(process)
+        if prometheus is not None:
+            _stop(prometheus)
         if service is not None:
             service.stop()
 
 
-def _dashboard_queries(committed_dashboards: dict) -> list[tuple[str, str]]:
-    values = {"cluster": CLUSTER, "dispatcher": ".+", "ep_rank": ".+"}
+def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+") -> list[tuple[str, str]]:
+    values = {"cluster": CLUSTER, "dispatcher": ".+", "ep_rank": ep_rank}
     queries = []
     for file_name, dashboard in committed_dashboards.items():
         for panel, target in lint.targets(dashboard):
@@ -207,6 +206,15 @@ def test_every_dashboard_query_returns_data(stack, committed_dashboards):
     assert len(queries) > 30
     empty = [f"{where}: {expr}" for where, expr in queries if not stack.query(expr)]
     assert empty == [], "queries without data:\n" + "\n".join(empty)
+
+
+def test_rank_selection_narrows_every_per_rank_panel(stack, committed_dashboards):
+    """Picking ranks 1 and 3 (Grafana sends a multi-value selection as a regex group) leaves only them."""
+    per_rank = [(where, expr) for where, expr in _dashboard_queries(committed_dashboards, ep_rank="(1|3)")
+                if lint.keeps_rank(expr.replace('ep_rank=~"(1|3)"', 'ep_rank=~"$ep_rank"'))]
+    assert len(per_rank) > 10
+    for where, expr in per_rank:
+        assert {sample["metric"]["ep_rank"] for sample in stack.query(expr)} == {"1", "3"}, where
 
 
 def test_variable_queries_list_the_run(stack, committed_dashboards):
