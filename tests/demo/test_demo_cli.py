@@ -90,7 +90,7 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service):
     assert result.returncode == 1, (result.stdout, result.stderr)
     assert ENV_VAR in result.stderr and "needs 300 tokens" in result.stderr
     assert f"{ENV_VAR}=384" in result.stderr  # the dispatcher's suggested cap, aligned to 128
-    assert "[target dispatcher, rank 0/2]" in result.stderr  # the whole message, not eaten as markup
+    assert "[target dispatcher, EP rank 0/2]" in result.stderr  # the whole message, not eaten as markup
     assert "Traceback" not in result.stderr
     view = get_json(f"{service}/v1/clusters/overflowing")
     assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1]
