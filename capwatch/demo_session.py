@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -200,8 +201,26 @@ class RankGroup:
             self.error = error
 
     def start(self) -> "RankGroup":
-        self._thread.start()
+        # The ranks start with Ctrl-C ignored (a disposition children inherit): the demo stops them
+        # itself, so a Ctrl-C never leaves a rank blocked in a collective or prints N tracebacks.
+        in_main_thread = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if in_main_thread else None
+        try:
+            self._thread.start()
+            deadline = time.monotonic() + 60
+            while (len(self._children()) < self.ranks and self._thread.is_alive()
+                   and time.monotonic() < deadline):
+                time.sleep(0.02)
+        finally:
+            if previous is not None:
+                signal.signal(signal.SIGINT, previous)
         return self
+
+    @staticmethod
+    def _children() -> list:
+        import multiprocessing
+
+        return [child for child in multiprocessing.active_children() if child.name.startswith("capwatch-rank-")]
 
     def field(self, rank: int, index: int) -> int:
         return self.progress[rank * PROGRESS_FIELDS + index]
@@ -228,6 +247,11 @@ class RankGroup:
 
     def wait(self, timeout_s: float | None = None) -> None:
         self._thread.join(timeout_s)
+
+    def kill(self) -> None:
+        """On Ctrl-C: end the rank processes now (a rank blocked in a collective never notices)."""
+        for child in self._children():
+            child.kill()
 
 
 # --- presentation --------------------------------------------------------------------------------
@@ -325,6 +349,8 @@ def run_demo(options: DemoOptions) -> int:
               f"{geometry.name} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
               f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
               f"policy {options.overflow_policy}, torch.distributed gloo")
+    previous_sigterm = (signal.signal(signal.SIGTERM, _raise_interrupt)
+                        if threading.current_thread() is threading.main_thread() else None)
     try:
         group.start()
         _show_progress(group, workload, err)
@@ -353,11 +379,21 @@ def run_demo(options: DemoOptions) -> int:
         if options.hold_s > 0:
             group.wait()
         return 0
+    except KeyboardInterrupt:
+        group.kill()
+        raise
     finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         if group.running:
             group.wait(30)
         if service is not None:
             service.stop()
+
+
+def _raise_interrupt(signum, frame) -> None:
+    """SIGTERM (``timeout``, a supervisor) ends the demo like Ctrl-C: ranks and service stopped."""
+    raise KeyboardInterrupt
 
 
 def _show_progress(group: RankGroup, workload: Workload, err) -> None:
