@@ -250,8 +250,11 @@ class RankGroup:
 
     def kill(self) -> None:
         """On Ctrl-C: end the rank processes now (a rank blocked in a collective never notices)."""
-        for child in self._children():
+        children = self._children()
+        for child in children:
             child.kill()
+        for child in children:
+            child.join(timeout=5)  # reaped here: an orphaned zombie may never be
 
 
 # --- presentation --------------------------------------------------------------------------------

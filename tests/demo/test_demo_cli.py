@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -132,3 +133,42 @@ def test_a_usage_error_in_a_real_process_has_no_traceback(tmp_path):
     result = run_capwatch("demo", "--trace", str(tmp_path / "missing.jsonl"), timeout_s=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"capwatch demo: error: trace file {tmp_path / 'missing.jsonl'} does not exist"
+
+
+@pytest.mark.parametrize("signal_number", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
+    """Ctrl-C (or SIGTERM) mid-run: exit 130 promptly, no traceback, no process of the demo left."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "capwatch", "demo", "--json", "--ranks", "2", "--steps", "5000", "--port", str(port),
+         "--metrics-port", str(free_port_block(2)), "--state-dir", str(tmp_path / "state"), "--cluster", "stopped"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
+        start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the ranks are reporting mid-run
+            try:
+                if any(summary["cluster"] == "stopped" for summary in get_json(f"http://127.0.0.1:{port}/v1/clusters")):
+                    break
+            except OSError:
+                pass
+            assert process.poll() is None, process.stderr.read()
+            time.sleep(0.3)
+        else:
+            pytest.fail("the ranks never reported")
+        process.send_signal(signal_number)
+        assert process.wait(timeout=30) == 130
+        assert "Traceback" not in process.stderr.read()
+        time.sleep(1)
+        listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(process.pid)], capture_output=True,
+                                 text=True).stdout.splitlines()
+        # Ranks and multiprocessing helpers: none alive (a dead one awaiting its reaper, init, is state Z).
+        alive = [line for line in listing if line.split()[1][0] != "Z"]
+        assert alive == [], alive
+        with pytest.raises(OSError):  # the service (its own session) is stopped too
+            get_json(f"http://127.0.0.1:{port}/healthz")
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.stdout.close()
+        process.stderr.close()
