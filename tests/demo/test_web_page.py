@@ -123,3 +123,14 @@ def test_assets_are_served_from_the_package_only(service):
     with urllib.request.urlopen(f"{service}/") as response:
         page = response.read().decode()
     assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # no CDN
+
+
+def test_page_on_an_empty_service_says_what_to_do(tmp_path):
+    from service.launch import ServiceProcess
+
+    with ServiceProcess(tmp_path / "empty.db") as empty:
+        dom = chromium(tmp_path, "--dump-dom", f"{empty.url}/")
+    page = PageElements()
+    page.feed(dom.stdout)
+    assert page.body.get("data-ready") == "1" and page.body.get("data-clusters") == "0", page.body
+    assert "No cluster has reported yet" in page.text_by_id["message"]
