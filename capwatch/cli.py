@@ -11,6 +11,8 @@ import sys
 # One line per subcommand module; each adds itself to the parser.
 COMMAND_MODULES: tuple[str, ...] = (
     "capwatch.commands.plan",
+    "capwatch.commands.serve",
+    "capwatch.commands.advise",
 )
 
 

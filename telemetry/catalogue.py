@@ -63,9 +63,13 @@ OVERFLOW_EVENTS = MetricSpec(
     "Dispatches past the cap, by kind (runtime_over_cap: R > cap; local_over_runtime: local tokens > R) "
     "and outcome (raised or chunked).", "events",
     RANK_LABELS + ("kind", "outcome"))
+CHUNKED_ROUNDS = MetricSpec(
+    "moe_a2a_chunked_rounds_total", "counter",
+    "Cap-sized dispatch rounds run by the chunk overflow policy.", "rounds")
 RUNTIME_TOKENS = MetricSpec(
     "moe_a2a_runtime_tokens", "histogram",
-    "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap.", "tokens")
+    "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap; "
+    "a step above the cap adds cap + 1 to the sum.", "tokens")
 RUNTIME_TOKENS_MAX = MetricSpec(
     "moe_a2a_runtime_tokens_max", "gauge",
     "Largest R seen since the rank started.", "tokens")
@@ -76,10 +80,25 @@ INTERVAL_PEAK_UTILIZATION = MetricSpec(
     "moe_a2a_interval_peak_utilization_ratio", "gauge",
     "Largest R in the last completed reporting interval divided by the cap (above 1 means overflow).", "ratio")
 
+# The reporter's own health, so an alert can say "this rank cannot reach the service".
+REPORTS_PENDING = MetricSpec(
+    "moe_a2a_reports_pending", "gauge",
+    "Interval reports buffered on this rank, waiting for the service to accept them.", "reports")
+REPORTS_DELIVERED = MetricSpec(
+    "moe_a2a_reports_delivered_total", "counter",
+    "Interval reports the service accepted (a retried duplicate counts once).", "reports")
+REPORT_SEND_FAILURES = MetricSpec(
+    "moe_a2a_report_send_failures_total", "counter",
+    "Attempts to post a report that failed and will be retried (service down, timeout, 5xx).", "failures")
+REPORTS_REJECTED = MetricSpec(
+    "moe_a2a_reports_rejected_total", "counter",
+    "Reports the service refused for good (4xx); a bug or a misconfigured token.", "reports")
+
 METRICS: tuple[MetricSpec, ...] = (
     CAP_TOKENS, WORKSPACE_BYTES, WORKSPACE_ALLOCATED_BYTES, DISPATCH_TOKEN_BYTES, COMBINE_TOKEN_BYTES, INFO,
-    DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS,
+    DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS, CHUNKED_ROUNDS,
     RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
+    REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED,
 )
 
 # Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.
@@ -93,3 +112,13 @@ def runtime_token_buckets(cap: int) -> tuple[float, ...]:
     so everything in +Inf above it is an overflow."""
     bounds = sorted({max(1, round(cap * fraction)) for fraction in RUNTIME_TOKEN_BUCKET_FRACTIONS} | {cap})
     return tuple(float(bound) for bound in bounds)
+
+
+def markdown_table() -> str:
+    """The catalogue as the Markdown table in docs/telemetry.md (a test keeps the two equal)."""
+    rows = ["| metric | type | unit | labels | meaning |", "|---|---|---|---|---|"]
+    for spec in METRICS:
+        extra = [label for label in spec.labels if label not in RANK_LABELS]
+        labels = ", ".join(("rank labels", *extra))
+        rows.append(f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {spec.help} |")
+    return "\n".join(rows) + "\n"

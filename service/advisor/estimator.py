@@ -1,0 +1,40 @@
+"""Target and bounds from the history (VPA's estimator chain, tuned for a cap that crashes).
+
+target = percentile(target_percentile) of the group samples and overflow bumps, x (1 + margin).
+The default percentile is 1.0 — the largest sample still remembered — because one overflow is
+a failed dispatch, not a slow one; the decay forgets old bursts instead of averaging them away.
+lower = percentile(lower_percentile) x (1 + margin), shrunk while confidence is low;
+upper = target x (1 + 1/confidence): with little history the bounds are wide, so the advisor
+does not churn a value that needs a restart. confidence = history span / a full history (1 day).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from service.advisor.history import SampleHistory
+
+
+@dataclass(frozen=True)
+class Estimate:
+    target_tokens: float
+    lower_tokens: float
+    upper_tokens: float
+    confidence: float  # 0..1: share of a full history seen
+
+
+def confidence(history: SampleHistory, full_history_s: float) -> float:
+    # Gaps do not count: the samples' own coverage bounds the span (VPA: min(days, samples/day)).
+    covered_s = min(history.history_s, history.sample_count * history.window_s)
+    return max(0.0, min(1.0, covered_s / full_history_s))
+
+
+def estimate(history: SampleHistory, target_percentile: float, lower_percentile: float,
+             safety_margin: float, full_history_s: float) -> Estimate:
+    histogram = history.estimator_histogram()
+    confidence_ratio = confidence(history, full_history_s)
+    guarded = max(confidence_ratio, 1e-3)
+    target = histogram.percentile(target_percentile) * (1.0 + safety_margin)
+    lower = histogram.percentile(lower_percentile) * (1.0 + safety_margin) * (1.0 + 0.001 / guarded) ** -2
+    upper = target * (1.0 + 1.0 / guarded)
+    return Estimate(target, min(lower, target), upper, confidence_ratio)

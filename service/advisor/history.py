@@ -1,0 +1,104 @@
+"""Everything the advisor knows about one EP group's past: decaying histograms of the group
+samples (and of the overflow bumps, kept apart so predicted overflow rates come from real
+samples only) plus counts and the span of history. Built from raw windows, folded into the
+store when windows age out, and rebuilt identically after a restart."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from service.advisor.histogram import DecayingHistogram
+from service.advisor.overflow_bump import overflow_bump
+from service.advisor.sample import GroupSample
+
+
+@dataclass
+class SampleHistory:
+    half_life_s: float
+    usage: DecayingHistogram = None  # type: ignore[assignment]
+    bumps: DecayingHistogram = None  # type: ignore[assignment]
+    sample_count: int = 0
+    overflow_windows: int = 0
+    first_sample_s: float | None = None
+    last_sample_s: float | None = None
+    max_peak_runtime_tokens: int = 0
+    window_s: float = 60.0
+    caps_seen: set[int] = field(default_factory=set)
+
+    def __post_init__(self) -> None:
+        if self.usage is None:
+            self.usage = DecayingHistogram(self.half_life_s)
+        if self.bumps is None:
+            self.bumps = DecayingHistogram(self.half_life_s)
+
+    @property
+    def history_s(self) -> float:
+        if self.first_sample_s is None or self.last_sample_s is None:
+            return 0.0
+        return self.last_sample_s - self.first_sample_s + self.window_s
+
+    def add(self, sample: GroupSample, bump_factor: float = 1.2, bump_min_tokens: int = 16) -> None:
+        self.usage.add(sample.peak_runtime_tokens, sample.window_start_s)
+        if sample.overflowed:
+            self.overflow_windows += 1
+            self.bumps.add(overflow_bump(sample.peak_runtime_tokens, sample.cap, bump_factor, bump_min_tokens),
+                           sample.window_start_s)
+        self.sample_count += 1
+        self.max_peak_runtime_tokens = max(self.max_peak_runtime_tokens, sample.peak_runtime_tokens)
+        self.caps_seen.add(sample.cap)
+        start = sample.window_start_s
+        self.first_sample_s = start if self.first_sample_s is None else min(self.first_sample_s, start)
+        self.last_sample_s = start if self.last_sample_s is None else max(self.last_sample_s, start)
+
+    def add_all(self, samples: Iterable[GroupSample], bump_factor: float = 1.2, bump_min_tokens: int = 16) -> "SampleHistory":
+        for sample in samples:
+            self.add(sample, bump_factor, bump_min_tokens)
+        return self
+
+    def merged(self, other: "SampleHistory") -> "SampleHistory":
+        result = self.copy()
+        result.usage.merge(other.usage)
+        result.bumps.merge(other.bumps)
+        result.sample_count += other.sample_count
+        result.overflow_windows += other.overflow_windows
+        result.max_peak_runtime_tokens = max(result.max_peak_runtime_tokens, other.max_peak_runtime_tokens)
+        result.caps_seen |= other.caps_seen
+        firsts = [s for s in (self.first_sample_s, other.first_sample_s) if s is not None]
+        lasts = [s for s in (self.last_sample_s, other.last_sample_s) if s is not None]
+        result.first_sample_s = min(firsts) if firsts else None
+        result.last_sample_s = max(lasts) if lasts else None
+        return result
+
+    def copy(self) -> "SampleHistory":
+        return SampleHistory(
+            self.half_life_s, self.usage.copy(), self.bumps.copy(), self.sample_count, self.overflow_windows,
+            self.first_sample_s, self.last_sample_s, self.max_peak_runtime_tokens, self.window_s, set(self.caps_seen),
+        )
+
+    def estimator_histogram(self) -> DecayingHistogram:
+        combined = self.usage.copy()
+        combined.merge(self.bumps)
+        return combined
+
+    def forget_below(self, relative_weight: float, now_s: float) -> None:
+        self.usage.forget_below(relative_weight, now_s)
+        self.bumps.forget_below(relative_weight, now_s)
+
+    def to_dict(self) -> dict:
+        return {
+            "half_life_s": self.half_life_s, "usage": self.usage.to_dict(), "bumps": self.bumps.to_dict(),
+            "sample_count": self.sample_count, "overflow_windows": self.overflow_windows,
+            "first_sample_s": self.first_sample_s, "last_sample_s": self.last_sample_s,
+            "max_peak_runtime_tokens": self.max_peak_runtime_tokens, "window_s": self.window_s,
+            "caps_seen": sorted(self.caps_seen),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "SampleHistory":
+        return cls(
+            float(data["half_life_s"]), DecayingHistogram.from_dict(data["usage"]),
+            DecayingHistogram.from_dict(data["bumps"]), int(data["sample_count"]), int(data["overflow_windows"]),
+            data["first_sample_s"], data["last_sample_s"], int(data["max_peak_runtime_tokens"]),
+            float(data["window_s"]), set(data.get("caps_seen", [])),
+        )

@@ -1,0 +1,51 @@
+"""``/v1/clusters/{cluster}/advice`` and ``/whatif``: the advisor over the group's history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from service.advisor.recommend import Advice, WhatIf
+from service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
+from service.api.routes.clusters import ClusterName, not_found
+from service.views import cluster_advice, cluster_whatif
+from telemetry.report import MAX_CAP_TOKENS
+
+router = APIRouter(prefix="/v1/clusters", tags=["advice"])
+
+
+class ClusterAdvice(Advice):
+    cluster: str
+    role: str
+    generated_unix_s: float
+
+
+@router.get("/{cluster}/advice", response_model=ClusterAdvice, summary="Raise, lower or hold the cap, and why",
+            responses={404: {"description": "Unknown cluster or role"}})
+def get_advice(cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
+               role: RoleQuery = "target") -> ClusterAdvice:
+    now = clock()
+    try:
+        advice = cluster_advice(source, cluster, role, now, settings)
+    except LookupError as error:
+        raise not_found(error) from None
+    return ClusterAdvice(**advice.model_dump(), cluster=cluster, role=role, generated_unix_s=now)
+
+
+@router.get("/{cluster}/whatif", response_model=list[WhatIf],
+            summary="Predicted overflow rate and workspace bytes for given caps",
+            responses={404: {"description": "Unknown cluster or role"}})
+def get_whatif(
+    cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
+    cap: Annotated[list[int], Query(min_length=1, max_length=64, description="Caps to price (repeat the parameter)")],
+    role: RoleQuery = "target",
+) -> list[WhatIf]:
+    for value in cap:
+        if not 1 <= value <= MAX_CAP_TOKENS:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
+                                f"cap {value} is out of range: caps are 1..{MAX_CAP_TOKENS} tokens")
+    try:
+        return cluster_whatif(source, cluster, role, cap, clock(), settings)
+    except LookupError as error:
+        raise not_found(error) from None

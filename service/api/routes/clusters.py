@@ -1,0 +1,138 @@
+"""``/v1/clusters``: the aggregated view of each EP group, and its recent history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, status
+from pydantic import BaseModel
+
+from service.advisor.sample import RankInterval, group_samples
+from service.aggregate import ClusterView
+from service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
+from service.views import UnknownCluster, cluster_advice, cluster_view
+
+router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
+ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+class ClusterSummary(BaseModel):
+    cluster: str
+    roles: list[str]
+    ep_size: int
+    cap: int
+    ranks_reporting: int
+    ranks_stale: int
+    ranks_missing: int
+    group_peak_runtime_tokens: int
+    group_utilization: float
+    overflow_events_total: int
+    workspace_bytes_group: int | None
+    findings: list[str]
+    action: str | None
+    recommended_cap: int | None
+    last_report_unix_s: float | None
+
+
+class HistoryPoint(BaseModel):
+    interval_end_unix_s: float
+    peak_runtime_tokens: int
+    cap: int
+    utilization: float
+    forward_steps: int
+    overflow_events: int
+
+
+class RankSeries(BaseModel):
+    ep_rank: int
+    points: list[HistoryPoint]
+
+
+class GroupPoint(BaseModel):
+    window_start_unix_s: float
+    peak_runtime_tokens: int
+    cap: int
+    utilization: float
+    overflow_events: int
+    ranks: int
+
+
+class ClusterHistory(BaseModel):
+    cluster: str
+    role: str
+    since_unix_s: float
+    until_unix_s: float
+    window_s: float
+    truncated: bool
+    ranks: list[RankSeries]
+    group: list[GroupPoint]
+
+
+def not_found(error: LookupError) -> HTTPException:
+    return HTTPException(status.HTTP_404_NOT_FOUND, str(error.args[0] if error.args else error))
+
+
+@router.get("", response_model=list[ClusterSummary], summary="Every EP group with a one-line summary")
+def list_clusters(source: SourceDep, settings: SettingsDep, clock: ClockDep) -> list[ClusterSummary]:
+    now = clock()
+    summaries = []
+    for cluster in source.clusters():
+        roles = sorted({state.role for state in source.rank_states(cluster)}, key=lambda r: (r != "target", r))
+        if not roles:
+            continue
+        view = cluster_view(source, cluster, roles[0], now, settings)
+        advice = cluster_advice(source, cluster, roles[0], now, settings)
+        summaries.append(ClusterSummary(
+            cluster=cluster, roles=view.roles, ep_size=view.ep_size, cap=view.cap,
+            ranks_reporting=view.ranks_reporting, ranks_stale=view.ranks_stale, ranks_missing=view.ranks_missing,
+            group_peak_runtime_tokens=view.group_peak_runtime_tokens, group_utilization=view.group_utilization,
+            overflow_events_total=view.overflow_events_total, workspace_bytes_group=view.workspace_bytes_group,
+            findings=[finding.kind for finding in view.findings], action=advice.action,
+            recommended_cap=advice.recommended_cap, last_report_unix_s=view.last_report_unix_s))
+    return summaries
+
+
+@router.get("/{cluster}", response_model=ClusterView, summary="Ranks, group peaks and consistency findings",
+            responses={404: {"description": "Unknown cluster or role"}})
+def get_cluster(cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
+                role: RoleQuery = "target") -> ClusterView:
+    try:
+        return cluster_view(source, cluster, role, clock(), settings)
+    except LookupError as error:
+        raise not_found(error) from None
+
+
+@router.get("/{cluster}/history", response_model=ClusterHistory,
+            summary="Per-rank interval peaks and the group's peak per window (raw reports kept for the retention)",
+            responses={404: {"description": "Unknown cluster or role"}})
+def get_history(
+    cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep, role: RoleQuery = "target",
+    since_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: one hour before until")] = 0.0,
+    until_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: now")] = 0.0,
+    limit: Annotated[int, Query(ge=1, le=100_000, description="Most rank intervals returned (newest kept)")] = 20_000,
+) -> ClusterHistory:
+    try:
+        cluster_view(source, cluster, role, clock(), settings)
+    except LookupError as error:
+        raise not_found(error) from None
+    until = until_s or clock()
+    since = since_s or until - 3600.0
+    if since > until:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "since_s must not be after until_s")
+    rows = source.interval_rows(cluster, role, since, until, limit)
+    by_rank: dict[int, list[HistoryPoint]] = {}
+    for row in rows:
+        by_rank.setdefault(row.ep_rank, []).append(HistoryPoint(
+            interval_end_unix_s=row.interval_end_unix_s, peak_runtime_tokens=row.peak_runtime_tokens, cap=row.cap,
+            utilization=row.peak_runtime_tokens / row.cap, forward_steps=row.forward_steps,
+            overflow_events=row.overflow_events))
+    samples = group_samples((RankInterval(row.ep_rank, row.interval_end_unix_s, row.peak_runtime_tokens, row.cap,
+                                          row.overflow_events) for row in rows if row.forward_steps > 0),
+                            settings.window_s)
+    return ClusterHistory(
+        cluster=cluster, role=role, since_unix_s=since, until_unix_s=until, window_s=settings.window_s,
+        truncated=len(rows) >= limit,
+        ranks=[RankSeries(ep_rank=rank, points=points) for rank, points in sorted(by_rank.items())],
+        group=[GroupPoint(window_start_unix_s=sample.window_start_s, peak_runtime_tokens=sample.peak_runtime_tokens,
+                          cap=sample.cap, utilization=sample.peak_runtime_tokens / sample.cap,
+                          overflow_events=sample.overflow_events, ranks=len(sample.ranks)) for sample in samples])

@@ -1,0 +1,31 @@
+"""The service's one Settings object (environment variables ``CAPWATCH_<NAME>``; advisor knobs
+``CAPWATCH_ADVISOR__<NAME>``). ``capwatch serve`` flags override the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.advisor.policy import AdvisorPolicy
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CAPWATCH_", env_nested_delimiter="__", extra="ignore")
+
+    host: str = Field("127.0.0.1", description="Loopback by default: expose it on purpose, behind a token.")
+    port: int = Field(8321, ge=0, le=65535)
+    db_path: Path = Field(Path("capwatch.db"), description="SQLite database (WAL).")
+    token: SecretStr | None = Field(None, description="Bearer token required on write endpoints when set.")
+    max_body_bytes: int = Field(4 << 20, ge=1024, description="Larger request bodies get 413.")
+    stale_after_s: float = Field(60.0, gt=0, description="A rank silent this long is stale.")
+    missing_after_s: float = Field(300.0, gt=0, description="A rank silent this long is missing.")
+    window_s: float = Field(60.0, gt=0, description="Group sample window: one peak per window.")
+    fold_after_s: float = Field(6 * 3600.0, gt=0, description="Windows older than this fold into the histogram.")
+    retention_s: float = Field(2 * 86_400.0, gt=0, description="Raw reports older than this are deleted.")
+    maintenance_interval_s: float = Field(30.0, gt=0)
+    max_batch_reports: int = Field(1024, ge=1, description="Most reports committed in one transaction.")
+    prometheus_url: str | None = Field(None, description="Read ranks from this Prometheus instead of reports.")
+    prometheus_timeout_s: float = Field(10.0, gt=0)
+    advisor: AdvisorPolicy = AdvisorPolicy()

@@ -1,0 +1,75 @@
+"""Start ``capwatch serve`` as a child process on a free loopback port and wait until it answers.
+For tests, benchmarks and demos: the real server, not an in-process app."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+class ServiceProcess:
+    def __init__(self, db_path: Path | str, port: int | None = None, extra_args: tuple[str, ...] = (),
+                 env: dict[str, str] | None = None, log_path: Path | str | None = None):
+        self.db_path = Path(db_path)
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.extra_args = extra_args
+        self.env = env or {}
+        self.log_path = Path(log_path) if log_path else self.db_path.with_suffix(".log")
+        self.process: subprocess.Popen | None = None
+
+    def start(self, timeout_s: float = 30.0) -> "ServiceProcess":
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "capwatch", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+             "--db", str(self.db_path), "--log-level", "warning", *self.extra_args],
+            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"capwatch serve exited with {self.process.returncode}: "
+                                   f"{self.log_path.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1) as response:
+                    if response.status == 200:
+                        return self
+            except OSError:
+                time.sleep(0.05)
+        self.stop()
+        raise TimeoutError(f"capwatch serve did not answer on {self.url} within {timeout_s} s")
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no shutdown hook runs."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def __enter__(self) -> "ServiceProcess":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,88 @@
+"""The app factory: settings, store (or a Prometheus source), clock and metrics registry are
+passed in, so tests and benchmarks build as many independent apps as they like."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from fastapi.openapi.utils import get_openapi
+from prometheus_client import CollectorRegistry
+from pydantic.json_schema import models_json_schema
+
+from service.api.routes import advice, clusters, health, metrics, reports
+from service.config import Settings
+from service.metrics import build_metrics
+from service.prometheus_source import PrometheusSource, SourceUnavailable
+from service.store.sqlite import Store, StoreOptions
+from service.views import ClusterSource
+from telemetry.report import RankReport
+
+DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises
+raise / lower / hold on the per-rank token cap of MoE all-to-all dispatch
+(`SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`), priced in workspace bytes."""
+
+
+def store_options(settings: Settings) -> StoreOptions:
+    return StoreOptions(window_s=settings.window_s, fold_after_s=settings.fold_after_s,
+                        retention_s=settings.retention_s, maintenance_interval_s=settings.maintenance_interval_s,
+                        max_batch_reports=settings.max_batch_reports, policy=settings.advisor)
+
+
+def _install_openapi(app: FastAPI) -> None:
+    """The report body is validated by hand (strict JSON mode); publish its schema as a component."""
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description,
+                                 routes=app.routes)
+            _, definitions = models_json_schema([(RankReport, "validation")],
+                                                ref_template="#/components/schemas/{model}")
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(definitions.get("$defs", {}))
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app(settings: Settings | None = None, store: Store | None = None,
+               clock: Callable[[], float] | None = None, registry: CollectorRegistry | None = None,
+               source: ClusterSource | None = None) -> FastAPI:
+    settings = settings or Settings()
+    clock = clock or time.time
+    registry = registry if registry is not None else CollectorRegistry()
+    owned_store = None
+    if source is None and store is None:
+        if settings.prometheus_url:
+            source = PrometheusSource(settings.prometheus_url, settings, clock)
+        else:
+            store = owned_store = Store(settings.db_path, store_options(settings), clock)
+    if source is None:
+        source = store
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):
+        yield
+        if owned_store is not None:
+            owned_store.close()  # drains the writer: every acknowledged report is already committed
+        if hasattr(source, "close") and source is not store:
+            source.close()
+
+    app = FastAPI(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    app.state.settings = settings
+    app.state.store = store
+    app.state.source = source
+    app.state.clock = clock
+    app.state.metrics = build_metrics(registry, source, settings, clock)
+    for module in (reports, clusters, advice, health, metrics):
+        app.include_router(module.router)
+
+    @app.exception_handler(SourceUnavailable)
+    async def source_unavailable(_: Request, error: SourceUnavailable) -> JSONResponse:
+        return JSONResponse({"detail": str(error)}, status_code=503)
+
+    _install_openapi(app)
+    return app

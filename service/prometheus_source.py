@@ -1,0 +1,195 @@
+"""The same views and advice, computed from a Prometheus server that already scrapes every rank
+(``capwatch serve --prometheus-url``). Reads the per-rank series of ``telemetry/catalogue.py``
+through Prometheus' HTTP API; stores nothing.
+
+Mapping to the report-fed store:
+- a rank = one ``moe_a2a_cap_tokens{cluster, ep_rank, dispatcher}`` series; its last sample's
+  timestamp is "last seen" (a rank whose target is down goes stale in Prometheus and shows as missing);
+- config = the cap, workspace and per-token byte gauges plus ``moe_a2a_info`` (ep_size, version);
+- the group sample per window = ``max`` over ranks of ``max_over_time`` of the interval-peak gauge,
+  over windows in which ``moe_a2a_forward_steps_total`` grew; overflow events per window from
+  ``increase(moe_a2a_overflow_events_total{kind="runtime_over_cap"})``.
+Not exported per rank, so unknown here: the CUDA-graph floor inputs, EPLB stats size, boot ids.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+
+import httpx
+
+from service.advisor.history import SampleHistory
+from service.advisor.sample import GroupSample
+from service.config import Settings
+from service.store.rank_state import RankState
+from service.store.sqlite import IntervalRow
+from telemetry import catalogue
+
+MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series in one range query
+
+
+class SourceUnavailable(RuntimeError):
+    """The data source (Prometheus) could not answer; the API turns this into 503."""
+
+
+def _selector(cluster: str, role: str | None = None, **extra: str) -> str:
+    def quoted(value: str) -> str:
+        return value.replace("\\", "\\\\").replace('"', '\\"')
+
+    labels = {"cluster": cluster, **({"dispatcher": role} if role else {}), **extra}
+    return "{" + ", ".join(f'{name}="{quoted(value)}"' for name, value in labels.items()) + "}"
+
+
+class PrometheusSource:
+    def __init__(self, url: str, settings: Settings, clock: Callable[[], float] = time.time,
+                 history_s: float = 7 * 86_400.0):
+        self.url = url.rstrip("/")
+        self.settings = settings
+        self.clock = clock
+        self.history_s = history_s
+        self._client = httpx.Client(base_url=self.url, timeout=settings.prometheus_timeout_s)
+
+    # --- HTTP API ---------------------------------------------------------------------------
+
+    def _get(self, path: str, params: dict) -> dict:
+        try:
+            response = self._client.get(path, params=params)
+        except httpx.HTTPError as error:
+            raise SourceUnavailable(f"cannot reach Prometheus at {self.url}: {error}") from None
+        try:
+            body = response.json()
+        except ValueError:
+            raise SourceUnavailable(f"Prometheus at {self.url} answered {response.status_code} without JSON") from None
+        if body.get("status") != "success":
+            raise SourceUnavailable(f"Prometheus query failed: {body.get('errorType')}: {body.get('error')}")
+        return body["data"]
+
+    def query(self, expression: str) -> list[dict]:
+        return self._get("/api/v1/query", {"query": expression, "time": self.clock()})["result"]
+
+    def query_range(self, expression: str, start: float, end: float, step: float) -> list[dict]:
+        return self._get("/api/v1/query_range",
+                         {"query": expression, "start": start, "end": end, "step": step})["result"]
+
+    def _by_rank(self, expression: str) -> dict[tuple[int, str], tuple[dict, float]]:
+        """Instant vector keyed by (ep_rank, dispatcher): (labels, value)."""
+        result = {}
+        for series in self.query(expression):
+            labels = series["metric"]
+            result[(int(labels["ep_rank"]), labels.get("dispatcher", "target"))] = (labels, float(series["value"][1]))
+        return result
+
+    # --- ClusterSource ------------------------------------------------------------------------
+
+    def clusters(self) -> list[str]:
+        data = self._get("/api/v1/label/cluster/values",
+                         {"match[]": catalogue.CAP_TOKENS.name, "start": self.clock() - self.settings.missing_after_s,
+                          "end": self.clock()})
+        return sorted(data)
+
+    def rank_states(self, cluster: str) -> list[RankState]:
+        selector = _selector(cluster)
+        caps = self._by_rank(f"{catalogue.CAP_TOKENS.name}{selector}")
+        if not caps:
+            return []
+        seen = self._by_rank(f"timestamp({catalogue.CAP_TOKENS.name}{selector})")
+        info = self._by_rank(f"{catalogue.INFO.name}{selector}")
+        gauges = {spec.name: self._by_rank(f"{spec.name}{selector}") for spec in (
+            catalogue.WORKSPACE_BYTES, catalogue.WORKSPACE_ALLOCATED_BYTES, catalogue.DISPATCH_TOKEN_BYTES,
+            catalogue.COMBINE_TOKEN_BYTES, catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, catalogue.RUNTIME_TOKENS_MAX,
+            catalogue.FORWARD_STEPS)}
+        overflows: dict[tuple[int, str], dict[str, int]] = {}
+        for series in self.query(f"{catalogue.OVERFLOW_EVENTS.name}{selector}"):
+            labels = series["metric"]
+            key = (int(labels["ep_rank"]), labels.get("dispatcher", "target"))
+            count = int(float(series["value"][1]))
+            if count:
+                overflows.setdefault(key, {})[f"{labels['kind']}/{labels['outcome']}"] = count
+
+        def gauge(spec: catalogue.MetricSpec, key: tuple[int, str], default: float | None = 0.0) -> float | None:
+            value = gauges[spec.name].get(key)
+            return default if value is None or math.isnan(value[1]) else value[1]
+
+        states = []
+        for key, (labels, cap) in sorted(caps.items()):
+            rank_info = info.get(key, ({}, 1.0))[0]
+            version = rank_info.get("flashinfer_version")
+            last_seen = seen.get(key, (None, self.clock()))[1]
+            allocated = gauge(catalogue.WORKSPACE_ALLOCATED_BYTES, key, None)
+            config = {
+                "cap": int(cap), "payload_format": rank_info.get("payload_format", "bf16"),
+                "backend": rank_info.get("backend", "unknown"),
+                "flashinfer_version": None if version in (None, "", "none") else version,
+                "overflow_policy": rank_info.get("overflow_policy", "raise"), "eplb_stats_num_experts": 0,
+                "dispatch_bytes_per_token": int(gauge(catalogue.DISPATCH_TOKEN_BYTES, key) or 1),
+                "combine_bytes_per_token": int(gauge(catalogue.COMBINE_TOKEN_BYTES, key) or 1),
+                "workspace_bytes_per_rank": int(gauge(catalogue.WORKSPACE_BYTES, key) or 0),
+                "allocated_workspace_bytes": None if allocated is None else int(allocated),
+                "cuda_graph_max_batch_size": None, "speculative_tokens": 0,
+            }
+            peak = int(gauge(catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, key) or 0)
+            steps = int(gauge(catalogue.FORWARD_STEPS, key) or 0)
+            states.append(RankState(
+                cluster=cluster, role=key[1], ep_rank=key[0], ep_size=int(rank_info.get("ep_size", 1)),
+                boot_id="prometheus", sequence=0, host=labels.get("instance"), sent_unix_s=last_seen,
+                received_unix_s=last_seen, config=config, last_interval_end_unix_s=last_seen, last_interval_s=0.0,
+                last_forward_steps=0, last_peak_runtime_tokens=peak,
+                max_runtime_tokens=int(gauge(catalogue.RUNTIME_TOKENS_MAX, key) or 0),
+                overflow_totals=overflows.get(key, {}), forward_steps_total=steps, reports=0, boots=1))
+        return states
+
+    def _window_series(self, expression: str, start: float, end: float) -> dict[float, float]:
+        result = self.query_range(expression, start, end, self.settings.window_s)
+        if not result:
+            return {}
+        return {float(t): float(v) for t, v in result[0]["values"] if not math.isnan(float(v))}
+
+    def sample_history(self, cluster: str, role: str) -> SampleHistory:
+        window = self.settings.window_s
+        end = (self.clock() // window) * window + window
+        start = max(end - self.history_s, end - MAX_POINTS * window)
+        selector = _selector(cluster, role)
+        seconds = f"{int(window)}s"
+        peaks = self._window_series(
+            f"max(max_over_time({catalogue.INTERVAL_PEAK_RUNTIME_TOKENS.name}{selector}[{seconds}]))", start, end)
+        steps = self._window_series(f"sum(increase({catalogue.FORWARD_STEPS.name}{selector}[{seconds}]))", start, end)
+        caps = self._window_series(f"max(max_over_time({catalogue.CAP_TOKENS.name}{selector}[{seconds}]))", start, end)
+        overflow_selector = _selector(cluster, role, kind="runtime_over_cap")
+        overflows = self._window_series(
+            f"sum(increase({catalogue.OVERFLOW_EVENTS.name}{overflow_selector}[{seconds}]))", start, end)
+        policy = self.settings.advisor
+        history = SampleHistory(policy.half_life_s, window_s=window)
+        samples = [GroupSample(at - window, int(peak), int(caps.get(at, 0)) or 1, round(overflows.get(at, 0.0)))
+                   for at, peak in sorted(peaks.items()) if steps.get(at, 0.0) > 0]
+        return history.add_all(samples, policy.bump_factor, policy.bump_min_tokens)
+
+    def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
+                      limit: int) -> list[IntervalRow]:
+        window = self.settings.window_s
+        since = max(since_unix_s, until_unix_s - MAX_POINTS * window)
+        selector = _selector(cluster, role)
+        seconds = f"{int(window)}s"
+
+        def per_rank(expression: str) -> dict[tuple[int, float], float]:
+            values = {}
+            for series in self.query_range(expression, since, until_unix_s, window):
+                rank = int(series["metric"]["ep_rank"])
+                for at, value in series["values"]:
+                    if not math.isnan(float(value)):
+                        values[(rank, float(at))] = float(value)
+            return values
+
+        peaks = per_rank(f"max_over_time({catalogue.INTERVAL_PEAK_RUNTIME_TOKENS.name}{selector}[{seconds}])")
+        caps = per_rank(f"{catalogue.CAP_TOKENS.name}{selector}")
+        steps = per_rank(f"increase({catalogue.FORWARD_STEPS.name}{selector}[{seconds}])")
+        overflows = per_rank(f"sum by (ep_rank) (increase({catalogue.OVERFLOW_EVENTS.name}"
+                             f"{_selector(cluster, role, kind='runtime_over_cap')}[{seconds}]))")
+        rows = [IntervalRow(rank, at, int(peak), int(caps.get((rank, at), 0)) or 1, round(steps.get((rank, at), 0.0)),
+                            round(overflows.get((rank, at), 0.0)))
+                for (rank, at), peak in sorted(peaks.items(), key=lambda item: (item[0][1], item[0][0]))]
+        return rows[-limit:]
+
+    def close(self) -> None:
+        self._client.close()

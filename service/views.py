@@ -1,0 +1,67 @@
+"""Glue between a data source (the SQLite store, or a Prometheus server) and the pure pieces:
+aggregation and the advisor. Routes, the /metrics collector and the CLI all come through here."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from service.advisor.history import SampleHistory
+from service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
+from service.aggregate import ClusterView, pricing_of, rank_status, summarize_cluster
+from service.config import Settings
+from service.store.rank_state import RankState
+from service.store.sqlite import IntervalRow
+
+
+class ClusterSource(Protocol):
+    def clusters(self) -> list[str]: ...
+    def rank_states(self, cluster: str) -> list[RankState]: ...
+    def sample_history(self, cluster: str, role: str) -> SampleHistory: ...
+    def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
+                      limit: int) -> list[IntervalRow]: ...
+
+
+class UnknownCluster(LookupError):
+    pass
+
+
+def role_states(source: ClusterSource, cluster: str, role: str) -> list[RankState]:
+    states = source.rank_states(cluster)
+    if not states:
+        raise UnknownCluster(f"no rank of cluster {cluster!r} has reported; known clusters: "
+                             f"{', '.join(source.clusters()) or 'none yet'}")
+    chosen = [state for state in states if state.role == role]
+    if not chosen:
+        raise UnknownCluster(f"cluster {cluster!r} has no {role!r} ranks; roles: "
+                             f"{', '.join(sorted({state.role for state in states}))}")
+    return chosen
+
+
+def cluster_view(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings) -> ClusterView:
+    states = source.rank_states(cluster)
+    role_states(source, cluster, role)
+    return summarize_cluster(cluster, role, states, now_s, settings.stale_after_s, settings.missing_after_s)
+
+
+def group_config(states: list[RankState], now_s: float, settings: Settings) -> GroupConfig:
+    live = [state for state in states
+            if rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) != "missing"] or states
+    widest = max(live, key=lambda state: (state.cap, state.ep_rank))
+    ep_size = max(state.ep_size for state in live)
+    graph_batches = [state.config.get("cuda_graph_max_batch_size") for state in live]
+    graph_batches = [batch for batch in graph_batches if batch is not None]
+    return GroupConfig(
+        cap=widest.cap, pricing=pricing_of(widest, ep_size),
+        cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
+        speculative_tokens=max(state.config.get("speculative_tokens", 0) for state in live))
+
+
+def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings) -> Advice:
+    states = role_states(source, cluster, role)
+    return recommend(source.sample_history(cluster, role), group_config(states, now_s, settings), settings.advisor)
+
+
+def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[int], now_s: float,
+                   settings: Settings) -> list[WhatIf]:
+    states = role_states(source, cluster, role)
+    return whatif(source.sample_history(cluster, role), group_config(states, now_s, settings), caps, settings.advisor)

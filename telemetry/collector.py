@@ -1,0 +1,130 @@
+"""A prometheus_client custom collector for one rank's dispatcher.
+
+Nothing is updated on the hot path: each scrape takes one ``DispatchCounters.snapshot()`` and
+turns it into the series of the catalogue. Names, help and labels come from ``catalogue.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from telemetry import catalogue
+from telemetry.catalogue import MetricSpec
+from telemetry.intervals import IntervalTracker, cumulative_buckets
+from telemetry.report import RankConfig, RankIdentity
+from telemetry.reporter import ReporterStats
+
+
+def _base_name(spec: MetricSpec) -> str:
+    suffix = {"counter": "_total", "info": "_info"}.get(spec.type, "")
+    return spec.name.removesuffix(suffix)
+
+
+def _unit(spec: MetricSpec) -> str:
+    # prometheus_client appends a unit the name lacks; pass it only where the name already ends with it.
+    return spec.unit if spec.unit and _base_name(spec).endswith("_" + spec.unit) else ""
+
+
+def _family(spec: MetricSpec, labels: tuple[str, ...] | None = None) -> Metric:
+    kinds = {"gauge": GaugeMetricFamily, "counter": CounterMetricFamily, "histogram": HistogramMetricFamily}
+    labels = labels if labels is not None else spec.labels
+    if spec.type == "info":
+        return InfoMetricFamily(_base_name(spec), spec.help, labels=catalogue.RANK_LABELS)
+    return kinds[spec.type](_base_name(spec), spec.help, labels=labels, unit=_unit(spec))
+
+
+class DispatchCollector(Collector):
+    """Series for one rank and role. ``tracker`` supplies the last closed interval; pass
+    ``interval_s`` when no reporter closes intervals, and the collector closes them on scrape."""
+
+    def __init__(
+        self,
+        tracker: IntervalTracker,
+        identity: RankIdentity,
+        config: RankConfig,
+        *,
+        interval_s: float | None = None,
+        reporter_stats: Callable[[], ReporterStats] | None = None,
+    ):
+        self._tracker = tracker
+        self._config = config
+        self._interval_s = interval_s
+        self._reporter_stats = reporter_stats
+        self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
+        self._info = {
+            "ep_size": str(identity.ep_size),
+            "backend": config.backend,
+            "payload_format": config.payload_format,
+            "flashinfer_version": config.flashinfer_version or "none",
+            "overflow_policy": config.overflow_policy,
+        }
+        self._buckets = catalogue.runtime_token_buckets(config.cap)
+
+    def describe(self) -> Iterator[Metric]:
+        # Names only, so registering never takes a snapshot.
+        for spec in catalogue.METRICS:
+            yield _family(spec)
+
+    def collect(self) -> Iterator[Metric]:
+        if self._interval_s is not None:
+            self._tracker.close_if_due(self._interval_s)
+        snapshot = self._tracker.snapshot()
+        labels = self._label_values
+        config = self._config
+
+        yield self._gauge(catalogue.CAP_TOKENS, config.cap)
+        yield self._gauge(catalogue.WORKSPACE_BYTES, config.workspace_bytes_per_rank)
+        yield self._gauge(catalogue.WORKSPACE_ALLOCATED_BYTES, config.allocated_workspace_bytes)
+        yield self._gauge(catalogue.DISPATCH_TOKEN_BYTES, config.dispatch_bytes_per_token)
+        yield self._gauge(catalogue.COMBINE_TOKEN_BYTES, config.combine_bytes_per_token)
+        info = _family(catalogue.INFO)
+        info.add_metric(labels, self._info)
+        yield info
+
+        yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
+        yield self._counter(catalogue.FORWARD_STEPS, snapshot.forward_steps)
+        yield self._counter(catalogue.TOKENS_SENT, snapshot.tokens_sent)
+        yield self._counter(catalogue.TOKENS_RECEIVED, snapshot.tokens_received)
+        overflows = _family(catalogue.OVERFLOW_EVENTS)
+        for (kind, outcome), count in snapshot.overflow_events.items():
+            overflows.add_metric([*labels, kind, outcome], count)
+        yield overflows
+        yield self._counter(catalogue.CHUNKED_ROUNDS, snapshot.chunked_rounds)
+
+        bucket_counts, runtime_tokens_sum = cumulative_buckets(snapshot, self._buckets)
+        histogram = _family(catalogue.RUNTIME_TOKENS)
+        buckets = [(floatToGoString(bound), count) for bound, count in zip(self._buckets, bucket_counts, strict=True)]
+        histogram.add_metric(labels, [*buckets, ("+Inf", snapshot.forward_steps)], runtime_tokens_sum)
+        yield histogram
+        yield self._gauge(catalogue.RUNTIME_TOKENS_MAX, snapshot.max_runtime_tokens)
+
+        interval = self._tracker.last_interval
+        peak = interval.peak_runtime_tokens if interval is not None else None
+        yield self._gauge(catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, peak)
+        yield self._gauge(catalogue.INTERVAL_PEAK_UTILIZATION, None if peak is None else peak / config.cap)
+
+        if self._reporter_stats is not None:
+            stats = self._reporter_stats()
+            yield self._gauge(catalogue.REPORTS_PENDING, stats.pending)
+            yield self._counter(catalogue.REPORTS_DELIVERED, stats.delivered)
+            yield self._counter(catalogue.REPORT_SEND_FAILURES, stats.send_failures)
+            yield self._counter(catalogue.REPORTS_REJECTED, stats.rejected)
+
+    def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:
+        """A series for this rank, or the family alone (HELP and TYPE) while the value is unknown."""
+        family = _family(spec)
+        if value is not None:
+            family.add_metric(self._label_values, value)
+        return family
+
+    _counter = _gauge

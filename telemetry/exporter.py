@@ -1,0 +1,96 @@
+"""Per-rank Prometheus exporter: its own registry, served on base port + local rank, or mounted.
+
+Never the global ``REGISTRY``: two ranks (or two tests) in one process would collide on it, and
+prometheus_client's multiprocess mode would break the custom collector and add a ``pid`` label.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app, start_http_server
+from prometheus_client.registry import Collector
+
+MAX_PORT = 65535
+
+
+@dataclass(frozen=True)
+class ExporterOptions:
+    """Where one rank serves ``/metrics``: ``base_port + local_rank`` on ``host``.
+    ``base_port=0`` asks the OS for a free port (tests); loopback unless told otherwise."""
+
+    base_port: int = 9400
+    local_rank: int = 0
+    host: str = "127.0.0.1"
+
+    def __post_init__(self) -> None:
+        if self.local_rank < 0:
+            raise ValueError(f"local_rank must be >= 0, got {self.local_rank}")
+        if not 0 <= self.base_port <= MAX_PORT or (self.base_port and self.port > MAX_PORT):
+            raise ValueError(
+                f"exporter port {self.base_port} + local rank {self.local_rank} is outside 1..{MAX_PORT}; "
+                "choose a lower base port")
+        try:
+            ipaddress.ip_address(self.host)
+        except ValueError:
+            if not self.host or any(char.isspace() for char in self.host):
+                raise ValueError(f"exporter host {self.host!r} is neither an IP address nor a host name") from None
+
+    @property
+    def port(self) -> int:
+        return self.base_port + self.local_rank if self.base_port else 0
+
+
+class RankExporter:
+    """Holds the registry with the rank's collectors; serves it over HTTP and/or as an ASGI app."""
+
+    def __init__(self, *collectors: Collector, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        for collector in collectors:
+            self.registry.register(collector)
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def serve(self, options: ExporterOptions = ExporterOptions()) -> int:
+        """Start the HTTP server on a daemon thread; returns the bound port."""
+        if self._server is not None:
+            raise RuntimeError(f"exporter already serving on port {self.port}")
+        try:
+            self._server, self._thread = start_http_server(options.port, addr=options.host, registry=self.registry)
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"cannot serve /metrics on {options.host}:{options.port} ({error.strerror}); "
+                "pick another base port or free that one") from error
+        return self.port
+
+    @property
+    def port(self) -> int | None:
+        return self._server.server_port if self._server is not None else None
+
+    @property
+    def url(self) -> str | None:
+        if self._server is None:
+            return None
+        host = self._server.server_address[0]
+        host = f"[{host}]" if ":" in host else host
+        return f"http://{host}:{self.port}/metrics"
+
+    def asgi_app(self):
+        """An ASGI app serving this registry, to mount into an existing server (e.g. at ``/metrics``)."""
+        return make_asgi_app(registry=self.registry)
+
+    def render(self) -> bytes:
+        """The text exposition, as a scrape would get it."""
+        return generate_latest(self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+            self._server = self._thread = None

@@ -1,0 +1,157 @@
+"""From two counter snapshots to one reporting interval: small pure pieces and one tracker.
+
+A snapshot is taken while the dispatch keeps running, so its tensors are copied one after the
+other and can disagree by a step in flight (``forward_steps`` copied before that step, the R
+histogram after it). ``coherent`` settles that by trusting the histogram, which is what both
+the interval and the Prometheus histogram are built from; every counter only grows, so a later
+snapshot is never below an earlier one and every delta is non-negative.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from itertools import accumulate
+
+from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, CounterSnapshot, DispatchCounters
+from telemetry.report import CumulativeCounters, Interval, OverflowCount
+
+
+def zero_snapshot(cap: int, ep_size: int, role: str, taken_at: float) -> CounterSnapshot:
+    """The counters of a rank that has not dispatched yet: the baseline of its first interval."""
+    return CounterSnapshot(
+        cap=cap, ep_size=ep_size, role=role, taken_at=taken_at,
+        dispatch_calls=0, forward_steps=0, tokens_sent=0, tokens_received=0, max_runtime_tokens=0,
+        chunked_rounds=0,
+        overflow_events={(kind, outcome): 0 for kind in OVERFLOW_KINDS for outcome in OVERFLOW_OUTCOMES},
+        runtime_tokens_histogram=(0,) * (cap + 2),
+        tokens_sent_per_rank=(0,) * ep_size,
+        tokens_received_per_rank=(0,) * ep_size,
+    )
+
+
+def coherent(snapshot: CounterSnapshot) -> CounterSnapshot:
+    """The snapshot with forward_steps and max R made consistent with its R histogram."""
+    histogram = snapshot.runtime_tokens_histogram
+    top_bin = max((runtime_tokens for runtime_tokens, steps in enumerate(histogram) if steps), default=0)
+    return dataclasses.replace(
+        snapshot,
+        forward_steps=sum(histogram),
+        max_runtime_tokens=max(snapshot.max_runtime_tokens, top_bin),
+    )
+
+
+def histogram_delta(previous: CounterSnapshot, current: CounterSnapshot) -> list[tuple[int, int]]:
+    """Sparse ``[(R, steps), ...]`` of the steps between two snapshots, R ascending."""
+    return [
+        (runtime_tokens, now - before)
+        for runtime_tokens, (before, now) in enumerate(
+            zip(previous.runtime_tokens_histogram, current.runtime_tokens_histogram, strict=True))
+        if now > before
+    ]
+
+
+def interval_peak(previous: CounterSnapshot, current: CounterSnapshot, delta: list[tuple[int, int]]) -> int:
+    """Largest R of the interval. Above the cap the histogram keeps one bin (cap + 1); the exact R
+    is known only when the interval raised the running max, otherwise cap + 1 is the honest floor."""
+    if not delta:
+        return 0
+    top_bin = delta[-1][0]
+    over_cap_bin = current.cap + 1
+    if top_bin == over_cap_bin and current.max_runtime_tokens > previous.max_runtime_tokens:
+        return current.max_runtime_tokens
+    return top_bin
+
+
+def overflow_counts(events: dict[tuple[str, str], int]) -> list[OverflowCount]:
+    return [OverflowCount(kind=kind, outcome=outcome, count=count) for (kind, outcome), count in events.items() if count]
+
+
+def interval_between(previous: CounterSnapshot, current: CounterSnapshot) -> Interval:
+    """What happened between two coherent snapshots of the same counters."""
+    delta = histogram_delta(previous, current)
+    return Interval(
+        start_unix_s=previous.taken_at,
+        end_unix_s=max(current.taken_at, previous.taken_at),
+        forward_steps=current.forward_steps - previous.forward_steps,
+        dispatch_calls=current.dispatch_calls - previous.dispatch_calls,
+        peak_runtime_tokens=interval_peak(previous, current, delta),
+        runtime_tokens_histogram=delta,
+        overflow_events=overflow_counts({
+            key: current.overflow_events[key] - previous.overflow_events[key] for key in current.overflow_events
+        }),
+    )
+
+
+def cumulative_counters(snapshot: CounterSnapshot) -> CumulativeCounters:
+    return CumulativeCounters(
+        dispatch_calls=snapshot.dispatch_calls,
+        forward_steps=snapshot.forward_steps,
+        tokens_sent=snapshot.tokens_sent,
+        tokens_received=snapshot.tokens_received,
+        max_runtime_tokens=snapshot.max_runtime_tokens,
+        overflow_events=overflow_counts(snapshot.overflow_events),
+    )
+
+
+def merge_intervals(earlier: Interval, later: Interval) -> Interval:
+    """One interval covering two adjacent ones; nothing is lost but time resolution."""
+    steps: dict[int, int] = dict(earlier.runtime_tokens_histogram)
+    for runtime_tokens, count in later.runtime_tokens_histogram:
+        steps[runtime_tokens] = steps.get(runtime_tokens, 0) + count
+    overflows: dict[tuple[str, str], int] = {}
+    for event in (*earlier.overflow_events, *later.overflow_events):
+        overflows[(event.kind, event.outcome)] = overflows.get((event.kind, event.outcome), 0) + event.count
+    return Interval(
+        start_unix_s=earlier.start_unix_s,
+        end_unix_s=later.end_unix_s,
+        forward_steps=earlier.forward_steps + later.forward_steps,
+        dispatch_calls=earlier.dispatch_calls + later.dispatch_calls,
+        peak_runtime_tokens=max(earlier.peak_runtime_tokens, later.peak_runtime_tokens),
+        runtime_tokens_histogram=sorted(steps.items()),
+        overflow_events=overflow_counts(overflows),
+    )
+
+
+def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> tuple[list[int], int]:
+    """Steps with R <= each bound, and the sum of R (a step above the cap counts as cap + 1)."""
+    histogram = snapshot.runtime_tokens_histogram
+    running = list(accumulate(histogram))
+    counts = [running[min(int(bound), len(histogram) - 1)] for bound in bounds]
+    return counts, sum(runtime_tokens * steps for runtime_tokens, steps in enumerate(histogram) if steps)
+
+
+class IntervalTracker:
+    """Cuts one rank's counters into consecutive intervals. The reporter closes an interval every
+    ``interval_s``; the exporter reads the last closed one (and closes them itself when no reporter runs)."""
+
+    def __init__(self, counters: DispatchCounters):
+        self._counters = counters
+        self._lock = threading.Lock()
+        self._previous = zero_snapshot(counters.cap, counters.ep_size, counters.role, time.time())
+        self._last_interval: Interval | None = None
+
+    @property
+    def last_interval(self) -> Interval | None:
+        return self._last_interval
+
+    def snapshot(self) -> CounterSnapshot:
+        return coherent(self._counters.snapshot())
+
+    def close(self) -> tuple[Interval, CounterSnapshot]:
+        """End the current interval now; returns it with the snapshot that ends it."""
+        with self._lock:
+            return self._close_locked()
+
+    def close_if_due(self, interval_s: float) -> None:
+        with self._lock:
+            if time.time() - self._previous.taken_at >= interval_s:
+                self._close_locked()
+
+    def _close_locked(self) -> tuple[Interval, CounterSnapshot]:
+        current = self.snapshot()
+        interval = interval_between(self._previous, current)
+        self._previous = current
+        self._last_interval = interval
+        return interval, current

@@ -1,0 +1,127 @@
+"""One rank's telemetry in one object: the exporter and the reporter over the same counters.
+
+Wiring a rank (the demo copies this)::
+
+    counters = DispatchCounters(cap, ep_size, device, role="target")
+    dispatcher = InstrumentedDispatcher(backend, counters, cap, overflow_policy="raise")
+    identity = RankIdentity(cluster="prod-a", ep_rank=rank, ep_size=ep_size, role="target", boot_id=new_boot_id())
+    config = rank_config(cap=cap, ep_size=ep_size, hidden_size=7168, top_k=8, num_experts=256, backend="torch")
+    telemetry = RankTelemetry(counters, identity, config,
+                              exporter=ExporterOptions(base_port=9400, local_rank=local_rank),
+                              reporter=ReporterOptions(service_url="http://127.0.0.1:8000")).start()
+    dispatcher.on_overflow.append(telemetry.on_overflow)  # final report before a raise kills the rank
+    ...
+    telemetry.close()  # a final report ("shutdown"), then the threads stop
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dispatcher import sizing
+from dispatcher.counters import DispatchCounters
+from telemetry.collector import DispatchCollector
+from telemetry.exporter import ExporterOptions, RankExporter
+from telemetry.intervals import IntervalTracker
+from telemetry.report import RankConfig, RankIdentity
+from telemetry.reporter import RankReporter, ReporterOptions
+
+# Without a reporter the exporter still closes intervals (for the interval-peak gauges) this often.
+DEFAULT_INTERVAL_S = 5.0
+
+
+class OverflowNotice(Protocol):
+    """What the dispatcher's ``on_overflow`` callbacks receive (``dispatcher.OverflowEvent``)."""
+
+    outcome: str
+
+    @property
+    def message(self) -> str: ...
+
+
+def rank_config(
+    *,
+    cap: int,
+    ep_size: int,
+    hidden_size: int,
+    top_k: int,
+    num_experts: int,
+    backend: str,
+    payload_format: str = "bf16",
+    overflow_policy: str = "raise",
+    flashinfer_version: str | None = None,
+    eplb_stats_num_experts: int = 0,
+    allocated_workspace_bytes: int | None = None,
+    cuda_graph_max_batch_size: int | None = None,
+    speculative_tokens: int = 0,
+) -> RankConfig:
+    """The reported configuration, with payload and workspace bytes by FlashInfer's formula."""
+    dispatch_bytes = sizing.dispatch_bytes_per_token(hidden_size, top_k, payload_format)
+    combine_bytes = sizing.combine_bytes_per_token(hidden_size)
+    return RankConfig(
+        cap=cap, hidden_size=hidden_size, top_k=top_k, num_experts=num_experts,
+        payload_format=payload_format, backend=backend, flashinfer_version=flashinfer_version,
+        overflow_policy=overflow_policy, eplb_stats_num_experts=eplb_stats_num_experts,
+        dispatch_bytes_per_token=dispatch_bytes, combine_bytes_per_token=combine_bytes,
+        workspace_bytes_per_rank=sizing.workspace_bytes_per_rank(
+            ep_size, cap, dispatch_bytes, combine_bytes, eplb_stats_num_experts, flashinfer_version),
+        allocated_workspace_bytes=allocated_workspace_bytes,
+        cuda_graph_max_batch_size=cuda_graph_max_batch_size,
+        speculative_tokens=speculative_tokens,
+    )
+
+
+class RankTelemetry:
+    """Exporter (optional) and reporter (optional) for one rank and role."""
+
+    def __init__(
+        self,
+        counters: DispatchCounters,
+        identity: RankIdentity,
+        config: RankConfig,
+        *,
+        exporter: ExporterOptions | None = ExporterOptions(),
+        reporter: ReporterOptions | None = None,
+        final_report_timeout_s: float = 2.0,
+    ):
+        self.identity = identity
+        self.exporter_options = exporter
+        self.final_report_timeout_s = final_report_timeout_s
+        self.tracker = tracker = IntervalTracker(counters)
+        self.reporter = (RankReporter(counters, identity, config, reporter, tracker=tracker)
+                         if reporter is not None else None)
+        self.collector = DispatchCollector(
+            tracker, identity, config,
+            interval_s=None if self.reporter is not None else DEFAULT_INTERVAL_S,
+            reporter_stats=self.reporter.stats if self.reporter is not None else None,
+        )
+        self.exporter = RankExporter(self.collector)
+
+    def start(self) -> "RankTelemetry":
+        if self.exporter_options is not None:
+            self.exporter.serve(self.exporter_options)
+        if self.reporter is not None:
+            self.reporter.start()
+        return self
+
+    @property
+    def metrics_url(self) -> str | None:
+        return self.exporter.url
+
+    def on_overflow(self, event: OverflowNotice) -> None:
+        """For ``InstrumentedDispatcher.on_overflow``: before a raise kills the rank, ship the final report."""
+        if event.outcome == "raised" and self.reporter is not None:
+            self.reporter.flush_final(event.message, timeout_s=self.final_report_timeout_s)
+
+    def close(self, final_reason: str | None = "shutdown", timeout_s: float = 2.0) -> None:
+        """Send a final report (so the service knows the rank left on purpose) within ``timeout_s``,
+        then stop the reporter and the exporter."""
+        if self.reporter is not None:
+            self.reporter.close(final_reason, timeout_s)
+        self.exporter.close()
+
+    def __enter__(self) -> "RankTelemetry":
+        return self.start()
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

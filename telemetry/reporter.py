@@ -1,0 +1,304 @@
+"""Posts one rank's interval reports to the service, from a background thread.
+
+The dispatch never calls into the reporter (it only bumps its device counters); the reporter
+thread snapshots them every ``interval_s``. So a slow, dead or hanging service cannot slow a step.
+What it costs instead is bounded: at most ``max_pending_reports`` reports wait in memory; when
+more pile up, the oldest unsent ones are merged (histograms add, peaks take the max), so no
+step is ever lost, only time resolution. Each report keeps its ``(boot_id, sequence)`` across
+retries, so the service can drop a duplicate; sequences are assigned when a report is first
+sent, so the service sees 0, 1, 2, ... without gaps.
+
+The one blocking call is ``flush_final``: the dispatcher's raise path calls it just before the
+rank dies, and it waits at most ``timeout_s`` for the final report to be accepted. If the rank
+survives after all (someone caught the error), reporting simply goes on: a later report
+supersedes the final one.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import random
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dispatcher.counters import DispatchCounters
+from telemetry.intervals import IntervalTracker, cumulative_counters, merge_intervals
+from telemetry.report import CumulativeCounters, Interval, RankConfig, RankIdentity, RankReport
+
+log = logging.getLogger(__name__)
+
+REPORTS_PATH = "/v1/reports"
+MAX_FINAL_REASON_CHARS = 2000
+
+
+def new_boot_id() -> str:
+    """A fresh id per rank process start: the service resets its view of the counters on a new one."""
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class ReporterOptions:
+    service_url: str  # e.g. http://127.0.0.1:8000 ; reports go to {service_url}/v1/reports
+    interval_s: float = 5.0
+    bearer_token: str | None = None
+    max_pending_reports: int = 64
+    request_timeout_s: float = 2.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        url = urllib.parse.urlsplit(self.service_url)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"service_url {self.service_url!r} must look like http://host:port")
+        for name in ("interval_s", "request_timeout_s", "backoff_initial_s", "backoff_max_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if self.backoff_max_s < self.backoff_initial_s:
+            raise ValueError("backoff_max_s must be >= backoff_initial_s")
+        if self.max_pending_reports < 3:
+            raise ValueError(f"max_pending_reports must be >= 3 (to merge behind the one in flight), "
+                             f"got {self.max_pending_reports}")
+
+    @property
+    def reports_url(self) -> str:
+        return self.service_url.rstrip("/") + REPORTS_PATH
+
+
+@dataclass(frozen=True)
+class ReporterStats:
+    pending: int = 0  # reports buffered, the one in flight included
+    delivered: int = 0
+    send_failures: int = 0  # attempts that will be retried
+    rejected: int = 0  # refused for good (4xx other than auth)
+
+
+class Delivery(enum.Enum):
+    DELIVERED = "delivered"  # 2xx, including "duplicate": the service has it
+    RETRY = "retry"  # unreachable, timeout, 5xx, 408/429, or auth (fixable on the service side)
+    REJECTED = "rejected"  # any other 4xx: this report can never be accepted
+
+
+def classify_status(status: int) -> Delivery:
+    if 200 <= status < 300:
+        return Delivery.DELIVERED
+    if status >= 500 or status in (401, 403, 408, 425, 429):
+        return Delivery.RETRY
+    return Delivery.REJECTED
+
+
+class HttpReportSender:
+    """``POST {service_url}/v1/reports`` with the stdlib (ranks stay light); ignores proxy settings."""
+
+    def __init__(self, options: ReporterOptions):
+        self._url = options.reports_url
+        self._timeout_s = options.request_timeout_s
+        self._headers = {"Content-Type": "application/json"}
+        if options.bearer_token:
+            self._headers["Authorization"] = f"Bearer {options.bearer_token}"
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def __call__(self, report: RankReport) -> Delivery:
+        body = json.dumps(report.model_dump(mode="json"), separators=(",", ":")).encode()
+        request = urllib.request.Request(self._url, data=body, headers=self._headers, method="POST")
+        try:
+            with self._opener.open(request, timeout=self._timeout_s) as response:
+                response.read()
+                return classify_status(response.status)
+        except urllib.error.HTTPError as error:
+            verdict = classify_status(error.code)
+            if verdict is Delivery.REJECTED:
+                log.error("service refused report %s/%d: HTTP %d %s", report.identity.boot_id, report.sequence,
+                          error.code, error.read(500).decode(errors="replace"))
+            return verdict
+        except (OSError, urllib.error.URLError):  # refused, reset, timeout, DNS
+            return Delivery.RETRY
+
+
+@dataclass
+class _Outcome:
+    done: threading.Event = field(default_factory=threading.Event)  # accepted or refused for good
+    verdict: Delivery | None = None
+
+
+@dataclass
+class _Pending:
+    interval: Interval
+    counters: CumulativeCounters
+    final_reason: str | None = None
+    report: RankReport | None = None  # built, with its sequence, on the first attempt; reused on retries
+    outcome: _Outcome = field(default_factory=_Outcome)  # shared with whatever it gets merged into
+
+    @property
+    def final(self) -> bool:
+        return self.final_reason is not None
+
+
+class RankReporter:
+    def __init__(
+        self,
+        counters: DispatchCounters,
+        identity: RankIdentity,
+        config: RankConfig,
+        options: ReporterOptions,
+        *,
+        sender: Callable[[RankReport], Delivery] | None = None,
+        tracker: IntervalTracker | None = None,
+    ):
+        if (counters.cap, counters.ep_size, counters.role) != (config.cap, identity.ep_size, identity.role):
+            raise ValueError(
+                f"counters (cap {counters.cap}, ep_size {counters.ep_size}, role {counters.role}) do not match "
+                f"the reported config (cap {config.cap}, ep_size {identity.ep_size}, role {identity.role})")
+        self.identity = identity
+        self.config = config
+        self.options = options
+        self.tracker = tracker if tracker is not None else IntervalTracker(counters)
+        self._send = sender if sender is not None else HttpReportSender(options)
+        self._pending: deque[_Pending] = deque()
+        self._wake = threading.Condition()
+        self._next_sequence = 0
+        self._retry_at = 0.0
+        self._backoff_s = options.backoff_initial_s
+        self._stopping = False
+        self._ticking = True
+        self._thread: threading.Thread | None = None
+        self._delivered = self._send_failures = self._rejected = 0
+        self._reachable = True
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> "RankReporter":
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"capwatch-reporter-{self.identity.ep_rank}", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self, final_reason: str | None = None, timeout_s: float = 2.0) -> bool | None:
+        """Stop cutting intervals; with ``final_reason``, send the last one as a final report; stop
+        the thread. Within ``timeout_s`` in all; whatever is not accepted by then is dropped.
+        Returns whether the final report was accepted (None without one)."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            self._ticking = False  # nothing may follow the final report
+        delivered = self.flush_final(final_reason, timeout_s) if final_reason else None
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return delivered
+
+    def flush_final(self, reason: str, timeout_s: float = 2.0) -> bool:
+        """Close the interval now and send it as a final report, after any still pending;
+        wait at most ``timeout_s``. True when the service accepted it."""
+        deadline = time.monotonic() + timeout_s
+        with self._wake:
+            interval, snapshot = self.tracker.close()
+            final = _Pending(interval, cumulative_counters(snapshot),
+                             final_reason=reason[:MAX_FINAL_REASON_CHARS] or "final")
+            self._enqueue(final)
+            self._retry_at = 0.0  # try now, whatever the backoff said
+            self._wake.notify_all()
+        if self._thread is None or not self._thread.is_alive():
+            self._drain(deadline)  # no worker (never started, or stopped): send from here
+        final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
+        return final.outcome.verdict is Delivery.DELIVERED
+
+    def stats(self) -> ReporterStats:
+        return ReporterStats(pending=len(self._pending), delivered=self._delivered,
+                             send_failures=self._send_failures, rejected=self._rejected)
+
+    @property
+    def next_sequence(self) -> int:
+        return self._next_sequence
+
+    # --- the worker thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval_s = self.options.interval_s
+        next_tick = time.monotonic() + interval_s
+        while True:
+            with self._wake:
+                if self._stopping:
+                    return
+                now = time.monotonic()
+                if now >= next_tick and self._ticking:
+                    interval, snapshot = self.tracker.close()
+                    self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+                    next_tick = max(next_tick + interval_s, now + interval_s / 2)
+                if not (self._pending and now >= self._retry_at):
+                    wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
+                    self._wake.wait(timeout=max(0.0, wake_at - now))
+                    continue
+            self._drain(deadline=None)
+
+    def _enqueue(self, pending: _Pending) -> None:
+        """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports
+        (never merging a final report into a later one: the service must see why a rank stopped)."""
+        self._pending.append(pending)
+        while len(self._pending) > self.options.max_pending_reports:
+            index = next((i for i in range(len(self._pending) - 1)
+                          if self._pending[i].report is None and not self._pending[i].final), None)
+            if index is None:
+                return
+            earlier, later = self._pending[index], self._pending[index + 1]
+            merged = _Pending(merge_intervals(earlier.interval, later.interval), later.counters, later.final_reason,
+                              outcome=later.outcome)
+            del self._pending[index]
+            self._pending[index] = merged
+
+    def _drain(self, deadline: float | None) -> None:
+        """Send pending reports in order until one fails (then back off) or none are left."""
+        while deadline is None or time.monotonic() < deadline:
+            with self._wake:
+                if not self._pending:
+                    return
+                head = self._pending[0]
+                if head.report is None:
+                    head.report = self._build(head)
+            verdict = self._send(head.report)
+            with self._wake:
+                if verdict is Delivery.RETRY:
+                    self._send_failures += 1
+                    delay = self._backoff_s * random.uniform(0.5, 1.0)  # jitter: ranks don't retry in lockstep
+                    self._backoff_s = min(self._backoff_s * 2, self.options.backoff_max_s)
+                    self._retry_at = time.monotonic() + delay
+                    if self._reachable:
+                        log.warning("capwatch service unreachable at %s; buffering reports", self.options.reports_url)
+                        self._reachable = False
+                    return
+                self._pending.popleft()
+                if verdict is Delivery.DELIVERED:
+                    self._delivered += 1
+                else:
+                    self._rejected += 1
+                head.outcome.verdict = verdict
+                head.outcome.done.set()
+                self._backoff_s = self.options.backoff_initial_s
+                self._retry_at = 0.0
+                if not self._reachable:
+                    log.info("capwatch service reachable again at %s", self.options.reports_url)
+                    self._reachable = True
+
+    def _build(self, pending: _Pending) -> RankReport:
+        sequence = self._next_sequence
+        self._next_sequence += 1
+        return RankReport(
+            identity=self.identity,
+            sequence=sequence,
+            sent_unix_s=time.time(),
+            config=self.config,
+            counters=pending.counters,
+            interval=pending.interval,
+            final=pending.final,
+            final_reason=pending.final_reason,
+        )

@@ -1,0 +1,99 @@
+"""Snapshots -> intervals: deltas, peaks above the cap, merging, torn snapshots."""
+
+import dataclasses
+
+import pytest
+import torch
+from pydantic import ValidationError
+
+from dispatcher.counters import DispatchCounters
+from telemetry.intervals import (
+    IntervalTracker,
+    coherent,
+    cumulative_buckets,
+    cumulative_counters,
+    interval_between,
+    merge_intervals,
+)
+from telemetry.report import RankReport
+
+from .reports import make_report
+
+CAP = 16
+
+
+def steps(counters: DispatchCounters, *runtime_tokens: int) -> None:
+    for r in runtime_tokens:
+        counters.record_step(r)
+        counters.record_dispatch(torch.tensor([r, 0]), torch.tensor([0, r]))
+
+
+def test_interval_holds_exactly_the_steps_between_two_snapshots():
+    counters = DispatchCounters(CAP, 2)
+    tracker = IntervalTracker(counters)
+    steps(counters, 3, 3, 9)
+    first, _ = tracker.close()
+    steps(counters, 5, 16, 2)
+    counters.record_overflow("local_over_runtime", "raised")
+    second, snapshot = tracker.close()
+
+    assert first.runtime_tokens_histogram == [(3, 2), (9, 1)]
+    assert (first.forward_steps, first.dispatch_calls, first.peak_runtime_tokens) == (3, 3, 9)
+    assert second.runtime_tokens_histogram == [(2, 1), (5, 1), (16, 1)]
+    assert second.peak_runtime_tokens == 16
+    assert [(e.kind, e.outcome, e.count) for e in second.overflow_events] == [("local_over_runtime", "raised", 1)]
+    assert first.end_unix_s == second.start_unix_s
+    assert tracker.last_interval == second
+    assert snapshot.forward_steps == 6 and snapshot.max_runtime_tokens == 16
+
+
+def test_peak_above_the_cap_is_exact_when_the_interval_raised_the_max_else_cap_plus_one():
+    counters = DispatchCounters(CAP, 2)
+    tracker = IntervalTracker(counters)
+    steps(counters, 4, 40)
+    first, _ = tracker.close()
+    steps(counters, 20)  # above the cap, below the running max 40: only "more than the cap" is known
+    second, _ = tracker.close()
+    assert first.runtime_tokens_histogram == [(4, 1), (CAP + 1, 1)]
+    assert first.peak_runtime_tokens == 40
+    assert second.peak_runtime_tokens == CAP + 1
+    tracker.close()
+    assert tracker.last_interval.forward_steps == 0 and tracker.last_interval.peak_runtime_tokens == 0
+
+
+def test_merged_interval_adds_steps_and_keeps_the_peak():
+    counters = DispatchCounters(CAP, 2)
+    tracker = IntervalTracker(counters)
+    steps(counters, 3, 7)
+    counters.record_overflow("runtime_over_cap", "chunked", chunked_rounds=2)
+    first, _ = tracker.close()
+    steps(counters, 7, 12)
+    counters.record_overflow("runtime_over_cap", "chunked", chunked_rounds=2)
+    second, _ = tracker.close()
+    merged = merge_intervals(first, second)
+    assert merged.runtime_tokens_histogram == [(3, 1), (7, 2), (12, 1)]
+    assert (merged.forward_steps, merged.dispatch_calls, merged.peak_runtime_tokens) == (4, 4, 12)
+    assert [(e.kind, e.outcome, e.count) for e in merged.overflow_events] == [("runtime_over_cap", "chunked", 2)]
+    assert (merged.start_unix_s, merged.end_unix_s) == (first.start_unix_s, second.end_unix_s)
+
+
+def test_torn_snapshot_is_made_coherent_so_the_report_validates():
+    # A step landing between the copy of the scalar counters and of the histogram.
+    counters = DispatchCounters(CAP, 2)
+    steps(counters, 5, 11)
+    torn = dataclasses.replace(counters.snapshot(), forward_steps=1, max_runtime_tokens=5)
+    fixed = coherent(torn)
+    assert fixed.forward_steps == 2 and fixed.max_runtime_tokens == 11
+    previous = coherent(dataclasses.replace(torn, runtime_tokens_histogram=(0,) * (CAP + 2)))
+    report = make_report(counters=cumulative_counters(fixed), interval=interval_between(previous, fixed))
+    assert RankReport.model_validate_json(report.model_dump_json()) == report
+    with pytest.raises(ValidationError, match="forward_steps"):
+        make_report(counters=cumulative_counters(torn), interval=interval_between(previous, fixed))
+
+
+def test_prometheus_buckets_are_cumulative_and_the_sum_counts_over_cap_steps_as_cap_plus_one():
+    counters = DispatchCounters(CAP, 2)
+    steps(counters, 1, 4, 4, 16, 99)
+    counts, total = cumulative_buckets(counters.snapshot(), (1.0, 4.0, 15.0, 16.0))
+    assert counts == [1, 3, 3, 4]
+    assert total == 1 + 4 + 4 + 16 + (CAP + 1)

@@ -1,0 +1,219 @@
+"""The reporter against a real HTTP peer (tests/telemetry/sink.py), counters driven in this thread."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from dispatcher.counters import DispatchCounters
+from telemetry.report import RankIdentity
+from telemetry.rank import rank_config
+from telemetry.reporter import Delivery, RankReporter, ReporterOptions, classify_status, new_boot_id
+
+from .sink import ReportSink
+
+CAP = 32
+EP_SIZE = 2
+
+
+@pytest.fixture
+def sink():
+    sink = ReportSink().start()
+    yield sink
+    sink.release.set()
+    sink.stop()
+
+
+def make_reporter(sink: ReportSink, counters: DispatchCounters, **options) -> RankReporter:
+    identity = RankIdentity(cluster="unit", ep_rank=1, ep_size=EP_SIZE, boot_id=new_boot_id())
+    config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=8, top_k=2, num_experts=4, backend="torch")
+    defaults = dict(interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1, request_timeout_s=1.0)
+    return RankReporter(counters, identity, config, ReporterOptions(sink.url, **(defaults | options)))
+
+
+def dispatch(counters: DispatchCounters, runtime_tokens: int) -> None:
+    counters.record_step(runtime_tokens)
+    counters.record_dispatch(torch.tensor([runtime_tokens, 1]), torch.tensor([1, runtime_tokens]))
+
+
+def wait_for(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        time.sleep(0.01)
+
+
+def assert_exactly_once(sink: ReportSink, reporter: RankReporter, counters: DispatchCounters,
+                        final_reasons: tuple[str, ...] = ("shutdown",)) -> list:
+    """One boot, sequences 0..n without gaps, a final report last, and the intervals add up to the counters."""
+    (reports,) = sink.by_boot().values()
+    assert [r.sequence for r in reports] == list(range(len(reports))) == list(range(reporter.next_sequence))
+    assert reports[-1].final and tuple(r.final_reason for r in reports if r.final) == final_reasons
+    snapshot = counters.snapshot()
+    histogram: dict[int, int] = {}
+    for report in reports:
+        for runtime_tokens, steps in report.interval.runtime_tokens_histogram:
+            histogram[runtime_tokens] = histogram.get(runtime_tokens, 0) + steps
+    assert sum(r.interval.forward_steps for r in reports) == snapshot.forward_steps
+    assert sum(r.interval.dispatch_calls for r in reports) == snapshot.dispatch_calls
+    assert histogram == {r: n for r, n in enumerate(snapshot.runtime_tokens_histogram) if n}
+    assert reports[-1].counters.tokens_sent == snapshot.tokens_sent
+    assert max(r.interval.peak_runtime_tokens for r in reports) == snapshot.max_runtime_tokens
+    for earlier, later in zip(reports, reports[1:]):
+        assert earlier.interval.end_unix_s <= later.interval.start_unix_s + 1e-6
+    return reports
+
+
+def test_reports_arrive_in_order_and_add_up_to_what_was_dispatched(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters).start()
+    for step in range(300):
+        dispatch(counters, 1 + step % CAP)
+        if step % 50 == 0:
+            time.sleep(0.06)  # let a few intervals close mid-run
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters)
+    assert len(reports) >= 3
+    assert reports[-1].final_reason == "shutdown"
+    assert sink.duplicates == 0 and reporter.stats().delivered == len(reports)
+
+
+def test_service_down_costs_memory_bounded_by_merging_and_loses_nothing(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters, max_pending_reports=4).start()
+    dispatch(counters, 3)
+    wait_for(lambda: sink.reports)
+    sink.stop()
+    peak_pending = 0
+    deadline = time.monotonic() + 1.0  # ~20 intervals while the service is down
+    step = 0
+    while time.monotonic() < deadline:
+        dispatch(counters, 1 + step % (CAP + 4))  # some steps above the cap, too
+        step += 1
+        peak_pending = max(peak_pending, reporter.stats().pending)
+        time.sleep(0.002)
+    stats = reporter.stats()
+    assert stats.send_failures > 0
+    assert 2 <= peak_pending <= 4
+    sink.start()  # same port
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters)
+    # 20 intervals went into at most 4 reports; merged ones span several intervals.
+    assert len(reports) < 20
+    assert max(r.interval.end_unix_s - r.interval.start_unix_s for r in reports) > 0.1
+
+
+def test_a_lost_response_is_retried_with_the_same_sequence_and_counted_once(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.responses_to_lose = 2
+    reporter = make_reporter(sink, counters).start()
+    for step in range(50):
+        dispatch(counters, 5)
+    wait_for(lambda: sink.duplicates >= 2)
+    assert reporter.close("shutdown", timeout_s=10)
+    assert_exactly_once(sink, reporter, counters)
+    assert sink.duplicates == 2
+    assert reporter.stats().send_failures >= 2
+
+
+def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_its_timeout(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.hang.set()
+    reporter = make_reporter(sink, counters, request_timeout_s=30.0).start()
+    wait_for(lambda: reporter.stats().pending >= 1 and reporter.next_sequence == 1)  # a POST is stuck
+    for _ in range(500):  # the dispatch never touches the reporter: all of these complete
+        dispatch(counters, 7)
+    assert counters.snapshot().forward_steps == 500
+    started = time.monotonic()
+    assert reporter.flush_final("dying", timeout_s=0.3) is False
+    assert time.monotonic() - started < 5
+    sink.release.set()  # the service answers again: everything, final included, arrives once
+    assert reporter.close("shutdown", timeout_s=10)
+    assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
+
+
+def test_a_final_report_is_never_merged_away_while_the_buffer_is_full(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.stop()  # refused: the reporter keeps cutting intervals and retrying
+    reporter = make_reporter(sink, counters, interval_s=0.02, max_pending_reports=3).start()
+    wait_for(lambda: reporter.stats().send_failures >= 1)
+    dispatch(counters, 11)
+    assert reporter.flush_final("dying", timeout_s=0.05) is False
+    for step in range(30):  # ~15 more intervals pile up behind it and get merged
+        dispatch(counters, 1 + step)
+        time.sleep(0.01)
+    assert reporter.stats().pending <= 3
+    sink.start()
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
+    assert len(reports) <= 4
+
+
+def test_flush_final_without_the_thread_sends_inline_and_a_surviving_rank_reports_on(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters)
+    dispatch(counters, 9)
+    assert reporter.flush_final("overflow", timeout_s=5)
+    dispatch(counters, 4)  # the error was caught; the rank goes on
+    assert reporter.flush_final("shutdown", timeout_s=5)
+    (reports,) = sink.by_boot().values()
+    assert [(r.sequence, r.final_reason, r.interval.forward_steps) for r in reports] == [
+        (0, "overflow", 1), (1, "shutdown", 1)]
+    assert reports[1].counters.forward_steps == 2
+
+
+def test_after_a_final_report_a_rank_that_survives_keeps_reporting(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters).start()
+    dispatch(counters, 40)
+    assert reporter.flush_final("overflow", timeout_s=5)
+    after_final = reporter.next_sequence
+    dispatch(counters, 6)
+    wait_for(lambda: any(r.sequence >= after_final and r.interval.forward_steps for r in sink.reports.values()))
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "shutdown"))
+    assert reports[-1].counters.forward_steps == 2
+
+
+def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
+    sink = ReportSink(bearer_token="s3cret").start()
+    try:
+        counters = DispatchCounters(CAP, EP_SIZE)
+        wrong = make_reporter(sink, counters, bearer_token="nope").start()
+        wait_for(lambda: sink.unauthorized >= 2)
+        assert wrong.stats().rejected == 0 and wrong.stats().pending >= 1 and not sink.reports
+        wrong.close()
+        right = make_reporter(sink, counters, bearer_token="s3cret")
+        dispatch(counters, 4)
+        assert right.flush_final("done", timeout_s=5)
+        assert len(sink.reports) == 1
+    finally:
+        sink.stop()
+
+
+@pytest.mark.parametrize("status, verdict", [
+    (200, Delivery.DELIVERED), (202, Delivery.DELIVERED), (500, Delivery.RETRY), (503, Delivery.RETRY),
+    (429, Delivery.RETRY), (401, Delivery.RETRY), (400, Delivery.REJECTED), (413, Delivery.REJECTED),
+    (422, Delivery.REJECTED),
+])
+def test_status_classification(status, verdict):
+    assert classify_status(status) is verdict
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(service_url="127.0.0.1:8000"), "must look like http://host:port"),
+    (dict(service_url="ftp://x"), "must look like"),
+    (dict(service_url="http://x", interval_s=0), "interval_s must be > 0"),
+    (dict(service_url="http://x", max_pending_reports=2), "max_pending_reports must be >= 3"),
+    (dict(service_url="http://x", backoff_initial_s=5, backoff_max_s=1), "backoff_max_s"),
+])
+def test_bad_options_are_refused_with_what_to_fix(options, message):
+    with pytest.raises(ValueError, match=message):
+        ReporterOptions(**options)
+
+
+def test_counters_that_do_not_match_the_config_are_refused(sink):
+    with pytest.raises(ValueError, match="do not match"):
+        make_reporter(sink, DispatchCounters(CAP * 2, EP_SIZE))
