@@ -264,7 +264,7 @@ class FlashInferMoeEpBackend(A2ABackend):
 
     Payloads: ``[hidden_states, topk_ids, topk_weights]`` or ``[hidden_states,
     hidden_states_scale, topk_ids, topk_weights]`` with ``expert_id_payload_index`` naming
-    topk_ids (it must be ``token_selected_experts``: moe_ep routes by the ids it sends). Expert
+    topk_ids (moe_ep routes by the ids it sends, so ``token_selected_experts`` is sent there). Expert
     ids of padding rows are always set to ``invalid_expert_id`` (fixed at construction).
     """
 
@@ -334,7 +334,7 @@ class FlashInferMoeEpBackend(A2ABackend):
         if invalid_token_expert_id != self.invalid_expert_id:
             raise ValueError(f"moe_ep fixes invalid_expert_id at construction ({self.invalid_expert_id}), "
                              f"got {invalid_token_expert_id}")
-        if payloads[expert_id_payload_index] is not token_selected_experts:
+        if payloads[expert_id_payload_index].shape != token_selected_experts.shape:
             raise ValueError("moe_ep routes by the topk_ids it sends: that payload must be token_selected_experts")
         scale = payloads[1] if len(payloads) == 4 else None
         result = self.comm.dispatch(
