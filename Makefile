@@ -21,6 +21,8 @@ setup: $(BIN)/capwatch
 # The tests also check the FlashInfer adapters against the real package (import level, no GPU).
 $(VENV)/.test-deps: $(BIN)/capwatch
 	$(BIN)/pip install -q -c constraints.txt -e ".[all,flashinfer]"
+	# 0.7.4 cannot share a venv with 0.7.2.post1: its wheel is checked from source (ast), unpacked.
+	$(BIN)/pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
 	touch $@
 
 system-deps:
@@ -33,4 +35,4 @@ demo: setup
 	$(BIN)/capwatch plan --model deepseek-v3 --ep-size 8 --cap 1024 --cap 4096 --cap 16384
 
 test: $(VENV)/.test-deps system-deps
-	$(BIN)/python -m pytest
+	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 $(BIN)/python -m pytest

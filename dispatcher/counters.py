@@ -74,8 +74,8 @@ class DispatchCounters:
     """All counters live in one flat int64 tensor (one host copy per snapshot); the public
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
-    a step pays, so a step is one ``index_add_`` (plus a ``clamp_`` when R sets a new max) and a
-    dispatch one ``_foreach_add_``. ``values[TOKENS_SENT]`` and ``values[TOKENS_RECEIVED]`` stay
+    a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
+    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. ``values[TOKENS_SENT]`` and ``values[TOKENS_RECEIVED]`` stay
     0: the snapshot's totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
@@ -106,11 +106,12 @@ class DispatchCounters:
         # their sums, taken at snapshot time: fewer kernels on the hot path.
         self._dispatch_targets = [self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1],
                                   self.tokens_sent_per_rank, self.tokens_received_per_rank]
+        # One step adds 1 at [FORWARD_STEPS, its histogram bin]: a row of this table per bin.
         self._step_increment = torch.ones(2, **options)
         self._step_index_table = torch.tensor(
             [[Field.FORWARD_STEPS, histogram_offset + bin_] for bin_ in range(cap + 2)], **options
         )
-        self._step_index_views: dict[int, torch.Tensor] = {}
+        self._step_indices: dict[int, torch.Tensor] = {}
         self._host_max_runtime_tokens = 0
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
@@ -118,13 +119,20 @@ class DispatchCounters:
     def record_step(self, runtime_tokens: int) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
         bin_ = min(runtime_tokens, self.cap + 1)
-        index = self._step_index_views.get(bin_)
-        if index is None:  # a view, made once per bin (no kernel, so capture-safe)
-            index = self._step_index_views[bin_] = self._step_index_table[bin_]
+        index = self._step_indices.get(bin_)
+        if index is None:  # a view, made once per bin: no kernel, so capture-safe
+            index = self._step_indices[bin_] = self._step_index_table[bin_]
         self._state.index_add_(0, index, self._step_increment)
-        # R is a host int, so the host knows when the max can grow: one kernel fewer per step.
-        # A clamp recorded during graph capture runs only at replay, so capture never lowers the
-        # bar for later eager steps.
+        self._raise_max(runtime_tokens)
+
+    def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
+        """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
+        torch._foreach_add_(self._dispatch_targets, [self._one, send_counts, recv_counts])
+
+    def _raise_max(self, runtime_tokens: int) -> None:
+        # R is a host int, so the host knows when the max can grow: no kernel on most steps.
+        # A clamp recorded during graph capture runs only at replay, so capture never raises the
+        # host's bar for later eager steps.
         if runtime_tokens > self._host_max_runtime_tokens:
             self._max_runtime_tokens.clamp_(min=runtime_tokens)
             if not self._capturing():
@@ -132,10 +140,6 @@ class DispatchCounters:
 
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-
-    def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
-        """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
-        torch._foreach_add_(self._dispatch_targets, [self._one, send_counts, recv_counts])
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
         self.values[overflow_field(kind, outcome)].add_(1)

@@ -161,13 +161,14 @@ class InstrumentedDispatcher:
     ) -> list[torch.Tensor]:
         """Guarded ``backend.dispatch``; ``R > cap`` always raises here (chunking needs :meth:`run`)."""
         runtime_tokens, local_tokens = runtime_max_tokens_per_rank, token_selected_experts.shape[0]
-        self._record_step(runtime_tokens)
-        self._check_local(runtime_tokens, local_tokens)
-        if runtime_tokens > self.cap:
+        if local_tokens > runtime_tokens or runtime_tokens > self.cap:
+            self._record_step(runtime_tokens)  # an overflowing step still lands in the histogram
+            self._check_local(runtime_tokens, local_tokens)
             self._overflow("runtime_over_cap", "raised", runtime_tokens, local_tokens)
         received = self.backend.dispatch(
             token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
         )
+        self._record_step(runtime_tokens)
         self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
         return received
 
