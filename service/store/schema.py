@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS ranks (
     PRIMARY KEY (cluster, role, ep_rank)
 );
 
--- Rank states are derived from the reports: checkpointed every second or so, and on start the
+-- Rank states are derived from the reports: checkpointed every few seconds, and on start the
 -- reports after the checkpoint are replayed, so a batch commit does not re-serialise every rank.
 CREATE TABLE IF NOT EXISTS checkpoint (
     id INTEGER PRIMARY KEY CHECK (id = 0),

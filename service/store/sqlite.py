@@ -46,7 +46,7 @@ class StoreOptions:
     retention_s: float = 2 * 86_400.0
     maintenance_interval_s: float = 30.0
     max_batch_reports: int = 1024
-    checkpoint_interval_s: float = 1.0
+    checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
     policy: AdvisorPolicy = AdvisorPolicy()
 
 
