@@ -357,12 +357,12 @@ def run_demo(options: DemoOptions) -> int:
     try:
         group.start()
         _show_progress(group, workload, err)
-        if group.error is not None:
-            raise CommandError(f"the rank processes failed: {group.error}")
         if group.raised or options.hold_s == 0:
             group.wait(60)  # the ranks are closing their telemetry; an overflow skips the hold
-        if group.error is not None:
-            raise CommandError(f"the rank processes failed: {group.error}")
+        if group.error is not None:  # a crash, not a usage error: exit 1 with the rank's own traceback
+            err.quiet = False
+            err.print(f"capwatch demo: the rank processes failed: {group.error}", markup=False, style="red")
+            return 1
         advice = fetch_advice(service_url, options.cluster, "target", timeout=30.0)[0]
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
