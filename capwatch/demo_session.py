@@ -32,6 +32,8 @@ DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
 DEFAULT_STEPS = 1200
+DEFAULT_RANKS = 4
+DEFAULT_POLICY = "chunk"  # the demo always ends with advice; --overflow-policy raise shows the crash
 REPORT_INTERVAL_S = 0.5
 STEP_INTERVAL_S = 0.025  # pacing of generated steps (a real decode step is ~10-50 ms)
 SERVICE_START_TIMEOUT_S = 60.0
@@ -52,7 +54,7 @@ class DemoOptions:
     cap: int = DEFAULT_CAP
     ranks: int | None = None
     steps: int | None = None
-    overflow_policy: str = "chunk"
+    overflow_policy: str = DEFAULT_POLICY
     model: str = DEFAULT_MODEL
     cluster: str = "demo"
     json: bool = False
@@ -84,7 +86,7 @@ def build_workload(options: DemoOptions) -> Workload:
             if workload.step_times_s is not None:
                 workload.step_times_s = workload.step_times_s[: options.steps]
         return workload
-    ranks = options.ranks or 4
+    ranks = options.ranks or DEFAULT_RANKS
     steps = options.steps or DEFAULT_STEPS
     spec = WorkloadSpec(ranks=ranks, steps=steps, day_steps=800, seed=options.seed,
                         hot_rank=1 if ranks > 1 else None)

@@ -39,6 +39,9 @@ def _seconds(text: str) -> float:
 
 
 def register(subparsers) -> None:
+    # Cheap: constants only (torch, FastAPI and the service load when the demo runs).
+    from capwatch.demo_session import (DEFAULT_CAP, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_POLICY,
+                                       DEFAULT_RANKS, DEFAULT_STEPS)
     from capwatch.workload import DEFAULT_MODEL
 
     parser = subparsers.add_parser(
@@ -49,22 +52,24 @@ def register(subparsers) -> None:
     parser.add_argument("--trace", type=Path, metavar="FILE",
                         help='replay JSON Lines, one step a line: {"tokens": [rank0, rank1, ...], "t": seconds} '
                              "(t optional); the number of ranks follows the trace")
-    parser.add_argument("--cap", type=_positive_int, default=4096,
-                        help="per-rank token cap the ranks run with (default: 4096, SGLang's default)")
-    parser.add_argument("--ranks", type=_positive_int, help="EP ranks to launch (default: 4, or the trace's)")
+    parser.add_argument("--cap", type=_positive_int, default=DEFAULT_CAP,
+                        help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
+    parser.add_argument("--ranks", type=_positive_int,
+                        help=f"EP ranks to launch (default: {DEFAULT_RANKS}, or the trace's)")
     parser.add_argument("--steps", type=_positive_int,
-                        help="decode steps (default: 1200 generated; with --trace, the first N steps)")
-    parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default="chunk",
+                        help=f"decode steps (default: {DEFAULT_STEPS} generated; with --trace, the first N steps)")
+    parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default=DEFAULT_POLICY,
                         help="past the cap: raise ends the demo with the dispatcher's error (exit 1); chunk splits "
-                             "the dispatch into rounds (default: chunk)")
+                             f"the dispatch into rounds (default: {DEFAULT_POLICY})")
     parser.add_argument("--model", default=DEFAULT_MODEL,
                         help=f"model preset for routing and workspace pricing (default: {DEFAULT_MODEL})")
     parser.add_argument("--cluster", default="demo", help="cluster name the ranks report under (default: demo)")
     parser.add_argument("--json", action="store_true",
                         help="print only the final advice object (as GET /v1/clusters/{cluster}/advice returns it)")
-    parser.add_argument("--port", type=_port, help="service port on 127.0.0.1 (default: 8321, or a free one)")
+    parser.add_argument("--port", type=_port,
+                        help=f"service port on 127.0.0.1 (default: {DEFAULT_PORT}, or a free one; 0: a free one)")
     parser.add_argument("--metrics-port", type=_port, metavar="B",
-                        help="rank r exports /metrics on B + r (default: 9400, or the next free block)")
+                        help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free block)")
     parser.add_argument("--hold", type=_seconds, default=0.0, metavar="SECONDS",
                         help="keep the service and the exporters up this long after the run")
     parser.add_argument("--service-url", metavar="URL",
