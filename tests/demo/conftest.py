@@ -17,14 +17,9 @@ import pytest
 from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
 from capwatch.trace import write_trace
 from capwatch.workload import Workload
+from service.launch import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def free_port_block(count: int) -> int:
