@@ -2,8 +2,9 @@
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-# Debian packages the tests drive for real: Prometheus and promtool, headless Chromium.
-SYSTEM_TOOLS := promtool prometheus chromium
+# Debian packages the tests drive for real: Prometheus and promtool, headless Chromium, and g++ to
+# compile FlashInfer's own workspace-layout C++ for the sizing cross-check.
+SYSTEM_TOOLS := promtool prometheus chromium g++
 
 .PHONY: setup system-deps demo test
 
@@ -20,16 +21,18 @@ setup: $(BIN)/capwatch
 # The tests also check the FlashInfer adapters against the real package (import level, no GPU).
 $(VENV)/.test-deps: $(BIN)/capwatch
 	$(BIN)/pip install -q -c constraints.txt -e ".[all,flashinfer]"
+	# 0.7.4 cannot share a venv with 0.7.2.post1: its wheel is checked from source (ast), unpacked.
+	$(BIN)/pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
 	touch $@
 
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus chromium; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus chromium g++; \
 	fi
 
 demo: setup
 	$(BIN)/capwatch plan --model deepseek-v3 --ep-size 8 --cap 1024 --cap 4096 --cap 16384
 
 test: $(VENV)/.test-deps system-deps
-	$(BIN)/python -m pytest
+	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 $(BIN)/python -m pytest

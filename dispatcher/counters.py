@@ -73,9 +73,10 @@ class CounterSnapshot:
 class DispatchCounters:
     """All counters live in one flat int64 tensor (one host copy per snapshot); the public
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
-    ``tokens_received_per_rank`` are views into it. Each record is two fused kernels at most:
-    a step is ``index_add_`` + ``clamp_``, a dispatch is ``cat`` + ``index_add_`` (which also
-    keeps the totals), because per-op launch cost, not arithmetic, is what a step pays."""
+    ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
+    a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
+    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. ``values[TOKENS_SENT]`` and ``values[TOKENS_RECEIVED]`` stay
+    0: the snapshot's totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -100,37 +101,45 @@ class DispatchCounters:
         self._max_runtime_tokens = self._state[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1]
         self._histogram_offset = histogram_offset
 
-        # One dispatch adds [1, send, recv, send, recv] at [calls, sent total x E, received total x E,
-        # sent per rank, received per rank]; index_add_ sums the repeated total slots.
-        self._dispatch_index = torch.tensor(
-            [Field.DISPATCH_CALLS] + [Field.TOKENS_SENT] * ep_size + [Field.TOKENS_RECEIVED] * ep_size
-            + list(range(sent_offset, histogram_offset)),
-            **options,
-        )
-        self._dispatch_increment = torch.zeros(1 + 2 * ep_size, **options)
-        self._dispatch_increment[0] = 1
-        self._one = self._dispatch_increment[:1].clone()
+        self._one = torch.ones(1, **options)
+        # What one dispatch adds to: its call count and the per-rank token counts. The totals are
+        # their sums, taken at snapshot time: fewer kernels on the hot path.
+        self._dispatch_targets = [self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1],
+                                  self.tokens_sent_per_rank, self.tokens_received_per_rank]
+        # One step adds 1 at [FORWARD_STEPS, its histogram bin]: a row of this table per bin.
         self._step_increment = torch.ones(2, **options)
         self._step_index_table = torch.tensor(
             [[Field.FORWARD_STEPS, histogram_offset + bin_] for bin_ in range(cap + 2)], **options
         )
-        self._step_index_views: dict[int, torch.Tensor] = {}
+        self._step_indices: dict[int, torch.Tensor] = {}
+        self._host_max_runtime_tokens = 0
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
 
     def record_step(self, runtime_tokens: int) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
         bin_ = min(runtime_tokens, self.cap + 1)
-        index = self._step_index_views.get(bin_)
-        if index is None:  # a view, made once per bin (no kernel, so capture-safe)
-            index = self._step_index_views[bin_] = self._step_index_table[bin_]
+        index = self._step_indices.get(bin_)
+        if index is None:  # a view, made once per bin: no kernel, so capture-safe
+            index = self._step_indices[bin_] = self._step_index_table[bin_]
         self._state.index_add_(0, index, self._step_increment)
-        self._max_runtime_tokens.clamp_(min=runtime_tokens)
+        self._raise_max(runtime_tokens)
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
-        increment = torch.cat((self._one, send_counts, recv_counts, send_counts, recv_counts))
-        self._state.index_add_(0, self._dispatch_index, increment)
+        torch._foreach_add_(self._dispatch_targets, [self._one, send_counts, recv_counts])
+
+    def _raise_max(self, runtime_tokens: int) -> None:
+        # R is a host int, so the host knows when the max can grow: no kernel on most steps.
+        # A clamp recorded during graph capture runs only at replay, so capture never raises the
+        # host's bar for later eager steps.
+        if runtime_tokens > self._host_max_runtime_tokens:
+            self._max_runtime_tokens.clamp_(min=runtime_tokens)
+            if not self._capturing():
+                self._host_max_runtime_tokens = runtime_tokens
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
         self.values[overflow_field(kind, outcome)].add_(1)
@@ -153,8 +162,8 @@ class DispatchCounters:
             taken_at=time.time(),
             dispatch_calls=values[Field.DISPATCH_CALLS],
             forward_steps=values[Field.FORWARD_STEPS],
-            tokens_sent=values[Field.TOKENS_SENT],
-            tokens_received=values[Field.TOKENS_RECEIVED],
+            tokens_sent=sum(sent),
+            tokens_received=sum(received),
             max_runtime_tokens=values[Field.MAX_RUNTIME_TOKENS],
             chunked_rounds=values[Field.CHUNKED_ROUNDS],
             overflow_events={

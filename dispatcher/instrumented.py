@@ -21,6 +21,7 @@ A ``local > R`` overflow is always raised: the other ranks cannot know about it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -54,21 +55,19 @@ class OverflowEvent:
 
     @property
     def message(self) -> str:
+        where = f"[{self.role} dispatcher, EP rank {self.ep_rank}/{self.ep_size}]"
+        set_cap = f"{CAP_ENV_VAR}={self.suggested_cap}"
         if self.kind == "runtime_over_cap":
-            problem = (
-                f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank "
-                f"(runtime_max_tokens_per_rank) but the per-rank cap is {self.cap}"
-            )
-        else:
-            problem = (
-                f"MoE A2A dispatch on EP rank {self.ep_rank} has {self.local_tokens} local tokens but "
-                f"runtime_max_tokens_per_rank is {self.runtime_max_tokens_per_rank} (cap {self.cap}): "
-                "they would overwrite other ranks' slots. R must be the largest local batch over all "
-                f"ranks, so {self.tokens_needed} tokens are needed"
+            return (
+                f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank (runtime_max_tokens_per_rank) "
+                f"but the per-rank cap is {self.cap}. Set {set_cap} (or more) to hold {self.tokens_needed} "
+                f"tokens, or let InstrumentedDispatcher.run() chunk the step (overflow_policy='chunk'). {where}"
             )
         return (
-            f"{problem}. Set {CAP_ENV_VAR}={self.suggested_cap} (or more) to hold {self.tokens_needed} "
-            f"tokens, or use overflow_policy='chunk'. [{self.role} dispatcher, rank {self.ep_rank}/{self.ep_size}]"
+            f"MoE A2A dispatch has {self.local_tokens} local tokens but runtime_max_tokens_per_rank is "
+            f"{self.runtime_max_tokens_per_rank} (cap {self.cap}): they would overwrite other ranks' slots. "
+            f"Pass R >= {self.tokens_needed}, the largest local batch over all ranks; {self.tokens_needed} "
+            f"tokens per rank need {set_cap} (or more) if the cap is smaller. {where}"
         )
 
 
@@ -86,8 +85,11 @@ class InstrumentedDispatcher:
     """Wraps a backend; counts each step's geometry on the device, guards the cap.
 
     ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records
-    the forward step; all of them record their dispatches. ``on_overflow``: callbacks run with
-    the :class:`OverflowEvent` after it is counted and before anything is raised.
+    the forward step; all of them record their dispatches. The step is recorded before the
+    guards, so a step that overflows still lands in the R histogram (bin ``cap + 1``).
+    ``on_overflow``: callbacks run with the :class:`OverflowEvent` after it is counted and
+    before anything is raised; a callback's own exception is attached to the overflow error as
+    a note (or warned, when chunking), never raised in its place.
     """
 
     def __init__(
@@ -135,6 +137,8 @@ class InstrumentedDispatcher:
             for failure in failures:
                 error.add_note(failure)
             raise error
+        for failure in failures:
+            warnings.warn(failure, RuntimeWarning, stacklevel=3)
         return event
 
     def _check_local(self, runtime_tokens: int, local_tokens: int) -> None:
@@ -157,13 +161,14 @@ class InstrumentedDispatcher:
     ) -> list[torch.Tensor]:
         """Guarded ``backend.dispatch``; ``R > cap`` always raises here (chunking needs :meth:`run`)."""
         runtime_tokens, local_tokens = runtime_max_tokens_per_rank, token_selected_experts.shape[0]
-        self._record_step(runtime_tokens)
-        self._check_local(runtime_tokens, local_tokens)
-        if runtime_tokens > self.cap:
+        if local_tokens > runtime_tokens or runtime_tokens > self.cap:
+            self._record_step(runtime_tokens)  # an overflowing step still lands in the histogram
+            self._check_local(runtime_tokens, local_tokens)
             self._overflow("runtime_over_cap", "raised", runtime_tokens, local_tokens)
         received = self.backend.dispatch(
             token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
         )
+        self._record_step(runtime_tokens)
         self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
         return received
 

@@ -76,10 +76,18 @@ MODEL_ALIASES: dict[str, str] = {
 }
 
 
-def _normalise(name: str) -> str:
-    # "deepseek-ai/DeepSeek-V3", "DeepSeek_V3", "Qwen3-235B-A22B-Instruct-2507" all reduce to a key.
+_SUFFIX = re.compile(r"-(instruct|thinking|base|chat|fp8|bf16|\d{4}|v\d+\.\d+)$")
+
+
+def _candidates(name: str):
+    """``"mistralai/Mixtral-8x7B-Instruct-v0.1"`` -> mixtral-8x7b-instruct-v0.1, mixtral-8x7b-instruct, ..."""
     key = name.strip().lower().rsplit("/", 1)[-1].replace("_", "-").replace(" ", "-")
-    return re.sub(r"-(instruct|thinking|base|fp8)(-\d+)?$", "", key) if key not in MODEL_ALIASES else key
+    while True:
+        yield key
+        stripped = _SUFFIX.sub("", key)
+        if stripped == key:
+            return
+        key = stripped
 
 
 def known_model_names() -> list[str]:
@@ -88,11 +96,11 @@ def known_model_names() -> list[str]:
 
 def model_geometry(name: str) -> ModelGeometry:
     """The preset called ``name`` (case-insensitive; HF repo ids and common aliases work)."""
-    key = _normalise(name)
-    canonical = MODEL_ALIASES.get(key, key)
-    if canonical not in MODEL_PRESETS:
-        raise SizingError(
-            f"unknown model {name!r}; known: {', '.join(known_model_names())} "
-            "(or give --hidden-size, --top-k and --num-experts)"
-        )
-    return MODEL_PRESETS[canonical]
+    for key in _candidates(name):
+        canonical = MODEL_ALIASES.get(key, key)
+        if canonical in MODEL_PRESETS:
+            return MODEL_PRESETS[canonical]
+    raise SizingError(
+        f"unknown model {name!r}; known: {', '.join(known_model_names())} "
+        "(or give --hidden-size, --top-k and --num-experts)"
+    )

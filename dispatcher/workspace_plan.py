@@ -119,6 +119,9 @@ def plan_workspace(
             f"SGLang's dispatcher calls flashinfer.comm.MoeAlltoAll, which flashinfer {version.version} "
             "removed; pick a version <= 0.7.2.post1 for --mode sglang/sglang-legacy"
         )
+    if mode != "flashinfer" and eplb_stats_num_experts:
+        raise SizingError("SGLang's dispatcher reserves no EPLB stats region: drop --eplb-stats-experts "
+                          "or use --mode flashinfer")
     if draft and mode != "sglang":
         raise SizingError("draft sizing (+128 B namespace) exists only in SGLang's dispatcher: use --mode sglang")
     if (lamport_max_tokens or cft) and version.layout == LAYOUT_MOE_A2A:

@@ -112,3 +112,13 @@ def runtime_token_buckets(cap: int) -> tuple[float, ...]:
     so everything in +Inf above it is an overflow."""
     bounds = sorted({max(1, round(cap * fraction)) for fraction in RUNTIME_TOKEN_BUCKET_FRACTIONS} | {cap})
     return tuple(float(bound) for bound in bounds)
+
+
+def markdown_table() -> str:
+    """The catalogue as the Markdown table in docs/telemetry.md (a test keeps the two equal)."""
+    rows = ["| metric | type | unit | labels | meaning |", "|---|---|---|---|---|"]
+    for spec in METRICS:
+        extra = [label for label in spec.labels if label not in RANK_LABELS]
+        labels = ", ".join(("rank labels", *extra))
+        rows.append(f"| `{spec.name}` | {spec.type} | {spec.unit or '-'} | {labels} | {spec.help} |")
+    return "\n".join(rows) + "\n"

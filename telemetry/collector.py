@@ -7,7 +7,6 @@ turns it into the series of the catalogue. Names, help and labels come from ``ca
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,14 +22,7 @@ from telemetry import catalogue
 from telemetry.catalogue import MetricSpec
 from telemetry.intervals import IntervalTracker, cumulative_buckets
 from telemetry.report import RankConfig, RankIdentity
-
-
-@dataclass(frozen=True)
-class ReporterStats:
-    pending: int = 0
-    delivered: int = 0
-    send_failures: int = 0
-    rejected: int = 0
+from telemetry.reporter import ReporterStats
 
 
 def _base_name(spec: MetricSpec) -> str:

@@ -11,7 +11,7 @@ Wiring a rank (the demo copies this)::
                               reporter=ReporterOptions(service_url="http://127.0.0.1:8000")).start()
     dispatcher.on_overflow.append(telemetry.on_overflow)  # final report before a raise kills the rank
     ...
-    telemetry.close()
+    telemetry.close()  # a final report ("shutdown"), then the threads stop
 """
 
 from __future__ import annotations
@@ -113,9 +113,11 @@ class RankTelemetry:
         if event.outcome == "raised" and self.reporter is not None:
             self.reporter.flush_final(event.message, timeout_s=self.final_report_timeout_s)
 
-    def close(self, timeout_s: float = 2.0) -> None:
+    def close(self, final_reason: str | None = "shutdown", timeout_s: float = 2.0) -> None:
+        """Send a final report (so the service knows the rank left on purpose) within ``timeout_s``,
+        then stop the reporter and the exporter."""
         if self.reporter is not None:
-            self.reporter.close(timeout_s)
+            self.reporter.close(final_reason, timeout_s)
         self.exporter.close()
 
     def __enter__(self) -> "RankTelemetry":

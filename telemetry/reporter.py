@@ -9,7 +9,9 @@ retries, so the service can drop a duplicate; sequences are assigned when a repo
 sent, so the service sees 0, 1, 2, ... without gaps.
 
 The one blocking call is ``flush_final``: the dispatcher's raise path calls it just before the
-rank dies, and it waits at most ``timeout_s`` for the final report to be accepted.
+rank dies, and it waits at most ``timeout_s`` for the final report to be accepted. If the rank
+survives after all (someone caught the error), reporting simply goes on: a later report
+supersedes the final one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dispatcher.counters import DispatchCounters
-from telemetry.collector import ReporterStats
 from telemetry.intervals import IntervalTracker, cumulative_counters, merge_intervals
 from telemetry.report import CumulativeCounters, Interval, RankConfig, RankIdentity, RankReport
 
@@ -70,6 +71,14 @@ class ReporterOptions:
     @property
     def reports_url(self) -> str:
         return self.service_url.rstrip("/") + REPORTS_PATH
+
+
+@dataclass(frozen=True)
+class ReporterStats:
+    pending: int = 0  # reports buffered, the one in flight included
+    delivered: int = 0
+    send_failures: int = 0  # attempts that will be retried
+    rejected: int = 0  # refused for good (4xx other than auth)
 
 
 class Delivery(enum.Enum):
@@ -115,13 +124,18 @@ class HttpReportSender:
 
 
 @dataclass
+class _Outcome:
+    done: threading.Event = field(default_factory=threading.Event)  # accepted or refused for good
+    verdict: Delivery | None = None
+
+
+@dataclass
 class _Pending:
     interval: Interval
     counters: CumulativeCounters
     final_reason: str | None = None
     report: RankReport | None = None  # built, with its sequence, on the first attempt; reused on retries
-    done: threading.Event = field(default_factory=threading.Event)  # accepted or refused for good
-    verdict: Delivery | None = None
+    outcome: _Outcome = field(default_factory=_Outcome)  # shared with whatever it gets merged into
 
     @property
     def final(self) -> bool:
@@ -154,7 +168,7 @@ class RankReporter:
         self._retry_at = 0.0
         self._backoff_s = options.backoff_initial_s
         self._stopping = False
-        self._final: _Pending | None = None
+        self._ticking = True
         self._thread: threading.Thread | None = None
         self._delivered = self._send_failures = self._rejected = 0
         self._reachable = True
@@ -168,33 +182,36 @@ class RankReporter:
             self._thread.start()
         return self
 
-    def close(self, timeout_s: float = 2.0) -> None:
-        """Stop the thread; reports not accepted within ``timeout_s`` are dropped with the process."""
+    def close(self, final_reason: str | None = None, timeout_s: float = 2.0) -> bool | None:
+        """Stop cutting intervals; with ``final_reason``, send the last one as a final report; stop
+        the thread. Within ``timeout_s`` in all; whatever is not accepted by then is dropped.
+        Returns whether the final report was accepted (None without one)."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
+            self._ticking = False  # nothing may follow the final report
+        delivered = self.flush_final(final_reason, timeout_s) if final_reason else None
+        with self._wake:
             self._stopping = True
-            self._retry_at = 0.0
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        return delivered
 
     def flush_final(self, reason: str, timeout_s: float = 2.0) -> bool:
-        """Close the interval now and send it as the final report, after any still pending;
-        wait at most ``timeout_s``. True when the service accepted it. Later calls are no-ops."""
+        """Close the interval now and send it as a final report, after any still pending;
+        wait at most ``timeout_s``. True when the service accepted it."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
-            if self._final is None:
-                interval, snapshot = self.tracker.close()
-                self._final = _Pending(interval, cumulative_counters(snapshot),
-                                       final_reason=reason[:MAX_FINAL_REASON_CHARS] or "final")
-                self._enqueue(self._final)
-                self._retry_at = 0.0  # try now, whatever the backoff said
-                self._wake.notify_all()
-            final = self._final
+            interval, snapshot = self.tracker.close()
+            final = _Pending(interval, cumulative_counters(snapshot),
+                             final_reason=reason[:MAX_FINAL_REASON_CHARS] or "final")
+            self._enqueue(final)
+            self._retry_at = 0.0  # try now, whatever the backoff said
+            self._wake.notify_all()
         if self._thread is None or not self._thread.is_alive():
-            self._drain(deadline)  # no worker (never started or stopped): send from here
-        final.done.wait(max(0.0, deadline - time.monotonic()))
-        return self._final.verdict is Delivery.DELIVERED
+            self._drain(deadline)  # no worker (never started, or stopped): send from here
+        final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
+        return final.outcome.verdict is Delivery.DELIVERED
 
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
@@ -214,28 +231,28 @@ class RankReporter:
                 if self._stopping:
                     return
                 now = time.monotonic()
-                if now >= next_tick and self._final is None:
+                if now >= next_tick and self._ticking:
                     interval, snapshot = self.tracker.close()
                     self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
                     next_tick = max(next_tick + interval_s, now + interval_s / 2)
                 if not (self._pending and now >= self._retry_at):
-                    wake_at = next_tick if self._final is None else float("inf")
-                    if self._pending:
-                        wake_at = min(wake_at, self._retry_at)
-                    self._wake.wait(timeout=None if wake_at == float("inf") else max(0.0, wake_at - now))
+                    wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
+                    self._wake.wait(timeout=max(0.0, wake_at - now))
                     continue
             self._drain(deadline=None)
 
     def _enqueue(self, pending: _Pending) -> None:
-        """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports."""
+        """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports
+        (never merging a final report into a later one: the service must see why a rank stopped)."""
         self._pending.append(pending)
         while len(self._pending) > self.options.max_pending_reports:
-            index = next(i for i, item in enumerate(self._pending) if item.report is None)
+            index = next((i for i in range(len(self._pending) - 1)
+                          if self._pending[i].report is None and not self._pending[i].final), None)
+            if index is None:
+                return
             earlier, later = self._pending[index], self._pending[index + 1]
             merged = _Pending(merge_intervals(earlier.interval, later.interval), later.counters, later.final_reason,
-                              done=later.done)
-            if later is self._final:
-                self._final = merged
+                              outcome=later.outcome)
             del self._pending[index]
             self._pending[index] = merged
 
@@ -264,8 +281,8 @@ class RankReporter:
                     self._delivered += 1
                 else:
                     self._rejected += 1
-                head.verdict = verdict
-                head.done.set()
+                head.outcome.verdict = verdict
+                head.outcome.done.set()
                 self._backoff_s = self.options.backoff_initial_s
                 self._retry_at = 0.0
                 if not self._reachable:

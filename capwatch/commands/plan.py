@@ -34,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     geometry.add_argument("--hidden-size", metavar="H", help="hidden size of the tokens dispatched")
     geometry.add_argument("--top-k", metavar="K", help="routed experts per token")
     geometry.add_argument("--num-experts", metavar="E", help="routed experts in the model")
-    parser.add_argument("--ep-size", metavar="N", required=True, help="ranks in the expert-parallel group")
+    parser.add_argument("--ep-size", metavar="N", help="ranks in the expert-parallel group")
     parser.add_argument("--cap", metavar="CAPS", action="append",
                         help="per-rank cap(s): N, N,M,... or START:STOP[:STEP] (repeatable)")
     parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB")
@@ -123,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
     if args.mode not in MODES:
         raise SizingError(f"unknown --mode {args.mode!r}; choose one of {', '.join(MODES)}")
+    if args.ep_size is None:
+        raise SizingError("give --ep-size N, the ranks in the expert-parallel group")
     geometry = _geometry(args)
     options = dict(
         geometry=geometry, ep_size=_integer("--ep-size", args.ep_size),

@@ -68,10 +68,11 @@ def expert_fn(rank: int, case: MoECase, expert_weights: torch.Tensor):
 
     def compute(received: list[torch.Tensor]) -> torch.Tensor:
         x, ids, weights = received
-        out = torch.zeros(x.shape[:2] + (case.hidden,), dtype=torch.float32)
+        out = torch.zeros(x.shape[:2] + (case.hidden,), dtype=torch.float32, device=x.device)
+        weights_here = expert_weights.to(x.device)
         for expert in local:
             coefficient = (weights * (ids == expert)).sum(-1, keepdim=True)  # [ep, R, 1]
-            out += coefficient * (x.float() @ expert_weights[expert])
+            out += coefficient * (x.float() @ weights_here[expert])
         return out.to(case.dtype)
 
     return compute

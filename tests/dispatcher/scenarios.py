@@ -21,10 +21,15 @@ def _local(case: MoECase, rank: int):
     return inputs, ids, [x, ids, weights]
 
 
+def _broken_hook(event) -> None:
+    raise RuntimeError("reporter is down")
+
+
 def _dispatcher(case: MoECase, cap: int, policy: str = "raise", role: str = "target", events=None):
     backend = TorchA2ABackend(case.num_experts, case.top_k)
     counters = DispatchCounters(cap, case.ep_size, role=role)
-    hooks = [events.append] if events is not None else []
+    # A hook that fails must neither stop the one after it nor replace the overflow error.
+    hooks = [_broken_hook, events.append] if events is not None else []
     return InstrumentedDispatcher(backend, counters, cap, overflow_policy=policy, on_overflow=hooks)
 
 
@@ -57,15 +62,17 @@ def overflow_raise(rank: int, case: MoECase, cap: int, runtime_tokens: int) -> d
     dispatcher = _dispatcher(case, cap, "raise", events=events)
     try:
         dispatcher.run(ids, payloads, runtime_tokens, expert_fn(rank, case, inputs.expert_weights))
-        message = None
+        message, notes = None, []
     except CapOverflowError as error:
         message = str(error)
+        notes = getattr(error, "__notes__", [])
     # Nothing was sent, so the group and the backend are still usable.
     rows = case.runtime_max_tokens_per_rank
     ok_dispatcher = _dispatcher(case, max(cap, rows))
     after = ok_dispatcher.run(ids, payloads, rows, expert_fn(rank, case, inputs.expert_weights), INVALID_EXPERT_ID, 1)
     return {
         "message": message,
+        "notes": notes,
         "counters": _snapshot(dispatcher),
         "events": [dataclasses.asdict(event) for event in events],
         "output_after": after,
@@ -124,5 +131,9 @@ def hot_path_without_host_reads(rank: int, case: MoECase, cap: int) -> str | Non
 
 def run_all(rank: int, world_size: int, plan: dict) -> dict:
     """Run every scenario named in ``plan`` ({name: (function name, args)}) in order."""
+    import torch.distributed as dist
+
     functions = {f.__name__: f for f in (moe_step, overflow_raise, pairing, shared_layers, hot_path_without_host_reads)}
-    return {name: functions[function](rank, *args) for name, (function, args) in plan.items()}
+    results = {name: functions[function](rank, *args) for name, (function, args) in plan.items()}
+    results["group"] = (dist.get_rank(), dist.get_world_size())
+    return results

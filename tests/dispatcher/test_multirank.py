@@ -51,6 +51,11 @@ def run(request):
     return world_size, spawn_ranks(world_size, run_all, scenario_plan(world_size), timeout_s=180)
 
 
+def test_spawn_ranks_returns_each_rank_result_in_rank_order(run):
+    world_size, results = run
+    assert [result["group"] for result in results] == [(rank, world_size) for rank in range(world_size)]
+
+
 def test_dispatch_combine_matches_single_process_moe(run):
     world_size, results = run
     for name, tolerance in (("fp32", dict(rtol=1e-5, atol=1e-5)), ("bf16", dict(rtol=2e-2, atol=2e-2))):
@@ -124,6 +129,7 @@ def test_over_cap_raises_a_message_naming_cap_tokens_and_env_and_still_counts(ru
         assert [(e["kind"], e["outcome"], e["suggested_cap"]) for e in got["events"]] == [
             ("runtime_over_cap", "raised", 128)
         ]
+        assert any("reporter is down" in note for note in got["notes"])  # the failing hook, as a note
         torch.testing.assert_close(got["output_after"], results[rank]["fp32"]["output"])
 
 

@@ -126,3 +126,18 @@ def test_mountable_as_an_asgi_app():
 def test_bad_exporter_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         ExporterOptions(**options)
+
+
+def test_openmetrics_negotiation_renders_and_parses_back():
+    """Prometheus asks for OpenMetrics first: units and _total must be consistent there, too."""
+    from prometheus_client.openmetrics.exposition import generate_latest as generate_openmetrics
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
+
+    telemetry = telemetry_for(0, busy_counters(), exporter=None)
+    telemetry.tracker.close()
+    parsed = {family.name: family for family in parse_openmetrics(
+        generate_openmetrics(telemetry.exporter.registry).decode())}
+    assert parsed["moe_a2a"].type == "info"
+    assert parsed["moe_a2a_forward_steps"].type == "counter" and parsed["moe_a2a_forward_steps"].unit == "steps"
+    assert parsed["moe_a2a_runtime_tokens"].unit == "tokens"
+    assert parsed["moe_a2a_tokens_sent"].unit == ""  # the name does not end in the unit: none declared

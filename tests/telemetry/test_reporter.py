@@ -45,11 +45,12 @@ def wait_for(condition, timeout_s: float = 20.0) -> None:
         time.sleep(0.01)
 
 
-def assert_exactly_once(sink: ReportSink, reporter: RankReporter, counters: DispatchCounters) -> list:
-    """One boot, sequences 0..n without gaps, final last, and the intervals add up to the counters."""
+def assert_exactly_once(sink: ReportSink, reporter: RankReporter, counters: DispatchCounters,
+                        final_reasons: tuple[str, ...] = ("shutdown",)) -> list:
+    """One boot, sequences 0..n without gaps, a final report last, and the intervals add up to the counters."""
     (reports,) = sink.by_boot().values()
     assert [r.sequence for r in reports] == list(range(len(reports))) == list(range(reporter.next_sequence))
-    assert reports[-1].final and not any(r.final for r in reports[:-1])
+    assert reports[-1].final and tuple(r.final_reason for r in reports if r.final) == final_reasons
     snapshot = counters.snapshot()
     histogram: dict[int, int] = {}
     for report in reports:
@@ -72,8 +73,7 @@ def test_reports_arrive_in_order_and_add_up_to_what_was_dispatched(sink):
         dispatch(counters, 1 + step % CAP)
         if step % 50 == 0:
             time.sleep(0.06)  # let a few intervals close mid-run
-    assert reporter.flush_final("shutdown", timeout_s=10)
-    reporter.close()
+    assert reporter.close("shutdown", timeout_s=10)
     reports = assert_exactly_once(sink, reporter, counters)
     assert len(reports) >= 3
     assert reports[-1].final_reason == "shutdown"
@@ -98,8 +98,7 @@ def test_service_down_costs_memory_bounded_by_merging_and_loses_nothing(sink):
     assert stats.send_failures > 0
     assert 2 <= peak_pending <= 4
     sink.start()  # same port
-    assert reporter.flush_final("shutdown", timeout_s=10)
-    reporter.close()
+    assert reporter.close("shutdown", timeout_s=10)
     reports = assert_exactly_once(sink, reporter, counters)
     # 20 intervals went into at most 4 reports; merged ones span several intervals.
     assert len(reports) < 20
@@ -113,8 +112,7 @@ def test_a_lost_response_is_retried_with_the_same_sequence_and_counted_once(sink
     for step in range(50):
         dispatch(counters, 5)
     wait_for(lambda: sink.duplicates >= 2)
-    assert reporter.flush_final("shutdown", timeout_s=10)
-    reporter.close()
+    assert reporter.close("shutdown", timeout_s=10)
     assert_exactly_once(sink, reporter, counters)
     assert sink.duplicates == 2
     assert reporter.stats().send_failures >= 2
@@ -132,19 +130,51 @@ def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_i
     assert reporter.flush_final("dying", timeout_s=0.3) is False
     assert time.monotonic() - started < 5
     sink.release.set()  # the service answers again: everything, final included, arrives once
-    wait_for(lambda: reporter.stats().pending == 0)
-    reporter.close()
-    assert_exactly_once(sink, reporter, counters)
+    assert reporter.close("shutdown", timeout_s=10)
+    assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
 
 
-def test_flush_final_without_the_thread_sends_inline_and_only_once(sink):
+def test_a_final_report_is_never_merged_away_while_the_buffer_is_full(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.stop()  # refused: the reporter keeps cutting intervals and retrying
+    reporter = make_reporter(sink, counters, interval_s=0.02, max_pending_reports=3).start()
+    wait_for(lambda: reporter.stats().send_failures >= 1)
+    dispatch(counters, 11)
+    assert reporter.flush_final("dying", timeout_s=0.05) is False
+    for step in range(30):  # ~15 more intervals pile up behind it and get merged
+        dispatch(counters, 1 + step)
+        time.sleep(0.01)
+    assert reporter.stats().pending <= 3
+    sink.start()
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
+    assert len(reports) <= 4
+
+
+def test_flush_final_without_the_thread_sends_inline_and_a_surviving_rank_reports_on(sink):
     counters = DispatchCounters(CAP, EP_SIZE)
     reporter = make_reporter(sink, counters)
     dispatch(counters, 9)
     assert reporter.flush_final("overflow", timeout_s=5)
-    assert reporter.flush_final("again", timeout_s=5)
+    dispatch(counters, 4)  # the error was caught; the rank goes on
+    assert reporter.flush_final("shutdown", timeout_s=5)
     (reports,) = sink.by_boot().values()
-    assert len(reports) == 1 and reports[0].final_reason == "overflow" and reports[0].counters.forward_steps == 1
+    assert [(r.sequence, r.final_reason, r.interval.forward_steps) for r in reports] == [
+        (0, "overflow", 1), (1, "shutdown", 1)]
+    assert reports[1].counters.forward_steps == 2
+
+
+def test_after_a_final_report_a_rank_that_survives_keeps_reporting(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters).start()
+    dispatch(counters, 40)
+    assert reporter.flush_final("overflow", timeout_s=5)
+    after_final = reporter.next_sequence
+    dispatch(counters, 6)
+    wait_for(lambda: any(r.sequence >= after_final and r.interval.forward_steps for r in sink.reports.values()))
+    assert reporter.close("shutdown", timeout_s=10)
+    reports = assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "shutdown"))
+    assert reports[-1].counters.forward_steps == 2
 
 
 def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():

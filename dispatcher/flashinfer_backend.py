@@ -1,0 +1,355 @@
+"""Adapters from the :class:`~dispatcher.backend.A2ABackend` contract to FlashInfer's MoE A2A.
+
+FlashInfer is imported lazily, inside the adapters, so that this module imports on any machine.
+
+* :class:`FlashInferMoeAlltoAllBackend` wraps ``flashinfer.comm.MoeAlltoAll`` (0.6.0 -
+  0.7.2.post1; removed in 0.7.4). Its contract *is* ours: same dispatch and combine.
+* :class:`FlashInferMoeEpBackend` wraps ``flashinfer.moe_ep.NVLinkOneSidedAlltoAll`` (0.7.2+,
+  the only API in 0.7.4): payloads are ``[hidden_states, (hidden_states_scale), topk_ids,
+  (topk_weights)]`` and results come back flat (``[ep_size * R, n]``); the adapter reshapes them
+  to ``[ep_size, R, n]``. Its R keyword is ``max_tokens_per_rank`` in 0.7.2.x and
+  ``runtime_max_tokens_per_rank`` in 0.7.4; the adapter reads which from the signature.
+
+Send/recv counters (``counters_source``):
+
+* ``"workspace"``: views of this rank's workspace at the metainfo offsets
+  (``SEND_COUNTERS``, ``RECV_COUNTERS``), valid from the end of dispatch until the next one. In
+  0.7.4 the receive counters are two banks ``int32[2][ep_size]`` chosen by round parity
+  ``((flag_val - 1) >> 1) & 1``, where ``flag_val`` is the uint32 at ``FLAG_VAL``; the adapter
+  selects the bank on the device (no sync).
+* ``"derived"``: recomputed on the device from what travelled: send counts from the routing
+  (``plan_routes``), receive counts as the rows whose expert ids are not all the invalid id.
+  0.7.4's Lamport transport (small steps) never touches the counter words, so 0.7.4 defaults to
+  this.
+
+:data:`MOE_A2A_API` and :data:`MOE_EP_API` list every class, method and keyword argument the
+adapters use; ``tests/dispatcher/test_flashinfer_api.py`` checks them against the installed
+package (``inspect.signature``) and, given a wheel, against its source (``ast``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .backend import A2ABackend, plan_routes
+
+# Metainfo indices where FlashInfer does not export them (0.6.x - 0.7.2.post1 order).
+LEGACY_METAINFO_INDEX = {"FLAG_VAL_OFFSET_INDEX": 0, "SEND_COUNTERS_OFFSET_INDEX": 2, "RECV_COUNTERS_OFFSET_INDEX": 3}
+COUNTER_SOURCES = ("workspace", "derived")
+
+
+# --- what the adapters use, declared once -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiUse:
+    """A callable (function, method or dataclass) and the parameters the adapter passes.
+
+    ``parameters`` entries may be alternatives ``"a|b"``: one of them must exist.
+    ``attributes``: names read off an instance (checked in the class source).
+    """
+
+    module: str  # the public module the adapter imports from
+    qualname: str  # "Class", "Class.method" or "function"
+    parameters: tuple[str, ...] = ()
+    attributes: tuple[str, ...] = ()
+    since: str = ""  # first version that has it, for messages
+
+
+MOE_A2A_API: tuple[ApiUse, ...] = (
+    ApiUse("flashinfer.comm", "Mapping", ("world_size", "rank", "gpus_per_node", "moe_ep_size")),
+    ApiUse("flashinfer.comm.mnnvl", "MnnvlConfig", ("comm_backend",)),
+    ApiUse("flashinfer.comm.comm_backend", "TorchDistBackend", ("group",)),
+    ApiUse("flashinfer.comm", "moe_a2a_get_workspace_size_per_rank",
+           ("ep_size", "max_num_tokens", "total_dispatch_payload_size_per_token", "combine_payload_size_per_token")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll",
+           ("mapping", "max_num_tokens", "top_k", "num_experts", "workspace_size_per_rank", "mnnvl_config"),
+           attributes=("workspace", "metainfo", "ep_rank", "ep_size", "max_num_tokens")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll.dispatch",
+           ("token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank",
+            "invalid_token_expert_id", "expert_id_payload_index")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll.combine", ("payload", "runtime_max_tokens_per_rank")),
+)
+
+MOE_EP_API: tuple[ApiUse, ...] = (
+    ApiUse("flashinfer.moe_ep", "BootstrapConfig", ("world_size", "rank", "process_group")),
+    ApiUse("flashinfer.moe_ep", "MoEEpCommParams",
+           ("num_experts", "top_k", "max_tokens_per_rank", "hidden_size", "dtype", "invalid_expert_id")),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedConfig", ()),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll", ("bootstrap", "params", "config"),
+           attributes=("ep_rank", "ep_size", "params")),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.dispatch",
+           ("hidden_states", "topk_ids", "topk_weights", "hidden_states_scale",
+            "runtime_max_tokens_per_rank|max_tokens_per_rank")),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.combine", ("expert_output",)),
+    ApiUse("flashinfer.moe_ep", "MoEEpDispatchResult",
+           ("hidden_states", "topk_ids", "topk_weights", "tokens_per_rank", "hidden_states_scale")),
+)
+
+
+def _resolve(use: ApiUse):
+    target = importlib.import_module(use.module)
+    for part in use.qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _parameter_names(target) -> set[str]:
+    # A class's own __init__: the class signature may be a decorator's (*args, **kwargs), as
+    # typing_extensions.deprecated makes of MoeAlltoAll.
+    function = target.__init__ if inspect.isclass(target) else target
+    return set(inspect.signature(function).parameters) - {"self"}
+
+
+def missing_parameters(names: set[str], wanted: Sequence[str]) -> list[str]:
+    return [option for option in wanted if not any(alt in names for alt in option.split("|"))]
+
+
+def check_installed_api(uses: Sequence[ApiUse]) -> list[str]:
+    """Problems between ``uses`` and the installed flashinfer (empty when everything matches)."""
+    problems = []
+    for use in uses:
+        where = f"{use.module}.{use.qualname}"
+        try:
+            target = _resolve(use)
+        except (ImportError, AttributeError) as error:
+            problems.append(f"{where}: not found ({error})")
+            continue
+        for name in missing_parameters(_parameter_names(target), use.parameters):
+            problems.append(f"{where}: no parameter {name!r}")
+        if use.attributes:  # set in the class or a flashinfer base class
+            source = "".join(inspect.getsource(cls) for cls in target.__mro__ if cls.__module__.startswith("flashinfer"))
+            problems += [f"{where}: never sets self.{a}" for a in use.attributes if f"self.{a}" not in source]
+    return problems
+
+
+def _pick_keyword(method: Callable, options: str) -> str:
+    names = _parameter_names(method)
+    for option in options.split("|"):
+        if option in names:
+            return option
+    raise TypeError(f"{method.__qualname__} takes none of {options.split('|')}; flashinfer changed its API")
+
+
+def flashinfer_version() -> str | None:
+    try:
+        return importlib.import_module("flashinfer").__version__
+    except ImportError:
+        return None
+
+
+# --- counters read from a workspace ---------------------------------------------------------------
+
+
+def _workspace_int32(rank_bytes: torch.Tensor, offset: int, count: int) -> torch.Tensor:
+    if offset % 4:
+        raise RuntimeError(f"counter offset {offset} is not 4-byte aligned; flashinfer's layout changed")
+    return rank_bytes[offset : offset + 4 * count].view(torch.int32)
+
+
+class _CounterViews:
+    """Device views of one rank's send/recv counter words; selecting the recv bank is on-device."""
+
+    def __init__(self, rank_bytes: torch.Tensor, metainfo: Sequence[int], index: dict[str, int], ep_size: int,
+                 parity_banks: bool):
+        self.send = _workspace_int32(rank_bytes, int(metainfo[index["SEND_COUNTERS_OFFSET_INDEX"]]), ep_size)
+        recv_offset = int(metainfo[index["RECV_COUNTERS_OFFSET_INDEX"]])
+        self._parity_banks = parity_banks
+        if parity_banks:  # 0.7.4: int32[2][ep_size], bank = ((flag_val - 1) >> 1) & 1
+            self._banks = _workspace_int32(rank_bytes, recv_offset, 2 * ep_size).view(2, ep_size)
+            self._flag = _workspace_int32(rank_bytes, int(metainfo[index["FLAG_VAL_OFFSET_INDEX"]]), 1)
+        else:
+            self._recv = _workspace_int32(rank_bytes, recv_offset, ep_size)
+
+    def recv(self) -> torch.Tensor:
+        if not self._parity_banks:
+            return self._recv
+        flag = self._flag.long() & 0xFFFFFFFF  # the word is a uint32
+        bank = ((flag - 1) >> 1) & 1
+        return self._banks.index_select(0, bank).squeeze(0)
+
+
+def _derived_recv_counts(expert_ids: torch.Tensor, invalid_expert_id: int) -> torch.Tensor:
+    """[ep, R, k] received ids -> [ep] rows carrying a token (padding rows are all invalid)."""
+    return (expert_ids != invalid_expert_id).any(-1).sum(-1)
+
+
+# --- the legacy class API (0.6.0 - 0.7.2.post1) ---------------------------------------------------
+
+
+class FlashInferMoeAlltoAllBackend(A2ABackend):
+    """``flashinfer.comm.MoeAlltoAll`` behind the A2ABackend contract."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        max_num_tokens: int,
+        dispatch_bytes_per_token: int,
+        combine_bytes_per_token: int,
+        group=None,
+        gpus_per_node: int | None = None,
+        counters_source: str = "workspace",
+    ):
+        super().__init__()
+        import torch.distributed as dist
+        from flashinfer.comm import Mapping, MoeAlltoAll, moe_a2a_get_workspace_size_per_rank
+        from flashinfer.comm.comm_backend import TorchDistBackend
+        from flashinfer.comm.mnnvl import MnnvlConfig
+
+        if counters_source not in COUNTER_SOURCES:
+            raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
+        self.ep_rank, self.ep_size = dist.get_rank(group), dist.get_world_size(group)
+        self.num_experts, self.top_k = num_experts, top_k
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        mapping = Mapping(
+            world_size=self.ep_size, rank=self.ep_rank,
+            gpus_per_node=gpus_per_node or torch.cuda.device_count(), moe_ep_size=self.ep_size,
+        )
+        workspace_bytes = moe_a2a_get_workspace_size_per_rank(
+            self.ep_size, max_num_tokens, dispatch_bytes_per_token, combine_bytes_per_token
+        )
+        with warnings.catch_warnings():  # deprecated since 0.7.1 in favour of moe_ep; still the 0.6.x API
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.alltoall = MoeAlltoAll(
+                mapping, max_num_tokens, top_k, num_experts, workspace_size_per_rank=workspace_bytes,
+                mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend(group)),
+            )
+        self.counters_source = counters_source
+        index = getattr(type(self.alltoall), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
+        # metainfo is a CPU tensor: reading it here is no device sync, and it never changes.
+        self.metainfo = [int(v) for v in self.alltoall.metainfo.tolist()]
+        self._views = _CounterViews(self.alltoall.workspace[self.ep_rank], self.metainfo, index, self.ep_size, False)
+        self._derived_send = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._derived_recv = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+
+    @property
+    def send_counts(self) -> torch.Tensor:
+        return self._views.send if self.counters_source == "workspace" else self._derived_send
+
+    @property
+    def recv_counts(self) -> torch.Tensor:
+        return self._views.recv() if self.counters_source == "workspace" else self._derived_recv
+
+    def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                  invalid_token_expert_id, expert_id_payload_index):
+        if self.counters_source == "derived" and expert_id_payload_index is None:
+            raise ValueError("counters_source='derived' needs the expert ids as a payload: pass "
+                             "invalid_token_expert_id and expert_id_payload_index")
+        received = self.alltoall.dispatch(
+            token_selected_experts, payloads, runtime_max_tokens_per_rank,
+            invalid_token_expert_id=invalid_token_expert_id, expert_id_payload_index=expert_id_payload_index,
+        )
+        if self.counters_source == "derived":
+            plan = plan_routes(token_selected_experts, self.num_experts, self.ep_size, runtime_max_tokens_per_rank)
+            self._derived_send.copy_(plan.send_counts)
+            self._derived_recv.copy_(_derived_recv_counts(received[expert_id_payload_index], invalid_token_expert_id))
+        return received
+
+    def _combine(self, payload, runtime_max_tokens_per_rank):
+        return self.alltoall.combine(payload, runtime_max_tokens_per_rank)
+
+
+# --- the moe_ep API (0.7.2+) -----------------------------------------------------------------------
+
+
+class FlashInferMoeEpBackend(A2ABackend):
+    """``flashinfer.moe_ep.NVLinkOneSidedAlltoAll`` behind the A2ABackend contract.
+
+    Payloads: ``[hidden_states, topk_ids, topk_weights]`` or ``[hidden_states,
+    hidden_states_scale, topk_ids, topk_weights]`` with ``expert_id_payload_index`` naming
+    topk_ids (moe_ep routes by the ids it sends, so ``token_selected_experts`` is sent there). Expert
+    ids of padding rows are always set to ``invalid_expert_id`` (fixed at construction).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        max_tokens_per_rank: int,
+        hidden_size: int,
+        dtype: torch.dtype = torch.bfloat16,
+        invalid_expert_id: int = -1,
+        group=None,
+        counters_source: str | None = None,
+    ):
+        super().__init__()
+        import torch.distributed as dist
+        from flashinfer.moe_ep import BootstrapConfig, MoEEpCommParams, NVLinkOneSidedAlltoAll, NVLinkOneSidedConfig
+
+        self.ep_rank, self.ep_size = dist.get_rank(group), dist.get_world_size(group)
+        self.num_experts, self.top_k = num_experts, top_k
+        self.invalid_expert_id = invalid_expert_id
+        self.device = torch.device("cuda", torch.cuda.current_device())
+        self.comm = NVLinkOneSidedAlltoAll(
+            BootstrapConfig(world_size=self.ep_size, rank=self.ep_rank, process_group=group),
+            MoEEpCommParams(num_experts=num_experts, top_k=top_k, max_tokens_per_rank=max_tokens_per_rank,
+                            hidden_size=hidden_size, dtype=dtype, invalid_expert_id=invalid_expert_id),
+            NVLinkOneSidedConfig(),
+        )
+        self._runtime_keyword = _pick_keyword(type(self.comm).dispatch, "runtime_max_tokens_per_rank|max_tokens_per_rank")
+        legacy_inside = hasattr(type(self.comm), "alltoall")  # 0.7.2.x builds on MoeAlltoAll
+        if counters_source is None:
+            counters_source = "workspace" if legacy_inside else "derived"
+        if counters_source not in COUNTER_SOURCES:
+            raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
+        self.counters_source = counters_source
+        self._views = None
+        if counters_source == "workspace":
+            if legacy_inside:
+                inner = self.comm.alltoall
+                index = getattr(type(inner), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
+                rank_bytes, metainfo, banks = inner.workspace[self.ep_rank], inner.metainfo.tolist(), False
+            else:  # 0.7.4: its own layout, indices exported by the JIT module
+                from flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels import layout_constants
+
+                index = vars(layout_constants())
+                rank_bytes, metainfo, banks = self.comm.workspace[self.ep_rank], self.comm.metainfo.tolist(), True
+            self._views = _CounterViews(rank_bytes, metainfo, index, self.ep_size, banks)
+        self._derived_send = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._derived_recv = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._payload_widths: list[int] = []
+
+    @property
+    def send_counts(self) -> torch.Tensor:
+        return self._views.send if self._views is not None else self._derived_send
+
+    @property
+    def recv_counts(self) -> torch.Tensor:
+        return self._views.recv() if self._views is not None else self._derived_recv
+
+    def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                  invalid_token_expert_id, expert_id_payload_index):
+        if len(payloads) not in (3, 4) or expert_id_payload_index != len(payloads) - 2:
+            raise ValueError(
+                "moe_ep dispatch carries [hidden_states, (hidden_states_scale), topk_ids, topk_weights]; "
+                "pass expert_id_payload_index pointing at topk_ids"
+            )
+        if invalid_token_expert_id != self.invalid_expert_id:
+            raise ValueError(f"moe_ep fixes invalid_expert_id at construction ({self.invalid_expert_id}), "
+                             f"got {invalid_token_expert_id}")
+        if payloads[expert_id_payload_index].shape != token_selected_experts.shape:
+            raise ValueError("moe_ep routes by the topk_ids it sends: that payload must be token_selected_experts")
+        scale = payloads[1] if len(payloads) == 4 else None
+        result = self.comm.dispatch(
+            payloads[0], token_selected_experts, payloads[-1], hidden_states_scale=scale,
+            **{self._runtime_keyword: runtime_max_tokens_per_rank},
+        )
+        flat = [result.hidden_states] + ([result.hidden_states_scale] if scale is not None else []) \
+            + [result.topk_ids, result.topk_weights]
+        received = [tensor.view(self.ep_size, runtime_max_tokens_per_rank, -1) for tensor in flat]
+        if self._views is None:
+            plan = plan_routes(token_selected_experts, self.num_experts, self.ep_size, runtime_max_tokens_per_rank)
+            self._derived_send.copy_(plan.send_counts)
+            self._derived_recv.copy_(_derived_recv_counts(received[expert_id_payload_index], self.invalid_expert_id))
+        return received
+
+    def _combine(self, payload, runtime_max_tokens_per_rank):
+        return self.comm.combine(payload)
+

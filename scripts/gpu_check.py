@@ -1,0 +1,272 @@
+"""GPU checks of the dispatcher; every check skips cleanly (exit 0) where there is no CUDA device.
+
+    PYTHONPATH=. python scripts/gpu_check.py [--json]
+
+1. ``nccl_backend``: TorchA2ABackend over NCCL (world size 1, this process) runs an
+   instrumented MoE step equal to the single-process reference; counters match the routing.
+2. ``no_host_sync``: the same instrumented step (plain and chunked) under
+   ``torch.cuda.set_sync_debug_mode("error")``: any device -> host sync raises.
+3. ``graph_counters``: the counter updates (record_step + record_dispatch) captured in a CUDA
+   graph under sync-debug "error" and replayed N times: the counters advance exactly N steps.
+4. ``graph_step``: the whole instrumented step (NCCL all_to_all + counters) captured and replayed;
+   the counters advance once per replay and the output matches the reference.
+5. ``flashinfer_moe_alltoall`` / ``flashinfer_moe_ep``: the FlashInfer adapters at ep_size 1 (if
+   flashinfer is importable and the platform is supported): output equals the reference, workspace
+   counters equal the routing, and the workspace metainfo equals ``dispatcher.sizing``'s layout.
+
+Each check prints ``PASS``/``FAIL``/``SKIP`` with a reason; the exit code is 1 if any check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import traceback
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+import torch  # noqa: E402
+
+from dispatcher import DispatchCounters, InstrumentedDispatcher  # noqa: E402
+from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs  # noqa: E402
+from tests.dispatcher.moe import reference_outputs  # noqa: E402
+
+CASE = MoECase(seed=3, tokens_per_rank=(5,), num_experts=8, top_k=2, hidden=256, dtype=torch.bfloat16)
+TOLERANCE = dict(rtol=2e-2, atol=2e-2)
+
+
+class Skip(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def sync_debug_errors():
+    """Any device -> host synchronisation inside the block raises."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def _inputs_on(device: torch.device):
+    inputs = make_inputs(CASE)
+    ids = inputs.experts[0].to(device)
+    payloads = [inputs.hidden_states[0].to(device), ids, inputs.router_weights[0].to(device)]
+    compute = expert_fn(0, CASE, inputs.expert_weights.to(device))
+    expected = reference_outputs(CASE, inputs)[0].to(device)
+    return inputs, ids, payloads, compute, expected
+
+
+def _init_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True)
+    dist.init_process_group("nccl", store=store, rank=0, world_size=1, device_id=torch.device("cuda", 0))
+
+
+def _torch_dispatcher(cap: int, policy: str = "raise") -> InstrumentedDispatcher:
+    from dispatcher.torch_backend import TorchA2ABackend
+
+    backend = TorchA2ABackend(CASE.num_experts, CASE.top_k)
+    return InstrumentedDispatcher(backend, DispatchCounters(cap, 1, device=backend.device), cap, overflow_policy=policy)
+
+
+def check_nccl_backend() -> str:
+    _init_group()
+    inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
+    rows = CASE.runtime_max_tokens_per_rank
+    dispatcher = _torch_dispatcher(rows)
+    output = dispatcher.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1)
+    torch.testing.assert_close(output, expected, **TOLERANCE)
+    snapshot = dispatcher.counters.snapshot()
+    sent = expected_send_counts(CASE, inputs)[0].tolist()
+    if list(snapshot.tokens_sent_per_rank) != sent or snapshot.forward_steps != 1:
+        raise AssertionError(f"counters {snapshot} do not match the routing (sent {sent})")
+    return f"output matches the reference; counters sent {sent}"
+
+
+def check_no_host_sync() -> str:
+    _init_group()
+    _, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
+    rows = CASE.runtime_max_tokens_per_rank
+    plain, chunked = _torch_dispatcher(rows), _torch_dispatcher(2, "chunk")
+    for dispatcher in (plain, chunked):  # warm up: lazy allocations and per-bin views
+        dispatcher.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1)
+    torch.cuda.synchronize()
+    with sync_debug_errors():
+        outputs = [d.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1) for d in (plain, chunked)]
+    for output in outputs:
+        torch.testing.assert_close(output, expected, **TOLERANCE)
+    return "plain and chunked (3 rounds) steps ran under set_sync_debug_mode('error')"
+
+
+def check_graph_counters(replays: int = 7) -> str:
+    device = torch.device("cuda")
+    counters = DispatchCounters(16, 4, device=device)
+    send = torch.tensor([1, 0, 2, 3], device=device)
+    recv = torch.tensor([4, 4, 0, 1], device=device, dtype=torch.int32)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture wants
+        counters.record_step(9)
+        counters.record_dispatch(send, recv)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    before = counters.snapshot()
+    graph = torch.cuda.CUDAGraph()
+    # Inside the context: entering it synchronises the device on purpose, which is not the step's.
+    with torch.cuda.graph(graph):
+        with sync_debug_errors():
+            counters.record_step(9)
+            counters.record_dispatch(send, recv)
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    after = counters.snapshot()
+    steps = after.forward_steps - before.forward_steps
+    calls = after.dispatch_calls - before.dispatch_calls
+    sent = after.tokens_sent - before.tokens_sent
+    bin_nine = after.runtime_tokens_histogram[9] - before.runtime_tokens_histogram[9]
+    if (steps, calls, sent, bin_nine) != (replays, replays, 6 * replays, replays):
+        raise AssertionError(f"after {replays} replays: steps {steps}, calls {calls}, sent {sent}, bin9 {bin_nine}")
+    return f"captured under sync-debug 'error', {replays} replays advanced the counters exactly {replays} steps"
+
+
+def check_graph_step(replays: int = 5) -> str:
+    _init_group()
+    _, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
+    rows = CASE.runtime_max_tokens_per_rank
+    dispatcher = _torch_dispatcher(rows)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            dispatcher.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    before = dispatcher.counters.snapshot()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        with sync_debug_errors():
+            static_output = dispatcher.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1)
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    after = dispatcher.counters.snapshot()
+    torch.testing.assert_close(static_output, expected, **TOLERANCE)
+    if after.forward_steps - before.forward_steps != replays:
+        raise AssertionError(f"{replays} replays advanced forward_steps by {after.forward_steps - before.forward_steps}")
+    return f"NCCL step + counters captured; {replays} replays counted {replays} steps, output matches"
+
+
+def _flashinfer_step(backend, expected, ids, payloads, compute, inputs) -> str:
+    rows = CASE.runtime_max_tokens_per_rank
+    counters = DispatchCounters(rows, 1, device=backend.device)
+    dispatcher = InstrumentedDispatcher(backend, counters, rows)
+    output = dispatcher.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1)
+    torch.testing.assert_close(output, expected, **TOLERANCE)
+    snapshot = counters.snapshot()
+    sent = expected_send_counts(CASE, inputs)[0].tolist()
+    if list(snapshot.tokens_sent_per_rank) != sent or list(snapshot.tokens_received_per_rank) != sent:
+        raise AssertionError(f"workspace counters sent {snapshot.tokens_sent_per_rank} "
+                             f"received {snapshot.tokens_received_per_rank}, expected {sent}")
+    return f"output matches; counters ({backend.counters_source}) sent=received={sent}"
+
+
+def check_flashinfer_moe_alltoall() -> str:
+    try:
+        from flashinfer.comm import MoeAlltoAll  # noqa: F401
+    except ImportError as error:
+        raise Skip(f"flashinfer.comm.MoeAlltoAll not importable ({error})")
+    from dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend, flashinfer_version
+    from dispatcher.sizing import workspace_layout
+
+    _init_group()
+    inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
+    cap = 128
+    dispatch_bytes = 2 * CASE.hidden + 8 * CASE.top_k
+    combine_bytes = 2 * CASE.hidden
+    backend = FlashInferMoeAlltoAllBackend(CASE.num_experts, CASE.top_k, cap, dispatch_bytes, combine_bytes)
+    layout = workspace_layout(1, cap, dispatch_bytes, combine_bytes, flashinfer_version=flashinfer_version())
+    expected_metainfo = layout.metainfo
+    if len(backend.metainfo) == len(expected_metainfo) - 1:  # before 0.6.16: no EPLB entry
+        expected_metainfo = expected_metainfo[:8] + expected_metainfo[9:]
+    if backend.metainfo != expected_metainfo:
+        raise AssertionError(f"flashinfer metainfo {backend.metainfo} != sizing {expected_metainfo}")
+    if backend.alltoall.workspace_size_per_rank != layout.workspace_bytes_per_rank:
+        raise AssertionError("workspace size differs from dispatcher.sizing")
+    return f"flashinfer {flashinfer_version()}: metainfo == sizing; " + _flashinfer_step(
+        backend, expected, ids, payloads, compute, inputs)
+
+
+def check_flashinfer_moe_ep() -> str:
+    try:
+        from flashinfer.moe_ep import NVLinkOneSidedAlltoAll
+    except ImportError as error:
+        raise Skip(f"flashinfer.moe_ep not importable ({error})")
+    if not NVLinkOneSidedAlltoAll.is_platform_supported():
+        raise Skip("NVLinkOneSidedAlltoAll.is_platform_supported() is False on this machine")
+    from dispatcher.flashinfer_backend import FlashInferMoeEpBackend
+
+    _init_group()
+    inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
+    backend = FlashInferMoeEpBackend(CASE.num_experts, CASE.top_k, 128, CASE.hidden, invalid_expert_id=INVALID_EXPERT_ID)
+    return _flashinfer_step(backend, expected, ids, payloads, compute, inputs)
+
+
+CHECKS = {
+    "nccl_backend": check_nccl_backend,
+    "no_host_sync": check_no_host_sync,
+    "graph_counters": check_graph_counters,
+    "graph_step": check_graph_step,
+    "flashinfer_moe_alltoall": check_flashinfer_moe_alltoall,
+    "flashinfer_moe_ep": check_flashinfer_moe_ep,
+}
+
+
+def run_checks() -> dict[str, dict]:
+    results = {}
+    if not torch.cuda.is_available():
+        reason = f"no CUDA device (torch {torch.__version__}, cuda {torch.version.cuda})"
+        return {name: {"status": "SKIP", "detail": reason} for name in CHECKS}
+    for name, check in CHECKS.items():
+        try:
+            results[name] = {"status": "PASS", "detail": check()}
+        except Skip as skip:
+            results[name] = {"status": "SKIP", "detail": str(skip)}
+        except Exception as error:  # report and go on: one broken check must not hide the others
+            results[name] = {"status": "FAIL", "detail": f"{type(error).__name__}: {error}",
+                             "traceback": traceback.format_exc()}
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="GPU checks of the dispatcher (skip without a GPU)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = run_checks()
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+        print(f"dispatcher GPU checks on {device}")
+        for name, result in results.items():
+            print(f"  {result['status']:4} {name}: {result['detail']}")
+            if result["status"] == "FAIL":
+                print("       " + result["traceback"].replace("\n", "\n       "))
+    return 1 if any(result["status"] == "FAIL" for result in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

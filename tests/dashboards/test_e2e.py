@@ -1,0 +1,311 @@
+"""End to end: a real Prometheus (the Debian package) scrapes a real 4-rank run and the real capwatch service,
+evaluates our rules, and answers every dashboard query and every recording rule.
+
+The stack: ``capwatch serve`` (started by ``service.launch``); four rank processes in a
+gloo group running the instrumented dispatcher with their exporters and reporters (``e2e_rank.py``); and
+Prometheus scraping both every second with ``dashboards/rules/capwatch.rules.yml`` loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dashboards import service_metrics
+from dispatcher import sizing
+from dispatcher.launch import spawn_ranks
+from service.launch import ServiceProcess, free_port
+from telemetry import catalogue
+from tests.dashboards import e2e_rank, lint
+from tests.dashboards.conftest import ROOT, RULES_FILE
+
+EP_SIZE = 4
+CLUSTER = "e2e-group"
+# Grafana's $__rate_interval is max(4 x scrape interval, $__interval + scrape interval); with 1 s scrapes and
+# a short test, 10s keeps several samples in every window.
+RATE_INTERVAL = "10s"
+READY_TIMEOUT_S = 120
+
+
+def _get_json(url: str, timeout: float = 5.0) -> dict:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def _start(command: list[str], log: Path) -> subprocess.Popen:
+    with log.open("wb") as output:
+        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=10)
+
+
+@dataclass
+class Stack:
+    prometheus_url: str
+    service_url: str
+    rank_ports: list[int]
+    logs: Path
+
+    def query(self, expr: str) -> list[dict]:
+        url = f"{self.prometheus_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        body = _get_json(url)
+        assert body["status"] == "success", (expr, body)
+        return body["data"]["result"]
+
+    def values(self, expr: str) -> dict[str, float]:
+        """{ep_rank or '': value} of an instant query."""
+        return {sample["metric"].get("ep_rank", ""): float(sample["value"][1]) for sample in self.query(expr)}
+
+    def log_tail(self) -> str:
+        return "\n".join(f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}"
+                         for path in sorted(self.logs.glob("*.log")))
+
+
+def _start_service(run_dir: Path) -> ServiceProcess:
+    """The real ``capwatch serve``, with windows and history short enough to recommend within a test run
+    (defaults: 60 s windows, 20 samples, 10 min of history)."""
+    env = {"CAPWATCH_WINDOW_S": "1", "CAPWATCH_ADVISOR__MIN_SAMPLES": "3", "CAPWATCH_ADVISOR__MIN_HISTORY_S": "2",
+           "CAPWATCH_MAINTENANCE_INTERVAL_S": "1"}
+    return ServiceProcess(run_dir / "capwatch.db", env=env, log_path=run_dir / "service.log").start()
+
+
+def _prometheus_config(run_dir: Path, rank_ports: list[int], service_url: str) -> Path:
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(RULES_FILE)],
+        "scrape_configs": [
+            # The job names of dashboards/prometheus.yml: MoeA2ARankDown watches capwatch-ranks.
+            {"job_name": "capwatch-ranks",
+             "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in rank_ports]}]},
+            {"job_name": "capwatch-service",
+             "static_configs": [{"targets": [urllib.parse.urlsplit(service_url).netloc]}]},
+        ],
+    }
+    path = run_dir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _start_prometheus(prometheus_binary: str, config: Path, run_dir: Path) -> tuple[subprocess.Popen, str]:
+    """Prometheus cannot take a bound socket, so pick a free port and retry if another process wins it."""
+    for attempt in range(3):
+        port = free_port()
+        process = _start([
+            prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
+        ], run_dir / f"prometheus-{attempt}.log")
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
+                return process, url
+            except OSError:
+                time.sleep(0.2)
+        _stop(process)
+    raise RuntimeError(f"prometheus did not become ready; see {run_dir}")
+
+
+def _wait_for(condition, what: str, stack: Stack, timeout_s: float = READY_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}\n{stack.log_tail()}")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
+    run_dir = tmp_path_factory.mktemp("e2e")
+    prometheus = None
+    rank_errors: list[BaseException] = []
+    ranks_thread = None
+    service = None
+    try:
+        service = _start_service(run_dir)
+        service_url = service.url
+
+        def run_ranks() -> None:
+            try:
+                spawn_ranks(EP_SIZE, e2e_rank.serve_rank, CLUSTER, service_url, str(run_dir),
+                            float(READY_TIMEOUT_S + 60), timeout_s=READY_TIMEOUT_S + 120)
+            except BaseException as error:  # surfaced by the fixture below
+                rank_errors.append(error)
+
+        ranks_thread = threading.Thread(target=run_ranks, name="capwatch-e2e-ranks", daemon=True)
+        ranks_thread.start()
+        port_files = [run_dir / f"rank{rank}.port" for rank in range(EP_SIZE)]
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not all(path.exists() for path in port_files):
+            if rank_errors or time.monotonic() > deadline:
+                raise RuntimeError(f"rank exporters did not start: {rank_errors}")
+            time.sleep(0.2)
+        rank_ports = [int(path.read_text()) for path in port_files]
+
+        prometheus, prometheus_url = _start_prometheus(
+            prometheus_binary, _prometheus_config(run_dir, rank_ports, service_url), run_dir)
+        live = Stack(prometheus_url, service_url, rank_ports, run_dir)
+
+        def ready() -> bool:
+            if rank_errors:
+                pytest.fail(f"a rank failed: {rank_errors[0]}")
+            scrapes = live.values(f'min(count_over_time(moe_a2a_info{{cluster="{CLUSTER}"}}[1m]))')
+            return (
+                len(live.query('up{job="capwatch-ranks"} == 1')) == EP_SIZE
+                and len(live.query('up{job="capwatch-service"} == 1')) == 1
+                and scrapes.get("", 0) >= 8  # 8 scrapes of every rank: each 10s window holds several samples
+                and bool(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{CLUSTER}"}}'))
+                and bool(live.query('ALERTS{alertname="MoeA2AOverflow", alertstate="firing"}'))
+            )
+
+        _wait_for(ready, "ranks and service scraped, a recommendation and the overflow alert", live)
+        yield live
+    finally:
+        (run_dir / "stop").touch()
+        if ranks_thread is not None:
+            ranks_thread.join(timeout=60)
+        if prometheus is not None:
+            _stop(prometheus)
+        if service is not None:
+            service.stop()
+
+
+def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+") -> list[tuple[str, str]]:
+    values = {"cluster": CLUSTER, "dispatcher": ".+", "ep_rank": ep_rank}
+    queries = []
+    for file_name, dashboard in committed_dashboards.items():
+        for panel, target in lint.targets(dashboard):
+            expr = lint.substitute_variables(target["expr"].replace("$__rate_interval", RATE_INTERVAL), values)
+            queries.append((f"{file_name} / {panel['title']} / {target['refId']}", expr))
+    return queries
+
+
+def test_every_dashboard_query_returns_data(stack, committed_dashboards):
+    queries = _dashboard_queries(committed_dashboards)
+    assert len(queries) > 30
+    empty = [f"{where}: {expr}" for where, expr in queries if not stack.query(expr)]
+    assert empty == [], "queries without data:\n" + "\n".join(empty)
+
+
+def test_rank_selection_narrows_every_per_rank_panel(stack, committed_dashboards):
+    """Picking ranks 1 and 3 (Grafana sends a multi-value selection as a regex group) leaves only them."""
+    per_rank = [(where, expr) for where, expr in _dashboard_queries(committed_dashboards, ep_rank="(1|3)")
+                if lint.keeps_rank(expr.replace('ep_rank=~"(1|3)"', 'ep_rank=~"$ep_rank"'))]
+    assert len(per_rank) > 10
+    for where, expr in per_rank:
+        assert {sample["metric"]["ep_rank"] for sample in stack.query(expr)} == {"1", "3"}, where
+
+
+def test_variable_queries_list_the_run(stack, committed_dashboards):
+    dashboard = next(iter(committed_dashboards.values()))
+    found = {}
+    for variable in lint.query_variables(dashboard):
+        selector = lint.substitute_variables(lint.variable_selector(variable["query"]), {"cluster": CLUSTER})
+        label = variable["query"].rsplit(",", 1)[1].strip(" )")
+        url = f"{stack.prometheus_url}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": selector})
+        found[variable["name"]] = sorted(_get_json(url)["data"])
+    assert CLUSTER in found["cluster"]
+    assert found["dispatcher"] == ["target"]
+    assert found["ep_rank"] == [str(rank) for rank in range(EP_SIZE)]
+
+
+def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack, rule_file):
+    records = [rule["record"] for group in rule_file["groups"] for rule in group["rules"] if "record" in rule]
+    empty = [record for record in records if not stack.query(f'{record}{{cluster="{CLUSTER}"}}')]
+    assert empty == []
+    groups = _get_json(f"{stack.prometheus_url}/api/v1/rules")["data"]["groups"]
+    loaded = [rule for group in groups for rule in group["rules"]]
+    assert len(loaded) == sum(len(group["rules"]) for group in rule_file["groups"])
+    assert [(rule["name"], rule.get("lastError")) for rule in loaded if rule["health"] != "ok"] == []
+
+
+def test_values_agree_with_the_run(stack):
+    """The numbers behind the panels are the run's: 4 ranks at cap 64, FlashInfer's workspace formula."""
+    assert stack.values(f'moe_a2a_cap_tokens{{cluster="{CLUSTER}"}}') == {str(r): e2e_rank.CAP for r in range(EP_SIZE)}
+    per_rank = sizing.workspace_bytes_per_rank(
+        EP_SIZE, e2e_rank.CAP, sizing.dispatch_bytes_per_token(e2e_rank.HIDDEN, e2e_rank.TOP_K, "fp16"),
+        sizing.combine_bytes_per_token(e2e_rank.HIDDEN))
+    group = stack.values(f'cluster_dispatcher:moe_a2a_workspace_bytes:sum{{cluster="{CLUSTER}"}}')
+    assert group == {"": EP_SIZE * per_rank}
+    assert stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}') == {"": EP_SIZE}
+    # The ranks step together: every rank's step rate is positive and the group rate is their sum.
+    steps = stack.values(f'rate(moe_a2a_forward_steps_total{{cluster="{CLUSTER}"}}[{RATE_INTERVAL}])')
+    assert len(steps) == EP_SIZE and all(rate > 0 for rate in steps.values())
+    # Only the chunked runtime_over_cap path overflows in this run.
+    overflows = stack.query(f'sum by (kind, outcome) (moe_a2a_overflow_events_total{{cluster="{CLUSTER}"}}) > 0')
+    assert [(s["metric"]["kind"], s["metric"]["outcome"]) for s in overflows] == [("runtime_over_cap", "chunked")]
+    peak = stack.values(f'cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{cluster="{CLUSTER}"}}')
+    assert 0 < peak[""] <= 1.25
+    # The service's recommendation, as scraped, lies within its own bounds and above the overflowing cap.
+    advice = {name: stack.values(f'{name}{{cluster="{CLUSTER}"}}')[""] for name in (
+        service_metrics.RECOMMENDED_CAP_LOWER_TOKENS, service_metrics.RECOMMENDED_CAP_TOKENS,
+        service_metrics.RECOMMENDED_CAP_UPPER_TOKENS, service_metrics.CLUSTER_CAP_TOKENS)}
+    assert advice[service_metrics.CLUSTER_CAP_TOKENS] == e2e_rank.CAP
+    assert (advice[service_metrics.RECOMMENDED_CAP_LOWER_TOKENS] <= advice[service_metrics.RECOMMENDED_CAP_TOKENS]
+            <= advice[service_metrics.RECOMMENDED_CAP_UPPER_TOKENS])
+    assert advice[service_metrics.RECOMMENDED_CAP_TOKENS] > e2e_rank.CAP
+
+
+def test_alerts_match_the_run(stack):
+    """The overflow alert fires for the chunked overflows; nothing claims a missing rank or a mismatch."""
+    alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
+    active = {(alert["labels"]["alertname"], alert["labels"].get("kind"), alert["labels"].get("outcome"))
+              for alert in alerts if alert["labels"].get("cluster", CLUSTER) == CLUSTER}
+    assert ("MoeA2AOverflow", "runtime_over_cap", "chunked") in active
+    quiet = {"MoeA2ARankMissing", "MoeA2ARankDown", "MoeA2ACapMismatch", "MoeA2AEpSizeMismatch"}
+    assert {name for name, _, _ in active} & quiet == set()
+
+
+def test_every_named_metric_is_scraped(stack):
+    """The names the dashboards and rules rely on exist in the real scrape (a rename on either side fails)."""
+    scraped = set(_get_json(f"{stack.prometheus_url}/api/v1/label/__name__/values")["data"])
+    expected = set(service_metrics.SERVICE_METRICS) - {service_metrics.INGEST_LATENCY_SECONDS}
+    expected.add(service_metrics.INGEST_LATENCY_SECONDS + "_count")
+    for spec in catalogue.METRICS:
+        if spec is catalogue.WORKSPACE_ALLOCATED_BYTES:
+            continue  # only where the backend knows its allocation; the torch backend does not
+        expected.add(spec.name + "_bucket" if spec.type == "histogram" else spec.name)
+    assert sorted(expected - scraped) == []
+
+
+def test_a_lost_rank_is_reported_missing_and_down(stack):
+    """Runs last: one rank's exporter stops answering. Prometheus marks its series stale, so MoeA2ARankMissing
+    (3 of ep_size 4) and MoeA2ARankDown (its failed scrape) go pending at once (both wait 1m to fire)."""
+    victim = EP_SIZE - 1
+    (stack.logs / f"rank{victim}.close-exporter").touch()
+    instance = f"127.0.0.1:{stack.rank_ports[victim]}"
+
+    def pending() -> bool:
+        missing = stack.query(f'ALERTS{{alertname="MoeA2ARankMissing", cluster="{CLUSTER}", ep_size="{EP_SIZE}"}}')
+        down = stack.query(f'ALERTS{{alertname="MoeA2ARankDown", instance="{instance}"}}')
+        # The recording rules live in another group, evaluated on their own tick.
+        counted = stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}')
+        return bool(missing) and bool(down) and counted == {"": EP_SIZE - 1}
+
+    _wait_for(pending, "MoeA2ARankMissing and MoeA2ARankDown after a rank stopped exporting", stack, timeout_s=30)
+    alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
+    missing = next(alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2ARankMissing")
+    assert float(missing["value"]) == EP_SIZE - 1 and missing["state"] == "pending"
+    down = next(alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2ARankDown")
+    assert down["labels"]["instance"] == instance and down["state"] == "pending"

@@ -1,0 +1,88 @@
+"""The committed dashboard JSON is exactly what the generator produces now."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from dashboards import generate
+from tests.dashboards.conftest import GRAFANA_DIR, ROOT
+
+
+def test_committed_json_is_current():
+    stale = generate.stale_files(GRAFANA_DIR)
+    assert not stale, f"stale dashboard JSON {stale}: run `python -m dashboards.generate` and commit the result"
+
+
+def test_every_generated_dashboard_is_committed_and_nothing_else():
+    assert sorted(path.name for path in GRAFANA_DIR.glob("*.json")) == sorted(generate.DASHBOARDS)
+
+
+def test_stale_json_is_detected_and_regenerated(tmp_path):
+    """--check fails on an edited file and passes after the generator rewrote it."""
+    env_path = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    assert generate.stale_files(tmp_path) == []
+    target = tmp_path / "ep-group-overview.json"
+    edited = json.loads(target.read_text())
+    edited["panels"][1]["title"] = "hand edited"
+    target.write_text(json.dumps(edited))
+    assert generate.stale_files(tmp_path) == ["ep-group-overview.json"]
+    check = subprocess.run(
+        [sys.executable, "-m", "dashboards.generate", "--check", "--out", str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, env=env_path, timeout=60,
+    )
+    assert check.returncode == 1 and "stale" in check.stderr
+    assert generate.main(["--out", str(tmp_path)]) == 0
+    assert generate.stale_files(tmp_path) == []
+
+
+def test_dashboards_cover_the_issue():
+    """The panels the issue asks for exist (by title) and the heatmap reads the R histogram."""
+    overview = json.loads(generate.render(generate.DASHBOARDS["ep-group-overview.json"]))
+    detail = json.loads(generate.render(generate.DASHBOARDS["ep-rank-detail.json"]))
+    overview_titles = {panel["title"] for panel in overview["panels"]}
+    detail_titles = {panel["title"] for panel in detail["panels"]}
+    assert {
+        "Group max utilization", "Overflow rate by kind and outcome", "Workspace bytes per rank",
+        "Workspace bytes across the group", "Cap: current vs recommended", "Forward steps per second",
+        "Consistency findings", "Ranks reporting / missing",
+    } <= overview_titles
+    assert {
+        "Peak utilization per rank", "R distribution", "Tokens sent per rank", "Tokens received per rank",
+        "Overflow events by kind and outcome",
+    } <= detail_titles
+    heatmap = next(panel for panel in detail["panels"] if panel["type"] == "heatmap")
+    assert heatmap["targets"][0]["format"] == "heatmap"
+    assert "moe_a2a_runtime_tokens_bucket" in heatmap["targets"][0]["expr"]
+    assert [v["name"] for v in overview["templating"]["list"]] == ["datasource", "cluster", "dispatcher", "ep_rank"]
+
+
+def _contained(part: object, whole: object, path: str = "") -> list[str]:
+    """Paths where ``part`` is not contained in ``whole`` (dict keys may be extra in ``whole``)."""
+    if isinstance(part, dict) and isinstance(whole, dict):
+        return [missing for key, value in part.items()
+                for missing in ([f"{path}/{key}"] if key not in whole else _contained(value, whole[key], f"{path}/{key}"))]
+    if isinstance(part, list) and isinstance(whole, list) and len(part) == len(whole):
+        return [missing for index, (a, b) in enumerate(zip(part, whole)) for missing in _contained(a, b, f"{path}/{index}")]
+    return [] if part == whole else [path]
+
+
+def test_committed_json_loads_into_the_grafana_schema_models(committed_dashboards):
+    """The SDK's schema models (generated from Grafana's own schema) read every field back unchanged;
+    they only add defaults (e.g. table and heatmap ``fieldConfig.defaults.custom``)."""
+    from grafana_foundation_sdk.cog import plugins
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    def unknown_fields(raw: dict) -> list[str]:
+        return _contained(raw, json.loads(json.dumps(Dashboard.from_json(raw), cls=JSONEncoder)))
+
+    plugins.register_default_plugins()
+    for name, raw in committed_dashboards.items():
+        assert unknown_fields(raw) == [], name
+    misspelled = json.loads(json.dumps(next(iter(committed_dashboards.values()))))
+    misspelled["panels"][1]["fieldconfig"] = misspelled["panels"][1].pop("fieldConfig")
+    assert unknown_fields(misspelled) == ["/panels/1/fieldconfig"]

@@ -1,0 +1,70 @@
+"""DispatchCounters: exact accounting, one host copy per snapshot, no host reads on record."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dispatcher.counters import DispatchCounters
+from dispatcher.host_reads import HostReadError, forbid_host_reads
+
+
+def test_steps_fill_an_exact_histogram_and_the_max():
+    counters = DispatchCounters(cap=4, ep_size=2)
+    for runtime_tokens in (1, 3, 3, 4, 9, 5):
+        counters.record_step(runtime_tokens)
+    snapshot = counters.snapshot()
+    assert snapshot.forward_steps == 6
+    assert snapshot.runtime_tokens_histogram == (0, 1, 0, 2, 1, 2)  # bins 0..cap, then "> cap"
+    assert snapshot.max_runtime_tokens == 9
+
+
+def test_dispatches_add_per_rank_and_total_tokens():
+    counters = DispatchCounters(cap=8, ep_size=3)
+    counters.record_dispatch(torch.tensor([1, 0, 2]), torch.tensor([4, 4, 0]))
+    counters.record_dispatch(torch.tensor([0, 5, 0], dtype=torch.int32), torch.tensor([1, 0, 0], dtype=torch.int32))
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == 2
+    assert snapshot.tokens_sent_per_rank == (1, 5, 2) and snapshot.tokens_sent == 8
+    assert snapshot.tokens_received_per_rank == (5, 4, 0) and snapshot.tokens_received == 9
+    assert snapshot.forward_steps == 0
+
+
+def test_overflows_by_kind_and_outcome():
+    counters = DispatchCounters(cap=8, ep_size=1, role="draft")
+    counters.record_overflow("runtime_over_cap", "chunked", chunked_rounds=3)
+    counters.record_overflow("local_over_runtime", "raised")
+    counters.record_overflow("local_over_runtime", "raised")
+    snapshot = counters.snapshot()
+    assert snapshot.role == "draft"
+    assert snapshot.overflow_events[("runtime_over_cap", "chunked")] == 1
+    assert snapshot.overflow_events[("local_over_runtime", "raised")] == 2
+    assert snapshot.overflow_events_total == 3 and snapshot.chunked_rounds == 3
+    with pytest.raises(ValueError, match="unknown overflow"):
+        counters.record_overflow("imbalance", "raised")
+
+
+@pytest.mark.parametrize("kwargs", [dict(cap=0, ep_size=2), dict(cap=8, ep_size=0), dict(cap=8, ep_size=2, role="x")])
+def test_bad_construction_is_refused(kwargs):
+    with pytest.raises(ValueError):
+        DispatchCounters(**kwargs)
+
+
+def test_recording_reads_nothing_back_to_the_host():
+    counters = DispatchCounters(cap=16, ep_size=2)
+    send, recv = torch.tensor([2, 1]), torch.tensor([0, 3])
+    with forbid_host_reads():
+        for runtime_tokens in (4, 16, 17):
+            counters.record_step(runtime_tokens)
+            counters.record_dispatch(send, recv)
+        counters.record_overflow("runtime_over_cap", "raised")
+    assert counters.snapshot().dispatch_calls == 3
+
+
+def test_forbid_host_reads_catches_reads_and_restores_them():
+    value = torch.tensor([3])
+    for read in (lambda: value.item(), lambda: value.tolist(), lambda: bool(value), lambda: int(value),
+                 lambda: value.cpu()):
+        with forbid_host_reads(), pytest.raises(HostReadError):
+            read()
+    assert value.item() == 3 and bool(value)

@@ -1,0 +1,29 @@
+"""The cap guards hold under ``python -O`` (which strips every ``assert``), in real ranks."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from dispatcher import CAP_ENV_VAR
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_guards_raise_and_count_under_python_dash_o():
+    environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    completed = subprocess.run(
+        [sys.executable, "-O", "-m", "tests.dispatcher.rank_functions"],
+        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=180,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    report = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert report["parent_optimize"] == 1
+    for rank in report["ranks"]:
+        assert rank["optimize"] == 1
+        assert "needs 6 tokens" in rank["over_cap_message"] and f"{CAP_ENV_VAR}=128" in rank["over_cap_message"]
+        assert rank["over_cap_counted"] == 1
+        assert "3 local tokens" in rank["local_message"] and rank["local_counted"] == 1

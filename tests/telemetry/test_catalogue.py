@@ -1,0 +1,37 @@
+"""The catalogue follows Prometheus' naming rules, and the docs show exactly the catalogue."""
+
+from pathlib import Path
+
+import pytest
+
+from telemetry import catalogue
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
+
+
+def test_docs_list_exactly_the_catalogue():
+    assert catalogue.markdown_table() in DOCS.read_text()
+
+
+@pytest.mark.parametrize("spec", catalogue.METRICS, ids=lambda spec: spec.name)
+def test_names_follow_prometheus_conventions(spec):
+    assert spec.name.startswith(catalogue.PREFIX) and spec.name == spec.name.lower()
+    assert spec.name.endswith("_total") == (spec.type == "counter")
+    assert spec.name.endswith("_info") == (spec.type == "info")
+    assert spec.name.endswith("_ratio") == (spec.unit == "ratio")
+    assert not any(unit in spec.name.split("_") for unit in ("ms", "seconds_ms", "kb", "mb", "gb", "percent"))
+    assert set(catalogue.RANK_LABELS) <= set(spec.labels)
+    assert not {"expert", "layer", "expert_id", "layer_id", "pid"} & set(spec.labels)
+    assert spec.help.endswith(".") and len(spec.help) > 20
+
+
+def test_names_are_unique():
+    names = [spec.name for spec in catalogue.METRICS]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("cap", [1, 2, 7, 128, 1000, 4096, 16384, 1 << 20])
+def test_runtime_buckets_ascend_and_end_at_the_cap(cap):
+    buckets = catalogue.runtime_token_buckets(cap)
+    assert list(buckets) == sorted(set(buckets)) and buckets[-1] == cap and buckets[0] >= 1
+    assert all(bound == int(bound) for bound in buckets)
