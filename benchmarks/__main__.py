@@ -62,6 +62,8 @@ def machine() -> dict:
         "memory_gib": round(memory_bytes / 2**30, 1) if memory_bytes else None,
         "os": f"{platform.system()} {platform.release()}",
         "python": platform.python_version(),
+        # Other work on the machine moves every figure: say how busy it was when the run began.
+        "load_average_1m_at_start": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     try:
         import torch
@@ -122,13 +124,15 @@ def _describe(name: str) -> str:
 
 
 def _as_table(value) -> list[dict] | None:
-    """A dict of same-shaped flat dicts ({"1": {"bare": .., "ratio": ..}, "8": {...}}) reads best as a table."""
-    if not isinstance(value, dict) or len(value) < 2 or not all(isinstance(row, dict) for row in value.values()):
+    """A dict of dicts ({"bare": {...}, "capwatch": {...}} or {"1": {...}, "8": {...}}) reads best as a
+    table: one row per entry, one column per (dotted) figure, blank where an entry lacks one."""
+    if not isinstance(value, dict) or len(value) < 2 or not all(isinstance(row, dict) and row for row in value.values()):
         return None
-    keys = [tuple(row) for row in value.values()]
-    if len(set(keys)) != 1 or any(isinstance(cell, (dict, list)) for row in value.values() for cell in row.values()):
-        return None
-    return [{"": name, **row} for name, row in value.items()]
+    rows = [{"": name, **dict(flatten(row))} for name, row in value.items()]
+    columns: dict[str, None] = {}
+    for row in rows:
+        columns.update(dict.fromkeys(row))
+    return [{column: row.get(column, "") for column in columns} for row in rows]
 
 
 def _markdown_table(table: list[dict]) -> list[str]:
@@ -153,6 +157,22 @@ def _render_figures(figures) -> list[str]:
             tables[key.replace("_", " ")] = table
         else:
             scalars[key] = value
+    # Top-level entries measured the same way ({"bare": {...}, "naive": {...}, "capwatch": {...}}): side by side.
+    groups: list[list[str]] = []
+    shapes = {key: set(dict(flatten(value))) for key, value in scalars.items() if isinstance(value, dict) and value}
+    for key, shape in shapes.items():
+        for group in groups:
+            first = shapes[group[0]]
+            if len(first & shape) >= 0.5 * len(first | shape):
+                group.append(key)
+                break
+        else:
+            groups.append([key])
+    for group in (group for group in groups if len(group) >= 2):
+        flat = {key: dict(flatten(scalars.pop(key))) for key in group}
+        figures_in_order = list(dict.fromkeys(name for values in flat.values() for name in values))
+        tables = {" vs ".join(group): [{"figure": name, **{key: flat[key].get(name, "") for key in group}}
+                                        for name in figures_in_order], **tables}
     lines: list[str] = []
     rows = flatten(scalars)
     if rows:
@@ -229,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown benchmark {args.name!r}; choose all or one of: {', '.join(names)}")
 
     selected = names if args.name == "all" else [args.name]
+    machine_info, started_at = machine(), dt.datetime.now(dt.timezone.utc)
     results: dict[str, dict] = {}
     for name in selected:
         if not args.json:
@@ -238,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             print_table(name, results[name])
 
     if args.name == "all":
-        report = render_report(results, args.quick, machine(), dt.datetime.now(dt.timezone.utc))
+        report = render_report(results, args.quick, machine_info, started_at)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report, encoding="utf-8")
         if not args.json:

@@ -32,6 +32,8 @@ def test_report_names_the_machine_date_and_failures():
     results = {
         "advice_quality": {"figures": {"policies": {"a": {"overflow_steps": 1}, "b": {"overflow_steps": 0}},
                                        "median_ratio": 1.01}, "seconds": 1.0},
+        "ingest": {"figures": {"bare": {"rate_per_s": 4000.0, "p99_ms": 20.0},
+                               "capwatch": {"rate_per_s": 1800.0, "p99_ms": 90.0, "stored": 10}}, "seconds": 2.0},
         "plan_pricing": {"error": "RuntimeError: boom", "traceback": "Traceback ...\nRuntimeError: boom",
                          "seconds": 0.1},
     }
@@ -41,6 +43,8 @@ def test_report_names_the_machine_date_and_failures():
     assert f"| cpu cores | {info['cpu_cores']} |" in report and "| memory gib |" in report
     assert "| [plan_pricing](#plan-pricing) | failed: RuntimeError: boom |" in report
     assert "| a | 1 |" in report and "| median_ratio | 1.01 |" in report  # nested dicts become tables
+    assert "| figure | bare | capwatch |" in report and "| rate_per_s | 4,000.0 | 1,800.0 |" in report
+    assert "| stored |  | 10 |" in report  # side by side, blank where a server has no such figure
 
 
 def test_advice_quality_counts_overflow_steps_per_policy():
