@@ -42,6 +42,7 @@
       const t = Number(first(row, ["interval_end_unix_s", "end_unix_s", "t", "time", "timestamp"], NaN));
       const peak = Number(first(row, ["peak_runtime_tokens", "peak_r", "peak"], NaN));
       if (!Number.isFinite(t)) return;
+      if (first(row, ["forward_steps"]) === 0) return;  // an idle interval has no R to plot
       const rowCap = Number(first(row, ["cap"], cap));
       let utilization = Number(first(row, ["utilization", "peak_utilization", "peak_utilization_ratio"], NaN));
       if (!Number.isFinite(utilization) && Number.isFinite(peak) && rowCap > 0) utilization = peak / rowCap;
