@@ -347,6 +347,8 @@ def run_demo(options: DemoOptions) -> int:
         num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
         service_url=service_url, report_interval_s=REPORT_INTERVAL_S, metrics_base_port=metrics_base,
         hold_s=options.hold_s, seed=options.seed,
+        # The embedded service inherits CAPWATCH_TOKEN from the environment; so do the reporters.
+        bearer_token=os.environ.get("CAPWATCH_TOKEN") or None,
     )
     paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
     group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))

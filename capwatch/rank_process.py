@@ -45,6 +45,7 @@ class RankPlan:
     metrics_base_port: int | None  # None: no exporter
     hold_s: float
     seed: int = 0
+    bearer_token: str | None = None  # the service's CAPWATCH_TOKEN, when it requires one
 
 
 def _set(progress, rank: int, field: int, value: int) -> None:
@@ -113,7 +114,8 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                 if plan.metrics_base_port is not None else None)
     telemetry = RankTelemetry(counters, identity, config, exporter=exporter,
                               reporter=ReporterOptions(service_url=plan.service_url,
-                                                       interval_s=plan.report_interval_s),
+                                                       interval_s=plan.report_interval_s,
+                                                       bearer_token=plan.bearer_token),
                               final_report_timeout_s=10.0).start()
     for layer in layers:
         layer.on_overflow.append(telemetry.on_overflow)  # final report before a raise ends the rank

@@ -73,7 +73,8 @@ def register(subparsers) -> None:
     parser.add_argument("--hold", type=_seconds, default=0.0, metavar="SECONDS",
                         help="keep the service and the exporters up this long after the run")
     parser.add_argument("--service-url", metavar="URL",
-                        help="report to this running service instead of starting one")
+                        help="report to this running service instead of starting one (export CAPWATCH_TOKEN "
+                             "when it requires a bearer token)")
     parser.add_argument("--state-dir", type=Path, metavar="DIR",
                         help="where the embedded service keeps its SQLite database and log "
                              "(default: $XDG_STATE_HOME/capwatch or ~/.local/state/capwatch)")

@@ -172,3 +172,20 @@ def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
             os.killpg(process.pid, signal.SIGKILL)
         process.stdout.close()
         process.stderr.close()
+
+
+def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
+    from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
+    from service.launch import ServiceProcess
+
+    trace = write_timed_trace(tmp_path / "short.jsonl", [[10, 20], [30, 5], [7, 7]], seconds_per_step=0.1)
+    with ServiceProcess(tmp_path / "protected.db", env={"CAPWATCH_TOKEN": "s3cret-token", **DEMO_ADVISOR_SETTINGS}) as service:
+        process = subprocess.run(
+            [sys.executable, "-m", "capwatch", "demo", "--json", "--trace", str(trace), "--service-url", service.url,
+             "--cluster", "protected", "--metrics-port", str(free_port_block(2))],
+            capture_output=True, text=True, env=environment(CAPWATCH_TOKEN="s3cret-token"), cwd=REPO_ROOT,
+            timeout=240)
+        assert process.returncode == 0, process.stderr
+        view = get_json(f"{service.url}/v1/clusters/protected")
+    assert all(rank["forward_steps_total"] == 3 and rank["final"] for rank in view["ranks"])
+    assert "s3cret-token" not in process.stdout + process.stderr
