@@ -420,8 +420,9 @@ def _show_progress(group: RankGroup, workload: Workload, err) -> None:
                 progress.update(task, completed=done, runtime=runtime, peak=peak, overflows=group.overflow_events)
             time.sleep(0.2)
         done = group.steps_done
-        peak = max([peak] + [max(step) for step in counts[:done]])
-        progress.update(task, completed=done, runtime=max(counts[done - 1]) if done else 0, peak=peak,
+        seen = min(len(counts), done + 1) if group.raised else done  # the step that raised was dispatched too
+        peak = max([peak] + [max(step) for step in counts[:seen]])
+        progress.update(task, completed=done, runtime=max(counts[seen - 1]) if seen else 0, peak=peak,
                         overflows=group.overflow_events)
     if not group.all_reported:
         group.wait(5)
