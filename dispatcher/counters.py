@@ -19,9 +19,7 @@ from enum import IntEnum
 
 import torch
 
-ROLES = ("target", "draft")
-OVERFLOW_KINDS = ("runtime_over_cap", "local_over_runtime")
-OVERFLOW_OUTCOMES = ("raised", "chunked")
+from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES  # re-exported: telemetry imports them from here
 
 
 class Field(IntEnum):
