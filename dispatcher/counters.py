@@ -23,18 +23,19 @@ from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES  # re-exported:
 
 
 class Field(IntEnum):
-    """Slots of the flat int64 counter vector (one clone copies them all at once)."""
+    """Slots of the flat int64 counter vector (one clone copies them all at once). Internal: the
+    snapshot names every value; the order here is no interface."""
 
     DISPATCH_CALLS = 0
     FORWARD_STEPS = 1
-    TOKENS_SENT = 2
-    TOKENS_RECEIVED = 3
-    MAX_RUNTIME_TOKENS = 4
-    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 5
-    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 6
-    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 7
-    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 8
-    CHUNKED_ROUNDS = 9
+    RUNTIME_TOKENS_SUM = 2  # sum of R over steps, exact also for R > cap (the histogram's last bin is not)
+    MAX_RUNTIME_TOKENS = 3
+    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 4
+    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 5
+    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 6
+    # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
+    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 7
+    CHUNKED_ROUNDS = 8
 
 
 def overflow_field(kind: str, outcome: str) -> Field:
@@ -62,6 +63,9 @@ class CounterSnapshot:
     runtime_tokens_histogram: tuple[int, ...]  # length cap + 2
     tokens_sent_per_rank: tuple[int, ...]  # to each target rank
     tokens_received_per_rank: tuple[int, ...]  # from each source rank
+    # Sum of R over all forward steps, exact for R > cap too: the histogram's _sum. Last, with a
+    # default, so that constructors written before it keep working.
+    runtime_tokens_sum: int = 0
 
     @property
     def overflow_events_total(self) -> int:
@@ -73,8 +77,8 @@ class DispatchCounters:
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
     a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
-    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. ``values[TOKENS_SENT]`` and ``values[TOKENS_RECEIVED]`` stay
-    0: the snapshot's totals are the sums of the per-rank counts."""
+    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. The snapshot's token
+    totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -104,12 +108,21 @@ class DispatchCounters:
         # their sums, taken at snapshot time: fewer kernels on the hot path.
         self._dispatch_targets = [self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1],
                                   self.tokens_sent_per_rank, self.tokens_received_per_rank]
-        # One step adds 1 at [FORWARD_STEPS, its histogram bin]: a row of this table per bin.
-        self._step_increment = torch.ones(2, **options)
+        # One step adds [1, 1, R] at [FORWARD_STEPS, its histogram bin, RUNTIME_TOKENS_SUM]: one
+        # index_add_. Indices and values are rows of tables built here, before any graph capture;
+        # record_step takes views of them (no kernel, no host -> device copy), so it is the same
+        # single kernel eagerly and under capture. R > cap (an overflowing step) uses the [1, 1, 0]
+        # row plus an add_ of the Python int R: a scalar kernel argument, no host buffer, so it
+        # is capture-safe too, and costs one extra kernel only on overflow steps.
         self._step_index_table = torch.tensor(
-            [[Field.FORWARD_STEPS, histogram_offset + bin_] for bin_ in range(cap + 2)], **options
+            [[Field.FORWARD_STEPS, histogram_offset + bin_, Field.RUNTIME_TOKENS_SUM] for bin_ in range(cap + 2)],
+            **options,
         )
-        self._step_indices: dict[int, torch.Tensor] = {}
+        self._step_value_table = torch.stack(
+            [torch.ones(cap + 1, **options), torch.ones(cap + 1, **options), torch.arange(cap + 1, **options)], dim=1
+        )
+        self._runtime_tokens_sum = self._state[Field.RUNTIME_TOKENS_SUM : Field.RUNTIME_TOKENS_SUM + 1]
+        self._step_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._host_max_runtime_tokens = 0
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
@@ -117,10 +130,13 @@ class DispatchCounters:
     def record_step(self, runtime_tokens: int) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
         bin_ = min(runtime_tokens, self.cap + 1)
-        index = self._step_indices.get(bin_)
-        if index is None:  # a view, made once per bin: no kernel, so capture-safe
-            index = self._step_indices[bin_] = self._step_index_table[bin_]
-        self._state.index_add_(0, index, self._step_increment)
+        views = self._step_views.get(bin_)
+        if views is None:  # views, made once per bin: no kernel, so capture-safe
+            views = self._step_views[bin_] = (self._step_index_table[bin_],
+                                              self._step_value_table[bin_ if bin_ <= self.cap else 0])
+        self._state.index_add_(0, views[0], views[1])
+        if bin_ > self.cap:  # the value row said 0 tokens: add the exact R
+            self._runtime_tokens_sum.add_(runtime_tokens)
         self._raise_max(runtime_tokens)
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
@@ -172,4 +188,5 @@ class DispatchCounters:
             runtime_tokens_histogram=tuple(histogram),
             tokens_sent_per_rank=tuple(sent),
             tokens_received_per_rank=tuple(received),
+            runtime_tokens_sum=values[Field.RUNTIME_TOKENS_SUM],
         )
