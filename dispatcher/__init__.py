@@ -18,6 +18,7 @@ _LAZY_NAMES = {  # public name -> submodule that defines it
     "local_expert_range": "backend",
     "CounterSnapshot": "counters",
     "DispatchCounters": "counters",
+    "pause_snapshots": "counters",
     "CAP_ENV_VAR": "instrumented",
     "CapOverflowError": "instrumented",
     "InstrumentedDispatcher": "instrumented",
@@ -32,7 +33,7 @@ __all__ = sorted(_LAZY_NAMES)
 
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ resolves these
     from .backend import A2ABackend, DispatchPairingError, compute_target_rank_id, local_expert_range
-    from .counters import CounterSnapshot, DispatchCounters
+    from .counters import CounterSnapshot, DispatchCounters, pause_snapshots
     from .instrumented import CAP_ENV_VAR, CapOverflowError, InstrumentedDispatcher, OverflowEvent, suggested_cap
     from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 

@@ -3,7 +3,10 @@
 Every update is an in-place tensor op on fixed-shape tensors with Python-int indices, so it
 is captured into a CUDA graph with the dispatch and replays with it; nothing here reads a
 device value back to the host on the hot path. ``snapshot()`` is the one host copy, taken by
-the telemetry layer off the hot path.
+the telemetry layer off the hot path: on CUDA a non-blocking copy into a pinned buffer on a
+side stream, waited on with an event (no device-wide sync). While the engine captures a CUDA
+graph, no other thread may touch the device that way, so the capture code wraps itself in
+:func:`pause_snapshots` and snapshots return the latest one taken before.
 
 One ``DispatchCounters`` serves all MoE layers of one rank and role: the dispatch of every
 layer calls ``record_dispatch``; only the step leader (the first layer) calls ``record_step``,
@@ -13,7 +16,10 @@ draft model keeps its own instance with ``role="draft"``.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -125,6 +131,17 @@ class DispatchCounters:
         self._step_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._host_max_runtime_tokens = 0
 
+        # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
+        self._snapshot_lock = threading.Lock()
+        self._snapshots_paused = 0
+        self._last_snapshot = self._snapshot_from([0] * self._state.numel())  # the state starts at zero
+        if self.device.type == "cuda":
+            # Made here, before any capture: allocating pinned memory or a stream later, from the
+            # telemetry thread, could land in the middle of the engine's graph capture.
+            self._host_copy = torch.empty(self._state.numel(), dtype=torch.int64, pin_memory=True)
+            self._copy_stream = torch.cuda.Stream(self.device)
+            self._copy_done = torch.cuda.Event()
+
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
 
     def record_step(self, runtime_tokens: int) -> None:
@@ -163,8 +180,47 @@ class DispatchCounters:
     # --- off the hot path ---------------------------------------------------------------------
 
     def snapshot(self) -> CounterSnapshot:
-        """Host copy (a device sync on GPUs: call it from the telemetry thread, not the step)."""
-        state = self._state.clone().cpu().tolist()
+        """Host copy of the counters, from any thread.
+
+        While snapshots are paused (:meth:`pause_snapshots`), or when the calling thread's own
+        stream is capturing a graph, nothing touches the device: the latest snapshot taken
+        before is returned (its ``taken_at`` tells its age). On CUDA the copy runs on a side
+        stream and does not wait for queued steps: a snapshot may land between two kernels of
+        one step (every value only grows; the next snapshot catches up).
+        """
+        with self._snapshot_lock:
+            if self._snapshots_paused or self._capturing():
+                return self._last_snapshot
+            self._last_snapshot = self._snapshot_from(self._copy_to_host())
+            return self._last_snapshot
+
+    @contextlib.contextmanager
+    def pause_snapshots(self) -> Iterator[None]:
+        """Hold device copies off for the block (wrap CUDA graph capture in it).
+
+        Entering waits for a copy in flight, then refreshes the snapshot that paused callers get.
+        """
+        with self._snapshot_lock:
+            if not self._snapshots_paused and not self._capturing():
+                self._last_snapshot = self._snapshot_from(self._copy_to_host())
+            self._snapshots_paused += 1
+        try:
+            yield
+        finally:
+            with self._snapshot_lock:
+                self._snapshots_paused -= 1
+
+    def _copy_to_host(self) -> list[int]:
+        if self.device.type != "cuda":
+            return self._state.clone().tolist()
+        # Not .cpu(): that allocates, copies synchronously and may wait on the whole device.
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+            self._host_copy.copy_(self._state, non_blocking=True)
+            self._copy_done.record(self._copy_stream)
+        self._copy_done.synchronize()  # waits for this copy only
+        return self._host_copy.tolist()
+
+    def _snapshot_from(self, state: list[int]) -> CounterSnapshot:
         values = state[: len(Field)]
         sent = state[len(Field) : len(Field) + self.ep_size]
         received = state[len(Field) + self.ep_size : self._histogram_offset]
@@ -190,3 +246,16 @@ class DispatchCounters:
             tokens_received_per_rank=tuple(received),
             runtime_tokens_sum=values[Field.RUNTIME_TOKENS_SUM],
         )
+
+
+@contextlib.contextmanager
+def pause_snapshots(*counters: DispatchCounters) -> Iterator[None]:
+    """``DispatchCounters.pause_snapshots`` for several counters at once (target and draft)::
+
+        with pause_snapshots(target_counters, draft_counters):
+            capture_cuda_graphs()
+    """
+    with contextlib.ExitStack() as stack:
+        for each in counters:
+            stack.enter_context(each.pause_snapshots())
+        yield

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from dispatcher.counters import CounterSnapshot, DispatchCounters
+from dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
 from dispatcher.host_reads import HostReadError, forbid_host_reads
 
 
@@ -86,3 +88,50 @@ def test_forbid_host_reads_catches_reads_and_restores_them():
         with forbid_host_reads(), pytest.raises(HostReadError):
             read()
     assert value.item() == 3 and bool(value)
+
+
+def test_paused_snapshots_return_the_one_taken_on_entry_and_resume_after():
+    target, draft = DispatchCounters(cap=8, ep_size=1), DispatchCounters(cap=8, ep_size=1, role="draft")
+    target.record_step(3)
+    with pause_snapshots(target, draft):
+        entry = target.snapshot()
+        assert entry.forward_steps == 1 and draft.snapshot().forward_steps == 0
+        target.record_step(5)  # recorded on the device, not copied while paused
+        draft.record_step(2)
+        with target.pause_snapshots():  # nests
+            assert target.snapshot() is entry
+        assert target.snapshot() is entry
+    resumed = target.snapshot()
+    assert resumed.forward_steps == 2 and resumed.runtime_tokens_sum == 8 and resumed.taken_at >= entry.taken_at
+    assert draft.snapshot().forward_steps == 1
+
+
+def test_pausing_waits_for_a_snapshot_in_flight():
+    counters = DispatchCounters(cap=8, ep_size=1)
+    copying, release, order = threading.Event(), threading.Event(), []
+    original = counters._copy_to_host
+
+    def slow_copy():
+        copying.set()
+        release.wait(5)
+        order.append("copy done")
+        return original()
+
+    counters._copy_to_host = slow_copy
+    reporter = threading.Thread(target=counters.snapshot)
+    reporter.start()
+    assert copying.wait(5)
+    counters._copy_to_host = original
+
+    def capture():
+        with counters.pause_snapshots():
+            order.append("paused")
+
+    engine = threading.Thread(target=capture)
+    engine.start()
+    engine.join(0.2)
+    assert engine.is_alive() and order == []  # still waiting for the copy
+    release.set()
+    reporter.join(5)
+    engine.join(5)
+    assert order == ["copy done", "paused"]
