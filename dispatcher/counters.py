@@ -170,7 +170,15 @@ class DispatchCounters:
                 self._host_max_runtime_tokens = runtime_tokens
 
     def _capturing(self) -> bool:
-        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        """Whether the calling thread's current stream is capturing a CUDA graph."""
+        if self.device.type != "cuda":
+            return False
+        with torch.cuda.device(self.device):
+            # Graphs are never captured on the default stream, and asking the legacy default stream
+            # while another thread captures in global mode would itself break that capture.
+            if torch.cuda.current_stream() == torch.cuda.default_stream():
+                return False
+            return torch.cuda.is_current_stream_capturing()
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
         self.values[overflow_field(kind, outcome)].add_(1)
