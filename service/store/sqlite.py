@@ -26,8 +26,8 @@ from service.advisor.history import SampleHistory
 from service.advisor.policy import AdvisorPolicy
 from service.advisor.sample import GroupSample, window_start
 from service.store.rank_state import RankState, apply_report
-from service.store.schema import (REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql, insert_reports_sql,
-                                   upsert_windows_sql)
+from service.store.schema import (REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql,
+                                   insert_reports_sql, upsert_windows_sql)
 from telemetry.report import RankReport
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,7 @@ def _runtime_overflows(report: RankReport) -> int:
 _ACCEPTED = IngestResult(accepted=True, duplicate=False)
 _DUPLICATE = IngestResult(accepted=True, duplicate=True)
 _KEY_LENGTH = len(REPORT_KEY_COLUMNS)
+_OVERFLOW_EVENTS = REPORT_COLUMNS.index("overflow_events")
 _ROWS_PER_STATEMENT = 512  # 512 x 12 parameters stays well under SQLite's limit of 32,766
 
 
@@ -332,9 +333,11 @@ class Store:
                 seen.add(key)
                 results.append(_ACCEPTED)
                 new_rows.append(row)
-                if row[9] > 0:  # forward_steps: an idle interval says nothing about the need
-                    window_rows.append((row[0], row[1], window_start(row[6], self.options.window_s),
-                                        row[7], row[8], row[10], 1))
+                interval = report.interval
+                if interval.forward_steps > 0:  # an idle interval says nothing about the need
+                    window_rows.append((key[0], key[1], window_start(interval.end_unix_s, self.options.window_s),
+                                        interval.peak_runtime_tokens, report.config.cap,
+                                        row[_OVERFLOW_EVENTS], 1))  # 1: one more report in the window
                 rank = key[:3]
                 state = touched.get(rank) or self._copy_state(rank)
                 touched[rank] = apply_report(state, report, received)

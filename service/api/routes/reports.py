@@ -131,7 +131,7 @@ _JSON_HEADERS = [(b"content-type", b"application/json")]
 class ReportFastPath:
     """ASGI middleware that serves the common case of ``POST /v1/reports`` — token accepted, size
     declared and within bounds, valid report, a store present — without FastAPI's routing, request
-    and dependency machinery, which cost the ingest path about 3/4 of its CPU (profiled with py-spy;
+    and dependency machinery, which cost the ingest path most of its CPU (profiled with py-spy;
     benchmarks/ingest.py). Every other request, and every error, goes on to ``post_report`` above with
     the body replayed, so there is one definition of each refusal; the only answer made here besides
     the acknowledgement is the 503 of a report handed to a store that then could not commit it."""
