@@ -26,7 +26,8 @@ from service.advisor.history import SampleHistory
 from service.advisor.policy import AdvisorPolicy
 from service.advisor.sample import GroupSample, window_start
 from service.store.rank_state import RankState, apply_report
-from service.store.schema import SCHEMA, UPSERT_WINDOW
+from service.store.schema import (REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql,
+                                   insert_reports_sql, upsert_windows_sql)
 from telemetry.report import RankReport
 
 log = logging.getLogger(__name__)
@@ -102,13 +103,44 @@ def _runtime_overflows(report: RankReport) -> int:
     return sum(event.count for event in report.interval.overflow_events if event.kind == "runtime_over_cap")
 
 
+_ACCEPTED = IngestResult(accepted=True, duplicate=False)
+_DUPLICATE = IngestResult(accepted=True, duplicate=True)
+_KEY_LENGTH = len(REPORT_KEY_COLUMNS)
+_OVERFLOW_EVENTS = REPORT_COLUMNS.index("overflow_events")
+_ROWS_PER_STATEMENT = 512  # 512 x 12 parameters stays well under SQLite's limit of 32,766
+
+
+def _report_row(report: RankReport, received: float, payload: bytes | None) -> tuple:
+    """The report's ``reports`` row, in REPORT_COLUMNS order (its key first)."""
+    identity, interval = report.identity, report.interval
+    return (identity.cluster, identity.role, identity.ep_rank, identity.boot_id, report.sequence, received,
+            interval.end_unix_s, interval.peak_runtime_tokens, report.config.cap, interval.forward_steps,
+            _runtime_overflows(report), payload.decode() if payload is not None else report.model_dump_json())
+
+
+def _chunks(rows: list) -> list[list]:
+    return [rows[start:start + _ROWS_PER_STATEMENT] for start in range(0, len(rows), _ROWS_PER_STATEMENT)]
+
+
+def _flat(rows: list[tuple]) -> list:
+    return [value for row in rows for value in row]
+
+
+def _stored_keys(connection: sqlite3.Connection, keys: list[tuple]) -> set[tuple]:
+    stored: set[tuple] = set()
+    for chunk in _chunks(keys):
+        stored.update(connection.execute(existing_reports_sql(len(chunk)), _flat(chunk)))
+    return stored
+
+
 class Store:
     def __init__(self, path: Path | str, options: StoreOptions | None = None,
                  clock: Callable[[], float] = time.time):
         self.path = str(path)
         self.options = options or StoreOptions()
         self.clock = clock
-        self._queue: queue.Queue = queue.Queue()
+        self._gathering: dict[asyncio.AbstractEventLoop, list] = {}  # per loop, touched only by that loop
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # C: put costs the HTTP loop far less
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -191,15 +223,28 @@ class Store:
     def submit_async(self, report: RankReport, received_unix_s: float | None = None,
                      payload: bytes | None = None) -> asyncio.Future:
         """``submit`` for the event loop: an asyncio future, settled with ONE loop wake-up per
-        committed batch (a cross-thread future per report cost more than the commit itself)."""
+        committed batch (a cross-thread future per report cost more than the commit itself).
+        The reports of one loop iteration reach the writer together, also in one wake-up: each
+        wake-up is a GIL hand-over between the HTTP loop and the writer, the ingest path's main cost."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         if self._closed:
             future.set_exception(StoreUnavailable("the store is closed"))
             return future
         received = self.clock() if received_unix_s is None else received_unix_s
-        self._queue.put((report, (received, payload), _LoopWaiter(loop, future)))
+        gathered = self._gathering.get(loop)
+        if gathered is None:
+            gathered = self._gathering[loop] = []
+            loop.call_soon(self._hand_over, loop)
+        gathered.append((report, (received, payload), _LoopWaiter(loop, future)))
         return future
+
+    def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
+        gathered = self._gathering.pop(loop)
+        if self._closed:  # closed while gathering: the writer is gone, nothing was stored
+            _resolve(gathered, None, StoreUnavailable("the store is closed"))
+        else:
+            self._queue.put(gathered)
 
     def ingest(self, report: RankReport, received_unix_s: float | None = None) -> IngestResult:
         return self.submit(report, received_unix_s).result()
@@ -218,19 +263,31 @@ class Store:
         next_maintenance = self.clock() + self.options.maintenance_interval_s
         next_checkpoint = time.monotonic() + self.options.checkpoint_interval_s
         stopping = False
+        carried = None  # reports that did not fit in the previous batch
         while not stopping:
-            try:
-                first = self._queue.get(timeout=min(self.options.maintenance_interval_s,
-                                                    self.options.checkpoint_interval_s))
-            except queue.Empty:
-                first = None
+            if carried is not None:
+                first, carried = carried, None
+            else:
+                try:
+                    first = self._queue.get(timeout=min(self.options.maintenance_interval_s,
+                                                        self.options.checkpoint_interval_s))
+                except queue.Empty:
+                    first = None
             batch, calls = [], []
             item = first
             while item is not None:
                 if item is _STOP:
                     stopping = True
                     break
-                (batch if isinstance(item[0], RankReport) else calls).append(item)
+                if isinstance(item, list):  # one loop iteration's reports (submit_async)
+                    room = self.options.max_batch_reports - len(batch)
+                    if len(item) > room:
+                        batch.extend(item[:room])
+                        carried = item[room:]
+                        break
+                    batch.extend(item)
+                else:
+                    (batch if isinstance(item[0], RankReport) else calls).append(item)
                 if len(batch) >= self.options.max_batch_reports:
                     break
                 try:
@@ -259,33 +316,35 @@ class Store:
         connection.close()
 
     def _commit(self, connection: sqlite3.Connection, batch: list) -> None:
-        results: list[IngestResult] = []
+        """One transaction for the batch, in a few many-row statements (see schema.py for why):
+        find which reports are already stored, insert the new ones, grow their windows, COMMIT."""
+        rows = [_report_row(report, received, payload) for report, (received, payload), _ in batch]
         touched: dict[tuple[str, str, int], RankState] = {}
         last_report_id = self._last_report_id
         try:
             connection.execute("BEGIN IMMEDIATE")
-            for report, (received, payload), _ in batch:
-                identity, interval = report.identity, report.interval
-                overflow = _runtime_overflows(report)
-                cursor = connection.execute(
-                    "INSERT OR IGNORE INTO reports (cluster, role, ep_rank, boot_id, sequence, received_unix_s, "
-                    "interval_end_unix_s, peak_runtime_tokens, cap, forward_steps, overflow_events, payload) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (identity.cluster, identity.role, identity.ep_rank, identity.boot_id, report.sequence, received,
-                     interval.end_unix_s, interval.peak_runtime_tokens, report.config.cap, interval.forward_steps,
-                     overflow, payload.decode() if payload is not None else report.model_dump_json()))
-                if cursor.rowcount == 0:
-                    results.append(IngestResult(accepted=True, duplicate=True))
+            seen = _stored_keys(connection, [row[:_KEY_LENGTH] for row in rows])
+            results, new_rows, window_rows = [], [], []
+            for row, (report, (received, _), _) in zip(rows, batch):
+                key = row[:_KEY_LENGTH]
+                if key in seen:  # stored before, or earlier in this batch
+                    results.append(_DUPLICATE)
                     continue
-                last_report_id = cursor.lastrowid
+                seen.add(key)
+                results.append(_ACCEPTED)
+                new_rows.append(row)
+                interval = report.interval
                 if interval.forward_steps > 0:  # an idle interval says nothing about the need
-                    connection.execute(UPSERT_WINDOW, (
-                        identity.cluster, identity.role, window_start(interval.end_unix_s, self.options.window_s),
-                        interval.peak_runtime_tokens, report.config.cap, overflow))
-                key = (identity.cluster, identity.role, identity.ep_rank)
-                state = touched.get(key) or self._copy_state(key)
-                touched[key] = apply_report(state, report, received)
-                results.append(IngestResult(accepted=True, duplicate=False))
+                    window_rows.append((key[0], key[1], window_start(interval.end_unix_s, self.options.window_s),
+                                        interval.peak_runtime_tokens, report.config.cap,
+                                        row[_OVERFLOW_EVENTS], 1))  # 1: one more report in the window
+                rank = key[:3]
+                state = touched.get(rank) or self._copy_state(rank)
+                touched[rank] = apply_report(state, report, received)
+            for chunk in _chunks(new_rows):
+                last_report_id = connection.execute(insert_reports_sql(len(chunk)), _flat(chunk)).lastrowid
+            for chunk in _chunks(window_rows):
+                connection.execute(upsert_windows_sql(len(chunk)), _flat(chunk))
             connection.execute("COMMIT")
         except Exception as error:
             if connection.in_transaction:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import APIRouter, HTTPException, Request, Response, status
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import check_token
+from service.api.deps import bearer_token_accepted, check_token
 from service.store.sqlite import StoreUnavailable
 from telemetry.report import RankReport
 
@@ -76,7 +78,7 @@ async def post_report(request: Request) -> Response:
     # cost a measurable share of the ingest rate (see benchmarks/ingest.py).
     started = time.perf_counter()
     state = request.app.state
-    settings, metrics, clock = state.settings, state.metrics, state.clock
+    settings, metrics = state.settings, state.metrics
     check_token(request, settings, metrics)
     try:
         body = await read_bounded_body(request, settings.max_body_bytes)
@@ -93,22 +95,103 @@ async def post_report(request: Request) -> Response:
                   "invalid report: " + "; ".join(f"{item.field}: {item.message}" for item in errors[:5]))
         return JSONResponse(RejectedReport(detail=detail, errors=errors).model_dump(),
                             status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
-    store = request.app.state.store
-    if store is None:
+    if state.store is None:
         metrics.reports_rejected.labels("unavailable").inc()
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
                             "this service reads its ranks from Prometheus (--prometheus-url); it stores no reports")
     try:
-        result = await store.submit_async(report, clock(), payload=body)
+        status_code, acknowledgement = await _acknowledge(state, report, body, started)
     except StoreUnavailable as error:
-        metrics.reports_rejected.labels("unavailable").inc()
         raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"{error}; retry later") from None
+    return Response(acknowledgement, status_code=status_code, media_type="application/json")
+
+
+async def _acknowledge(state, report: RankReport, body: bytes, started: float) -> tuple[int, bytes]:
+    """Store a valid report; the acknowledgement's status and (pre-encoded) body once it is durable.
+    Raises StoreUnavailable (counted) when it was not stored."""
+    metrics = state.metrics
+    try:
+        result = await state.store.submit_async(report, state.clock(), payload=body)
+    except StoreUnavailable:
+        metrics.reports_rejected.labels("unavailable").inc()
+        raise
     if result.duplicate:
         metrics.reports_duplicate.inc()
+        acknowledgement = (status.HTTP_200_OK, DUPLICATE_BODY)
     else:
         metrics.reports_ingested.inc()
+        acknowledgement = (status.HTTP_202_ACCEPTED, ACCEPTED_BODY)
     metrics.ingest_latency.observe(time.perf_counter() - started)
-    # Pre-encoded: skips response-model validation and serialisation on the hottest path.
-    if result.duplicate:
-        return Response(DUPLICATE_BODY, status_code=status.HTTP_200_OK, media_type="application/json")
-    return Response(ACCEPTED_BODY, status_code=status.HTTP_202_ACCEPTED, media_type="application/json")
+    return acknowledgement
+
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+class ReportFastPath:
+    """ASGI middleware that serves the common case of ``POST /v1/reports`` — token accepted, size
+    declared and within bounds, valid report, a store present — without FastAPI's routing, request
+    and dependency machinery, which cost the ingest path most of its CPU (profiled with py-spy;
+    benchmarks/ingest.py). Every other request, and every error, goes on to ``post_report`` above with
+    the body replayed, so there is one definition of each refusal; the only answer made here besides
+    the acknowledgement is the 503 of a report handed to a store that then could not commit it."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or scope["path"] != scope.get("root_path", "") + "/v1/reports"):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state = scope["app"].state
+        declared, authorization = None, ""
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                declared = value
+            elif name == b"authorization":
+                authorization = value.decode("latin-1")
+        limit = state.settings.max_body_bytes
+        if (state.store is None or declared is None or not declared.isdigit() or int(declared) > limit
+                or not bearer_token_accepted(authorization, state.settings)):
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more and size <= limit:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: the route sees the same
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        try:
+            report = None if more or size > limit else RankReport.model_validate_json(body)
+        except ValidationError:
+            report = None
+        if report is None:
+            await self.app(scope, _replay(body, more, receive), send)
+            return
+        try:
+            status_code, acknowledgement = await _acknowledge(state, report, body, started)
+        except StoreUnavailable as error:
+            status_code = status.HTTP_503_SERVICE_UNAVAILABLE
+            acknowledgement = json.dumps({"detail": f"{error}; retry later"}).encode()
+        await send({"type": "http.response.start", "status": status_code,
+                    "headers": [*_JSON_HEADERS, (b"content-length", str(len(acknowledgement)).encode())]})
+        await send({"type": "http.response.body", "body": acknowledgement})
+
+
+def _replay(body: bytes, more_body: bool, receive: Receive) -> Receive:
+    """``receive`` as if nothing had been read: what was read first, then the rest of the stream."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": more_body}
+
+    return replay
