@@ -29,6 +29,9 @@ class Settings(BaseSettings):
     max_batch_reports: int = Field(1024, ge=1, description="Most reports committed in one transaction.")
     prometheus_url: str | None = Field(None, description="Read ranks from this Prometheus instead of reports.")
     prometheus_timeout_s: float = Field(10.0, gt=0)
+    prometheus_cache_s: float = Field(
+        15.0, ge=0, description="Reuse a group's sample history read from Prometheus this long (at most one "
+                                "window), so repeated scrapes and requests don't repeat its range queries.")
     advisor: AdvisorPolicy = AdvisorPolicy()
 
     @field_validator("token")
