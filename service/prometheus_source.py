@@ -50,6 +50,10 @@ class PrometheusSource:
         self.clock = clock
         self.history_s = history_s
         self._client = httpx.Client(base_url=self.url, timeout=settings.prometheus_timeout_s)
+        # (cluster, role) -> (expires at, history): four range queries over up to a week, so reused
+        # briefly; never longer than a window, the granularity at which the history can change.
+        self._histories: dict[tuple[str, str], tuple[float, SampleHistory]] = {}
+        self.history_cache_s = min(settings.prometheus_cache_s, settings.window_s)
 
     # --- HTTP API ---------------------------------------------------------------------------
 
@@ -147,6 +151,17 @@ class PrometheusSource:
         return {float(t): float(v) for t, v in result[0]["values"] if not math.isnan(float(v))}
 
     def sample_history(self, cluster: str, role: str) -> SampleHistory:
+        now = self.clock()
+        cached = self._histories.get((cluster, role))
+        if cached is not None and now < cached[0]:
+            return cached[1].copy()
+        history = self._query_history(cluster, role)
+        if self.history_cache_s > 0:
+            self._histories = {key: entry for key, entry in self._histories.items() if now < entry[0]}
+            self._histories[(cluster, role)] = (now + self.history_cache_s, history)
+        return history.copy()
+
+    def _query_history(self, cluster: str, role: str) -> SampleHistory:
         window = self.settings.window_s
         end = (self.clock() // window) * window + window
         start = max(end - self.history_s, end - MAX_POINTS * window)
