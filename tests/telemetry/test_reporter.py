@@ -9,7 +9,14 @@ import torch
 from dispatcher.counters import DispatchCounters
 from telemetry.report import RankIdentity
 from telemetry.rank import rank_config
-from telemetry.reporter import Delivery, RankReporter, ReporterOptions, classify_status, new_boot_id
+from telemetry.reporter import (
+    Delivery,
+    HttpReportSender,
+    RankReporter,
+    ReporterOptions,
+    classify_status,
+    new_boot_id,
+)
 
 from .sink import ReportSink
 
@@ -25,11 +32,11 @@ def sink():
     sink.stop()
 
 
-def make_reporter(sink: ReportSink, counters: DispatchCounters, **options) -> RankReporter:
+def make_reporter(sink: ReportSink, counters: DispatchCounters, sender=None, **options) -> RankReporter:
     identity = RankIdentity(cluster="unit", ep_rank=1, ep_size=EP_SIZE, boot_id=new_boot_id())
     config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=8, top_k=2, num_experts=4, backend="torch")
     defaults = dict(interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1, request_timeout_s=1.0)
-    return RankReporter(counters, identity, config, ReporterOptions(sink.url, **(defaults | options)))
+    return RankReporter(counters, identity, config, ReporterOptions(sink.url, **(defaults | options)), sender=sender)
 
 
 def dispatch(counters: DispatchCounters, runtime_tokens: int) -> None:
@@ -118,6 +125,64 @@ def test_a_lost_response_is_retried_with_the_same_sequence_and_counted_once(sink
     assert reporter.stats().send_failures >= 2
 
 
+BROKEN_RESPONSES = [
+    # Content-Length promises 100 bytes, 11 come: http.client.IncompleteRead.
+    b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"accepted\"",
+    b"SPAM SPAM SPAM\r\n\r\n",  # not a status line: http.client.BadStatusLine
+]
+
+
+def test_broken_http_responses_are_retried_and_reporting_goes_on(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.raw_responses = list(BROKEN_RESPONSES)
+    reporter = make_reporter(sink, counters).start()
+    dispatch(counters, 5)
+    wait_for(lambda: not sink.raw_responses and reporter.stats().send_failures >= 2)
+    dispatch(counters, 9)  # after both broken answers: the thread still cuts and delivers intervals
+    wait_for(lambda: reporter.stats().delivered >= 2
+             and any(r.interval.peak_runtime_tokens == 9 for r in sink.reports.values()))
+    assert reporter._thread.is_alive()
+    assert reporter.close("shutdown", timeout_s=10)
+    assert_exactly_once(sink, reporter, counters)
+    assert sink.duplicates == 2  # both broken answers were to reports the sink had stored
+
+
+def test_a_broken_response_to_an_inline_final_report_does_not_raise_into_the_dispatch(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters)  # no thread: flush_final sends from the caller's thread
+    for raw in BROKEN_RESPONSES:
+        sink.raw_responses = [raw]
+        dispatch(counters, 3)
+        assert reporter.flush_final("overflow", timeout_s=5) is False  # a failed attempt, not an exception
+    assert reporter.stats().send_failures == 2 and reporter.stats().pending == 2
+    assert reporter.flush_final("shutdown", timeout_s=5)
+    assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "overflow", "shutdown"))
+    assert sink.duplicates == 2
+
+
+def test_an_unexpected_error_in_the_sender_never_ends_reporting_or_reaches_the_dispatch(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    http_sender = HttpReportSender(ReporterOptions(sink.url))
+    failures_left = [3]
+
+    def flaky_sender(report):
+        if failures_left[0]:
+            failures_left[0] -= 1
+            raise RuntimeError("a bug in the sender")
+        return http_sender(report)
+
+    reporter = make_reporter(sink, counters, sender=flaky_sender).start()
+    dispatch(counters, 4)
+    wait_for(lambda: reporter.stats().delivered >= 1)
+    assert reporter._thread.is_alive() and reporter.stats().send_failures >= 2
+    reporter.close()
+    failures_left[0] = 1
+    dispatch(counters, 6)
+    assert reporter.flush_final("overflow", timeout_s=5) is False  # the error stays in the reporter
+    assert reporter.flush_final("shutdown", timeout_s=5) is True
+    assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "shutdown"))
+
+
 def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_its_timeout(sink):
     counters = DispatchCounters(CAP, EP_SIZE)
     sink.hang.set()
@@ -195,7 +260,7 @@ def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
 
 @pytest.mark.parametrize("status, verdict", [
     (200, Delivery.DELIVERED), (202, Delivery.DELIVERED), (500, Delivery.RETRY), (503, Delivery.RETRY),
-    (429, Delivery.RETRY), (401, Delivery.RETRY), (400, Delivery.REJECTED), (413, Delivery.REJECTED),
+    (429, Delivery.RETRY), (401, Delivery.UNAUTHORIZED), (403, Delivery.UNAUTHORIZED), (400, Delivery.REJECTED), (413, Delivery.REJECTED),
     (422, Delivery.REJECTED),
 ])
 def test_status_classification(status, verdict):
