@@ -142,6 +142,9 @@ def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
         # The cap-fitted buckets work with histogram_quantile: the median R lies within the cap.
         median = prometheus.query(f"histogram_quantile(0.5, sum by (le) (moe_a2a_runtime_tokens_bucket{selector}))")
         assert 0 < float(median[0]["value"][1]) <= WORKLOAD.cap
+        # Every step ran within the peak window: its largest R reached Prometheus, whatever was sampled.
+        window_max = prometheus.query(f"max(moe_a2a_runtime_tokens_window_max{selector})")
+        assert float(window_max[0]["value"][1]) == expected.max_runtime_tokens
     finally:
         prometheus.stop()
 
