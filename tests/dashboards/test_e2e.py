@@ -257,6 +257,10 @@ def test_values_agree_with_the_run(stack):
     assert [(s["metric"]["kind"], s["metric"]["outcome"]) for s in overflows] == [("runtime_over_cap", "chunked")]
     peak = stack.values(f'cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{cluster="{CLUSTER}"}}')
     assert 0 < peak[""] <= 1.25
+    # Every peak window (60 s) holds over-cap steps (one in 15): the window gauge shows an overflow, always.
+    window = stack.values(
+        f'cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max{{cluster="{CLUSTER}"}}')
+    assert 1 < window[""] <= 1.25
     # The service's recommendation, as scraped, lies within its own bounds and above the overflowing cap.
     advice = {name: stack.values(f'{name}{{cluster="{CLUSTER}"}}')[""] for name in (
         service_metrics.RECOMMENDED_CAP_LOWER_TOKENS, service_metrics.RECOMMENDED_CAP_TOKENS,
