@@ -1,12 +1,16 @@
 """The reporter against a real HTTP peer (tests/telemetry/sink.py), counters driven in this thread."""
 
-import threading
+import logging
 import time
 
 import pytest
 import torch
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from dispatcher.counters import DispatchCounters
+from telemetry.collector import DispatchCollector
+from telemetry.exporter import RankExporter
 from telemetry.report import RankIdentity
 from telemetry.rank import rank_config
 from telemetry.reporter import (
@@ -35,8 +39,9 @@ def sink():
 def make_reporter(sink: ReportSink, counters: DispatchCounters, sender=None, **options) -> RankReporter:
     identity = RankIdentity(cluster="unit", ep_rank=1, ep_size=EP_SIZE, boot_id=new_boot_id())
     config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=8, top_k=2, num_experts=4, backend="torch")
-    defaults = dict(interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1, request_timeout_s=1.0)
-    return RankReporter(counters, identity, config, ReporterOptions(sink.url, **(defaults | options)), sender=sender)
+    defaults = dict(service_url=sink.url, interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1,
+                    request_timeout_s=1.0)
+    return RankReporter(counters, identity, config, ReporterOptions(**(defaults | options)), sender=sender)
 
 
 def dispatch(counters: DispatchCounters, runtime_tokens: int) -> None:
@@ -242,13 +247,28 @@ def test_after_a_final_report_a_rank_that_survives_keeps_reporting(sink):
     assert reports[-1].counters.forward_steps == 2
 
 
-def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
+def exported_reporter_counters(reporter: RankReporter, counters: DispatchCounters) -> dict[str, float]:
+    collector = DispatchCollector(reporter.tracker, reporter.identity, reporter.config, reporter_stats=reporter.stats)
+    text = RankExporter(collector).render().decode()
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("moe_a2a_report")}
+
+
+def test_bearer_token_is_sent_and_a_wrong_one_is_retried_logged_with_its_status_and_counted_apart(caplog):
     sink = ReportSink(bearer_token="s3cret").start()
     try:
         counters = DispatchCounters(CAP, EP_SIZE)
-        wrong = make_reporter(sink, counters, bearer_token="nope").start()
-        wait_for(lambda: sink.unauthorized >= 2)
-        assert wrong.stats().rejected == 0 and wrong.stats().pending >= 1 and not sink.reports
+        with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+            wrong = make_reporter(sink, counters, bearer_token="nope").start()
+            wait_for(lambda: sink.unauthorized >= 2)
+        stats = wrong.stats()
+        assert stats.auth_failures >= 2 and stats.send_failures == 0 and stats.rejected == 0
+        assert stats.pending >= 1 and not sink.reports
+        assert "HTTP 401" in caplog.text and "bearer token" in caplog.text and "unreachable" not in caplog.text
+        assert caplog.text.count("HTTP 401") == 1  # once per streak, not per retry
+        exported = exported_reporter_counters(wrong, counters)
+        assert exported["moe_a2a_report_auth_failures_total"] >= 2
+        assert exported["moe_a2a_reports_rejected_total"] == exported["moe_a2a_report_send_failures_total"] == 0
         wrong.close()
         right = make_reporter(sink, counters, bearer_token="s3cret")
         dispatch(counters, 4)
@@ -256,6 +276,20 @@ def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
         assert len(sink.reports) == 1
     finally:
         sink.stop()
+
+
+def test_a_report_refused_for_good_is_dropped_logged_with_its_status_and_counted_as_rejected(sink, caplog):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters, service_url=sink.url + "/not-capwatch")  # the sink answers 404
+    dispatch(counters, 4)
+    with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+        assert reporter.flush_final("done", timeout_s=5) is False
+    stats = reporter.stats()
+    assert (stats.rejected, stats.pending, stats.send_failures, stats.auth_failures) == (1, 0, 0, 0)
+    assert "HTTP 404" in caplog.text and "refused report" in caplog.text
+    exported = exported_reporter_counters(reporter, counters)
+    assert exported["moe_a2a_reports_rejected_total"] == 1
+    assert exported["moe_a2a_report_auth_failures_total"] == 0
 
 
 @pytest.mark.parametrize("status, verdict", [
