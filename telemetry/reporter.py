@@ -242,6 +242,18 @@ class RankReporter:
         final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
         return final.outcome.verdict is Delivery.DELIVERED
 
+    def cut_interval(self) -> None:
+        """Close the current interval now and queue its report, as the thread does every ``interval_s``
+        (e.g. before a planned pause, or to drive the reporter step by step); nothing after a close."""
+        with self._wake:
+            if self._ticking:
+                self._cut_locked()
+                self._wake.notify_all()
+
+    def _cut_locked(self) -> None:
+        interval, snapshot = self.tracker.close()
+        self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
                              send_failures=self._send_failures, rejected=self._rejected,
@@ -264,8 +276,7 @@ class RankReporter:
                     now = time.monotonic()
                     if now >= next_tick and self._ticking:
                         next_tick = max(next_tick + interval_s, now + interval_s / 2)
-                        interval, snapshot = self.tracker.close()
-                        self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+                        self._cut_locked()
                     if not (self._pending and now >= self._retry_at):
                         wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
                         self._wake.wait(timeout=max(0.0, wake_at - now))

@@ -210,13 +210,17 @@ def test_dead_then_hanging_service_costs_the_ranks_nothing_and_loses_no_report()
         sink.stop()  # dead: connection refused
         at_outage = group.status[0]["step"]
         down = group.command("steps", 60)  # a fixed amount of work: it would hang if dispatch waited
-        group.start_running()
-        time.sleep(1.5)  # ~15 intervals pile up behind the dead service
-        down = group.stop_running()
-        assert down[0]["step"] - at_outage > 60
+        assert down[0]["step"] - at_outage == 60
+        for _ in range(15):  # 15 intervals, cut explicitly, pile up behind the dead service
+            group.command("steps", 4)
+            down = group.command("cut")
+        deadline = time.monotonic() + 60
+        while not all(status["reporter"]["send_failures"] > 0 for status in down):
+            assert time.monotonic() < deadline, f"no failed send seen: {[s['reporter'] for s in down]}"
+            down = group.command("steps", 1)
         for status in down:
-            assert status["reporter"]["send_failures"] > 0
-            assert 1 <= status["reporter"]["pending"] <= 8  # bounded: merged, not grown
+            assert status["reporter"]["pending"] == 8  # full and bounded: merged, not grown
+            assert status["reporter"]["delivered"] == len(sink.boots_of(status["rank"])[status["boot_id"]])
 
         sink.hang.set()  # back, but every request hangs: the reporters are stuck inside a POST
         sink.start()
