@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.launch import RankFailedError
 from telemetry.catalogue import runtime_token_buckets
+from tests.support.prometheus import scrape_config, start_prometheus
 
 from .group import RankGroup
-from .prometheus_server import PrometheusServer
 from .promtool import promtool_findings
 from .rank_program import RankPlan
 from .sink import ReportSink
@@ -124,7 +124,7 @@ def test_exported_values_equal_what_was_dispatched(group4):
 
 def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
     targets = [url.split("//")[1].split("/")[0] for url in group4.metrics_urls]
-    prometheus = PrometheusServer(tmp_path, targets)
+    prometheus = start_prometheus(tmp_path, scrape_config(targets))
     try:
         steps = group4.command("steps", 5)[0]["step"]
         expected = expected_totals(WORKLOAD, 4, range(steps))
