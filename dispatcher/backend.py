@@ -4,10 +4,11 @@ A backend moves each local token to every EP rank that owns one of its top-k exp
 (``dispatch``) and sums the expert outputs back onto the token's home rank (``combine``):
 
 * ``dispatch(token_selected_experts [T, top_k] int32, payloads [[T, n_i], ...], R)`` returns
-  one receive tensor ``[ep_size, R, n_i]`` per payload. Row ``[src, j]`` holds the j-th token
-  rank ``src`` sent here. A token goes to a rank **once**, however many of its top-k experts
-  that rank owns. ``R`` (``runtime_max_tokens_per_rank``) is the largest local batch of the
-  step over all ranks; every rank passes the same value.
+  one receive tensor ``[ep_size, R, n_i]`` per payload. ``T > R`` is refused (its rows would
+  overwrite another rank's). Row ``[src, j]`` holds the j-th token rank ``src`` sent here. A
+  token goes to a rank **once**, however many of its top-k experts that rank owns. ``R``
+  (``runtime_max_tokens_per_rank``) is the largest local batch of the step over all ranks;
+  every rank passes the same value.
 * Ordering: FlashInfer assigns slots with ``atomicAdd`` (any order); the backends here order a
   source's tokens by local token index, so results are deterministic and comparable.
 * Rows ``j >= recv_counts[src]`` are padding. With ``invalid_token_expert_id`` and
@@ -124,7 +125,8 @@ def validate_dispatch_inputs(
     invalid_token_expert_id: int | None,
     expert_id_payload_index: int | None,
 ) -> None:
-    """Shape/dtype checks FlashInfer makes, on host-side metadata only (no device reads)."""
+    """Shape/dtype checks FlashInfer makes, plus ``T <= R`` which it does not, on host-side
+    metadata only (no device reads)."""
     if token_selected_experts.dim() != 2 or token_selected_experts.dtype != torch.int32:
         raise ValueError(
             "token_selected_experts must be an int32 [tokens, top_k] tensor, got "
@@ -141,6 +143,13 @@ def validate_dispatch_inputs(
     if isinstance(runtime_max_tokens_per_rank, bool) or not isinstance(runtime_max_tokens_per_rank, int) \
             or runtime_max_tokens_per_rank <= 0:
         raise ValueError(f"runtime_max_tokens_per_rank must be a positive int, got {runtime_max_tokens_per_rank!r}")
+    if num_tokens > runtime_max_tokens_per_rank:
+        # Each source rank owns R receive rows on every target: more local tokens than R would
+        # write into the next rank's rows (FlashInfer up to 0.7.2.post1 does exactly that).
+        raise ValueError(
+            f"{num_tokens} local tokens but runtime_max_tokens_per_rank is {runtime_max_tokens_per_rank}: they "
+            "would overwrite other ranks' receive slots. Pass R >= the largest local token count over all ranks."
+        )
     if (invalid_token_expert_id is None) != (expert_id_payload_index is None):
         raise ValueError("invalid_token_expert_id and expert_id_payload_index go together: pass both or neither")
     if expert_id_payload_index is not None and not 0 <= expert_id_payload_index < len(payloads):
@@ -169,10 +178,6 @@ class A2ABackend(ABC):
     @abstractmethod
     def recv_counts(self) -> torch.Tensor:
         """[ep_size] tokens received from each rank by the latest dispatch (device-resident)."""
-
-    @property
-    def local_experts(self) -> range:
-        return local_expert_range(self.ep_rank, self.num_experts, self.ep_size)
 
     def dispatch(
         self,

@@ -3,7 +3,10 @@
 Every update is an in-place tensor op on fixed-shape tensors with Python-int indices, so it
 is captured into a CUDA graph with the dispatch and replays with it; nothing here reads a
 device value back to the host on the hot path. ``snapshot()`` is the one host copy, taken by
-the telemetry layer off the hot path.
+the telemetry layer off the hot path: on CUDA a non-blocking copy into a pinned buffer on a
+side stream, waited on with an event (no device-wide sync). While the engine captures a CUDA
+graph, no other thread may touch the device that way, so the capture code wraps itself in
+:func:`pause_snapshots` and snapshots return the latest one taken before.
 
 One ``DispatchCounters`` serves all MoE layers of one rank and role: the dispatch of every
 layer calls ``record_dispatch``; only the step leader (the first layer) calls ``record_step``,
@@ -13,30 +16,32 @@ draft model keeps its own instance with ``role="draft"``.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 
 import torch
 
-ROLES = ("target", "draft")
-OVERFLOW_KINDS = ("runtime_over_cap", "local_over_runtime")
-OVERFLOW_OUTCOMES = ("raised", "chunked")
+from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES  # re-exported: telemetry imports them from here
 
 
 class Field(IntEnum):
-    """Slots of the flat int64 counter vector (one clone copies them all at once)."""
+    """Slots of the flat int64 counter vector (one clone copies them all at once). Internal: the
+    snapshot names every value; the order here is no interface."""
 
     DISPATCH_CALLS = 0
     FORWARD_STEPS = 1
-    TOKENS_SENT = 2
-    TOKENS_RECEIVED = 3
-    MAX_RUNTIME_TOKENS = 4
-    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 5
-    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 6
-    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 7
-    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 8
-    CHUNKED_ROUNDS = 9
+    RUNTIME_TOKENS_SUM = 2  # sum of R over steps, exact also for R > cap (the histogram's last bin is not)
+    MAX_RUNTIME_TOKENS = 3
+    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 4
+    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 5
+    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 6
+    # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
+    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 7
+    CHUNKED_ROUNDS = 8
 
 
 def overflow_field(kind: str, outcome: str) -> Field:
@@ -64,6 +69,9 @@ class CounterSnapshot:
     runtime_tokens_histogram: tuple[int, ...]  # length cap + 2
     tokens_sent_per_rank: tuple[int, ...]  # to each target rank
     tokens_received_per_rank: tuple[int, ...]  # from each source rank
+    # Sum of R over all forward steps, exact for R > cap too: the histogram's _sum. Last, with a
+    # default, so that constructors written before it keep working.
+    runtime_tokens_sum: int = 0
 
     @property
     def overflow_events_total(self) -> int:
@@ -75,8 +83,8 @@ class DispatchCounters:
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
     a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
-    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. ``values[TOKENS_SENT]`` and ``values[TOKENS_RECEIVED]`` stay
-    0: the snapshot's totals are the sums of the per-rank counts."""
+    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. The snapshot's token
+    totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -106,23 +114,46 @@ class DispatchCounters:
         # their sums, taken at snapshot time: fewer kernels on the hot path.
         self._dispatch_targets = [self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1],
                                   self.tokens_sent_per_rank, self.tokens_received_per_rank]
-        # One step adds 1 at [FORWARD_STEPS, its histogram bin]: a row of this table per bin.
-        self._step_increment = torch.ones(2, **options)
+        # One step adds [1, 1, R] at [FORWARD_STEPS, its histogram bin, RUNTIME_TOKENS_SUM]: one
+        # index_add_. Indices and values are rows of tables built here, before any graph capture;
+        # record_step takes views of them (no kernel, no host -> device copy), so it is the same
+        # single kernel eagerly and under capture. R > cap (an overflowing step) uses the [1, 1, 0]
+        # row plus an add_ of the Python int R: a scalar kernel argument, no host buffer, so it
+        # is capture-safe too, and costs one extra kernel only on overflow steps.
         self._step_index_table = torch.tensor(
-            [[Field.FORWARD_STEPS, histogram_offset + bin_] for bin_ in range(cap + 2)], **options
+            [[Field.FORWARD_STEPS, histogram_offset + bin_, Field.RUNTIME_TOKENS_SUM] for bin_ in range(cap + 2)],
+            **options,
         )
-        self._step_indices: dict[int, torch.Tensor] = {}
+        self._step_value_table = torch.stack(
+            [torch.ones(cap + 1, **options), torch.ones(cap + 1, **options), torch.arange(cap + 1, **options)], dim=1
+        )
+        self._runtime_tokens_sum = self._state[Field.RUNTIME_TOKENS_SUM : Field.RUNTIME_TOKENS_SUM + 1]
+        self._step_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._host_max_runtime_tokens = 0
+
+        # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
+        self._snapshot_lock = threading.Lock()
+        self._snapshots_paused = 0
+        self._last_snapshot = self._snapshot_from([0] * self._state.numel())  # the state starts at zero
+        if self.device.type == "cuda":
+            # Made here, before any capture: allocating pinned memory or a stream later, from the
+            # telemetry thread, could land in the middle of the engine's graph capture.
+            self._host_copy = torch.empty(self._state.numel(), dtype=torch.int64, pin_memory=True)
+            self._copy_stream = torch.cuda.Stream(self.device)
+            self._copy_done = torch.cuda.Event()
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
 
     def record_step(self, runtime_tokens: int) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
         bin_ = min(runtime_tokens, self.cap + 1)
-        index = self._step_indices.get(bin_)
-        if index is None:  # a view, made once per bin: no kernel, so capture-safe
-            index = self._step_indices[bin_] = self._step_index_table[bin_]
-        self._state.index_add_(0, index, self._step_increment)
+        views = self._step_views.get(bin_)
+        if views is None:  # views, made once per bin: no kernel, so capture-safe
+            views = self._step_views[bin_] = (self._step_index_table[bin_],
+                                              self._step_value_table[bin_ if bin_ <= self.cap else 0])
+        self._state.index_add_(0, views[0], views[1])
+        if bin_ > self.cap:  # the value row said 0 tokens: add the exact R
+            self._runtime_tokens_sum.add_(runtime_tokens)
         self._raise_max(runtime_tokens)
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
@@ -139,7 +170,15 @@ class DispatchCounters:
                 self._host_max_runtime_tokens = runtime_tokens
 
     def _capturing(self) -> bool:
-        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        """Whether the calling thread's current stream is capturing a CUDA graph."""
+        if self.device.type != "cuda":
+            return False
+        with torch.cuda.device(self.device):
+            # Graphs are never captured on the default stream, and asking the legacy default stream
+            # while another thread captures in global mode would itself break that capture.
+            if torch.cuda.current_stream() == torch.cuda.default_stream():
+                return False
+            return torch.cuda.is_current_stream_capturing()
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
         self.values[overflow_field(kind, outcome)].add_(1)
@@ -149,8 +188,47 @@ class DispatchCounters:
     # --- off the hot path ---------------------------------------------------------------------
 
     def snapshot(self) -> CounterSnapshot:
-        """Host copy (a device sync on GPUs: call it from the telemetry thread, not the step)."""
-        state = self._state.clone().cpu().tolist()
+        """Host copy of the counters, from any thread.
+
+        While snapshots are paused (:meth:`pause_snapshots`), or when the calling thread's own
+        stream is capturing a graph, nothing touches the device: the latest snapshot taken
+        before is returned (its ``taken_at`` tells its age). On CUDA the copy runs on a side
+        stream and does not wait for queued steps: a snapshot may land between two kernels of
+        one step (every value only grows; the next snapshot catches up).
+        """
+        with self._snapshot_lock:
+            if self._snapshots_paused or self._capturing():
+                return self._last_snapshot
+            self._last_snapshot = self._snapshot_from(self._copy_to_host())
+            return self._last_snapshot
+
+    @contextlib.contextmanager
+    def pause_snapshots(self) -> Iterator[None]:
+        """Hold device copies off for the block (wrap CUDA graph capture in it).
+
+        Entering waits for a copy in flight, then refreshes the snapshot that paused callers get.
+        """
+        with self._snapshot_lock:
+            if not self._snapshots_paused and not self._capturing():
+                self._last_snapshot = self._snapshot_from(self._copy_to_host())
+            self._snapshots_paused += 1
+        try:
+            yield
+        finally:
+            with self._snapshot_lock:
+                self._snapshots_paused -= 1
+
+    def _copy_to_host(self) -> list[int]:
+        if self.device.type != "cuda":
+            return self._state.clone().tolist()
+        # Not .cpu(): that allocates, copies synchronously and may wait on the whole device.
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
+            self._host_copy.copy_(self._state, non_blocking=True)
+            self._copy_done.record(self._copy_stream)
+        self._copy_done.synchronize()  # waits for this copy only
+        return self._host_copy.tolist()
+
+    def _snapshot_from(self, state: list[int]) -> CounterSnapshot:
         values = state[: len(Field)]
         sent = state[len(Field) : len(Field) + self.ep_size]
         received = state[len(Field) + self.ep_size : self._histogram_offset]
@@ -174,4 +252,18 @@ class DispatchCounters:
             runtime_tokens_histogram=tuple(histogram),
             tokens_sent_per_rank=tuple(sent),
             tokens_received_per_rank=tuple(received),
+            runtime_tokens_sum=values[Field.RUNTIME_TOKENS_SUM],
         )
+
+
+@contextlib.contextmanager
+def pause_snapshots(*counters: DispatchCounters) -> Iterator[None]:
+    """``DispatchCounters.pause_snapshots`` for several counters at once (target and draft)::
+
+        with pause_snapshots(target_counters, draft_counters):
+            capture_cuda_graphs()
+    """
+    with contextlib.ExitStack() as stack:
+        for each in counters:
+            stack.enter_context(each.pause_snapshots())
+        yield

@@ -87,9 +87,12 @@ class InstrumentedDispatcher:
     ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records
     the forward step; all of them record their dispatches. The step is recorded before the
     guards, so a step that overflows still lands in the R histogram (bin ``cap + 1``).
-    ``on_overflow``: callbacks run with the :class:`OverflowEvent` after it is counted and
-    before anything is raised; a callback's own exception is attached to the overflow error as
-    a note (or warned, when chunking), never raised in its place.
+    Overflows are counted per step too: a chunked one (and its rounds) only by the step
+    leader, though every layer guards and chunks alike; a raised one by the layer that raises,
+    which ends the step, so it is counted once whichever layer it is.
+    ``on_overflow``: callbacks run with each counted :class:`OverflowEvent` after it is counted
+    and before anything is raised; a callback's own exception is attached to the overflow error
+    as a note (or warned, when chunking), never raised in its place.
     """
 
     def __init__(
@@ -125,13 +128,17 @@ class InstrumentedDispatcher:
             local_tokens=local_tokens, tokens_needed=needed, suggested_cap=suggested_cap(needed),
             role=self.counters.role, ep_rank=self.backend.ep_rank, ep_size=self.backend.ep_size,
         )
-        self.counters.record_overflow(kind, outcome, chunked_rounds=rounds)  # counted first, always
         failures = []
-        for callback in self.on_overflow:
-            try:
-                callback(event)
-            except Exception as error:  # a broken hook must not hide the overflow itself
-                failures.append(f"on_overflow callback {callback!r} failed: {error!r}")
+        # Per step, not per layer: a chunked overflow recurs identically in every MoE layer of the
+        # step, so only the step leader counts and announces it (and its rounds). A raise ends the
+        # step, so the first layer that raises - leader or not - is the one that counts it.
+        if outcome == "raised" or self.step_leader:
+            self.counters.record_overflow(kind, outcome, chunked_rounds=rounds)  # counted before anything else
+            for callback in self.on_overflow:
+                try:
+                    callback(event)
+                except Exception as error:  # a broken hook must not hide the overflow itself
+                    failures.append(f"on_overflow callback {callback!r} failed: {error!r}")
         if outcome == "raised":
             error = CapOverflowError(event)
             for failure in failures:

@@ -47,7 +47,6 @@ class TorchA2ABackend(A2ABackend):
         self._send_counts = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
         self._recv_counts = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
         self._plan: RoutePlan | None = None
-        self._num_local_tokens = 0
 
     @property
     def send_counts(self) -> torch.Tensor:
@@ -81,7 +80,6 @@ class TorchA2ABackend(A2ABackend):
         self._send_counts.copy_(plan.send_counts)
         self._recv_counts.copy_(received[:, :, -1].sum(1))
         self._plan = plan
-        self._num_local_tokens = num_tokens
 
         outputs = []
         start = 0

@@ -10,7 +10,10 @@
    graph under sync-debug "error" and replayed N times: the counters advance exactly N steps.
 4. ``graph_step``: the whole instrumented step (NCCL all_to_all + counters) captured and replayed;
    the counters advance once per replay and the output matches the reference.
-5. ``flashinfer_moe_alltoall`` / ``flashinfer_moe_ep``: the FlashInfer adapters at ep_size 1 (if
+5. ``snapshot_during_capture``: a reporter thread snapshots the counters in a tight loop while the
+   main thread captures a graph (global capture mode) inside ``pause_snapshots``: the capture
+   succeeds, paused snapshots return the one taken on entry, replays are counted exactly.
+6. ``flashinfer_moe_alltoall`` / ``flashinfer_moe_ep``: the FlashInfer adapters at ep_size 1 (if
    flashinfer is importable and the platform is supported): output equals the reference, workspace
    counters equal the routing, and the workspace metainfo equals ``dispatcher.sizing``'s layout.
 
@@ -31,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from dispatcher import DispatchCounters, InstrumentedDispatcher  # noqa: E402
+from dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots  # noqa: E402
 from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs  # noqa: E402
 from tests.dispatcher.moe import reference_outputs  # noqa: E402
 
@@ -166,6 +169,59 @@ def check_graph_step(replays: int = 5) -> str:
     return f"NCCL step + counters captured; {replays} replays counted {replays} steps, output matches"
 
 
+def check_snapshot_during_capture(replays: int = 4) -> str:
+    import threading
+    import time
+
+    device = torch.device("cuda")
+    counters = DispatchCounters(16, 2, device=device)
+    send, recv = torch.tensor([1, 2], device=device), torch.tensor([3, 0], device=device)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        counters.record_step(7)
+        counters.record_dispatch(send, recv)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    stop, seen, failures = threading.Event(), [], []
+
+    def reporter() -> None:  # the telemetry thread, snapshotting as fast as it can
+        try:
+            while not stop.is_set():
+                seen.append(counters.snapshot())
+        except Exception as error:  # reported below: the thread must not die silently
+            failures.append(f"{type(error).__name__}: {error}")
+
+    thread = threading.Thread(target=reporter, daemon=True)
+    thread.start()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with pause_snapshots(counters):
+            entry = counters.snapshot()
+            paused_from = len(seen)
+            with torch.cuda.graph(graph):  # default capture_error_mode="global"
+                for _ in range(50):
+                    counters.record_step(7)
+                    counters.record_dispatch(send, recv)
+                time.sleep(0.05)  # hand the GIL to the reporter: snapshots overlap the capture
+            paused = seen[paused_from + 1 :]  # +1: one taken before the pause may land late
+    finally:
+        stop.set()
+        thread.join(10)
+    if failures:
+        raise AssertionError(f"the reporter thread failed: {failures[0]}")
+    if not paused or any(snapshot is not entry for snapshot in paused):
+        raise AssertionError(f"{len(paused)} snapshots during capture, some not the paused one")
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    after = counters.snapshot()
+    steps = after.forward_steps - entry.forward_steps
+    if steps != 50 * replays or after.runtime_tokens_sum - entry.runtime_tokens_sum != 7 * 50 * replays:
+        raise AssertionError(f"{replays} replays of 50 steps advanced forward_steps by {steps}")
+    return f"{len(paused)} snapshots during a global-mode capture returned the paused one; replays counted exactly"
+
+
 def _flashinfer_step(backend, expected, ids, payloads, compute, inputs) -> str:
     rows = CASE.runtime_max_tokens_per_rank
     counters = DispatchCounters(rows, 1, device=backend.device)
@@ -226,6 +282,7 @@ CHECKS = {
     "no_host_sync": check_no_host_sync,
     "graph_counters": check_graph_counters,
     "graph_step": check_graph_step,
+    "snapshot_during_capture": check_snapshot_during_capture,
     "flashinfer_moe_alltoall": check_flashinfer_moe_alltoall,
     "flashinfer_moe_ep": check_flashinfer_moe_ep,
 }

@@ -114,6 +114,49 @@ def shared_layers(rank: int, case: MoECase, num_layers: int, steps: int) -> dict
     return {"target": dataclasses.asdict(counters.snapshot()), "draft": dataclasses.asdict(draft.counters.snapshot())}
 
 
+def overflowing_layers(rank: int, case: MoECase, cap: int, num_layers: int, steps: int) -> dict:
+    """Layers sharing counters overflow the cap every step: counted once per step, not per layer."""
+    inputs, ids, payloads = _local(case, rank)
+    rows = case.runtime_max_tokens_per_rank
+    backend = TorchA2ABackend(case.num_experts, case.top_k)
+    compute = expert_fn(rank, case, inputs.expert_weights)
+    result = {}
+    for policy in ("chunk", "raise"):
+        counters, events = DispatchCounters(cap, case.ep_size), []
+        layers = [InstrumentedDispatcher(backend, counters, cap, overflow_policy=policy, step_leader=(layer == 0),
+                                         on_overflow=[events.append]) for layer in range(num_layers)]
+        outputs, raised = [], 0
+        for _ in range(steps):
+            try:
+                for layer in layers:
+                    outputs.append(layer.run(ids, payloads, rows, compute, INVALID_EXPERT_ID, 1))
+            except CapOverflowError:
+                raised += 1  # a raise ends the step
+        if policy == "raise":  # a layer other than the leader raising on its own still counts, once
+            try:
+                layers[-1].run(ids, payloads, rows, compute)
+            except CapOverflowError:
+                raised += 1
+        result[policy] = {"counters": dataclasses.asdict(counters.snapshot()), "events": len(events),
+                          "raised": raised, "outputs": outputs}
+    return result
+
+
+def bare_backend_more_tokens_than_rows(rank: int, case: MoECase) -> dict:
+    """A bare backend refuses T > R before any collective, and stays usable."""
+    _, ids, payloads = _local(case, rank)
+    backend = TorchA2ABackend(case.num_experts, case.top_k)
+    rows = ids.shape[0]
+    try:
+        backend.dispatch(ids, payloads, rows - 1)
+        message = None
+    except ValueError as error:
+        message = str(error)
+    received = backend.dispatch(ids, payloads, rows)
+    backend.combine(torch.zeros(case.ep_size, rows, case.hidden, dtype=case.dtype), rows)
+    return {"message": message, "received_rows": received[0].shape[1]}
+
+
 def hot_path_without_host_reads(rank: int, case: MoECase, cap: int) -> str | None:
     """The instrumented step, plain and chunked, with every Tensor host read made to raise."""
     inputs, ids, payloads = _local(case, rank)
@@ -133,7 +176,8 @@ def run_all(rank: int, world_size: int, plan: dict) -> dict:
     """Run every scenario named in ``plan`` ({name: (function name, args)}) in order."""
     import torch.distributed as dist
 
-    functions = {f.__name__: f for f in (moe_step, overflow_raise, pairing, shared_layers, hot_path_without_host_reads)}
+    functions = {f.__name__: f for f in (moe_step, overflow_raise, pairing, shared_layers, overflowing_layers,
+                                         bare_backend_more_tokens_than_rows, hot_path_without_host_reads)}
     results = {name: functions[function](rank, *args) for name, (function, args) in plan.items()}
     results["group"] = (dist.get_rank(), dist.get_world_size())
     return results

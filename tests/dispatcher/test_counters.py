@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from dispatcher.counters import DispatchCounters
+from dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
 from dispatcher.host_reads import HostReadError, forbid_host_reads
 
 
@@ -17,6 +19,23 @@ def test_steps_fill_an_exact_histogram_and_the_max():
     assert snapshot.forward_steps == 6
     assert snapshot.runtime_tokens_histogram == (0, 1, 0, 2, 1, 2)  # bins 0..cap, then "> cap"
     assert snapshot.max_runtime_tokens == 9
+
+
+def test_runtime_tokens_sum_is_exact_above_the_cap_too():
+    counters = DispatchCounters(cap=4, ep_size=2)
+    for runtime_tokens in (1, 3, 4, 9, 5, 0, 9):
+        counters.record_step(runtime_tokens)
+    snapshot = counters.snapshot()
+    # The histogram's last bin only says "> cap"; the sum still adds 9, 5 and 9 exactly.
+    assert snapshot.runtime_tokens_sum == 31
+    assert snapshot.forward_steps == 7 and snapshot.runtime_tokens_histogram == (1, 1, 0, 1, 1, 3)
+
+
+def test_a_snapshot_built_without_the_sum_still_constructs():
+    fields = dict(cap=4, ep_size=1, role="target", taken_at=0.0, dispatch_calls=0, forward_steps=0, tokens_sent=0,
+                  tokens_received=0, max_runtime_tokens=0, chunked_rounds=0, overflow_events={},
+                  runtime_tokens_histogram=(0,) * 6, tokens_sent_per_rank=(0,), tokens_received_per_rank=(0,))
+    assert CounterSnapshot(**fields).runtime_tokens_sum == 0
 
 
 def test_dispatches_add_per_rank_and_total_tokens():
@@ -54,11 +73,12 @@ def test_recording_reads_nothing_back_to_the_host():
     counters = DispatchCounters(cap=16, ep_size=2)
     send, recv = torch.tensor([2, 1]), torch.tensor([0, 3])
     with forbid_host_reads():
-        for runtime_tokens in (4, 16, 17):
+        for runtime_tokens in (4, 16, 17, 40):
             counters.record_step(runtime_tokens)
             counters.record_dispatch(send, recv)
         counters.record_overflow("runtime_over_cap", "raised")
-    assert counters.snapshot().dispatch_calls == 3
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == 4 and snapshot.runtime_tokens_sum == 77
 
 
 def test_forbid_host_reads_catches_reads_and_restores_them():
@@ -68,3 +88,50 @@ def test_forbid_host_reads_catches_reads_and_restores_them():
         with forbid_host_reads(), pytest.raises(HostReadError):
             read()
     assert value.item() == 3 and bool(value)
+
+
+def test_paused_snapshots_return_the_one_taken_on_entry_and_resume_after():
+    target, draft = DispatchCounters(cap=8, ep_size=1), DispatchCounters(cap=8, ep_size=1, role="draft")
+    target.record_step(3)
+    with pause_snapshots(target, draft):
+        entry = target.snapshot()
+        assert entry.forward_steps == 1 and draft.snapshot().forward_steps == 0
+        target.record_step(5)  # recorded on the device, not copied while paused
+        draft.record_step(2)
+        with target.pause_snapshots():  # nests
+            assert target.snapshot() is entry
+        assert target.snapshot() is entry
+    resumed = target.snapshot()
+    assert resumed.forward_steps == 2 and resumed.runtime_tokens_sum == 8 and resumed.taken_at >= entry.taken_at
+    assert draft.snapshot().forward_steps == 1
+
+
+def test_pausing_waits_for_a_snapshot_in_flight():
+    counters = DispatchCounters(cap=8, ep_size=1)
+    copying, release, order = threading.Event(), threading.Event(), []
+    original = counters._copy_to_host
+
+    def slow_copy():
+        copying.set()
+        release.wait(5)
+        order.append("copy done")
+        return original()
+
+    counters._copy_to_host = slow_copy
+    reporter = threading.Thread(target=counters.snapshot)
+    reporter.start()
+    assert copying.wait(5)
+    counters._copy_to_host = original
+
+    def capture():
+        with counters.pause_snapshots():
+            order.append("paused")
+
+    engine = threading.Thread(target=capture)
+    engine.start()
+    engine.join(0.2)
+    assert engine.is_alive() and order == []  # still waiting for the copy
+    release.set()
+    reporter.join(5)
+    engine.join(5)
+    assert order == ["copy done", "paused"]

@@ -41,6 +41,8 @@ def scenario_plan(world_size: int) -> dict:
         "local_over_runtime": ("overflow_raise", (case["uniform"], 16, 2)),
         "pairing": ("pairing", (case["fp32"],)),
         "layers": ("shared_layers", (case["fp32"], 3, 2)),
+        "overflowing_layers": ("overflowing_layers", (case["fp32"], CHUNK_CAP, 3, 2)),
+        "bare_t_over_r": ("bare_backend_more_tokens_than_rows", (case["uniform"],)),
         "host_reads": ("hot_path_without_host_reads", (case["fp32"], CHUNK_CAP)),
     }
 
@@ -164,3 +166,35 @@ def test_hot_path_reads_nothing_back_to_the_host(run):
     world_size, results = run
     for rank in range(world_size):
         assert results[rank]["host_reads"] is None, results[rank]["host_reads"]
+
+
+def test_overflows_are_counted_per_step_not_per_layer(run):
+    world_size, results = run
+    case = cases(world_size)["fp32"]
+    rows = case.runtime_max_tokens_per_rank
+    rounds = -(-rows // CHUNK_CAP)
+    expected = reference_outputs(case, make_inputs(case))
+    for rank in range(world_size):
+        chunked = results[rank]["overflowing_layers"]["chunk"]
+        counters = chunked["counters"]
+        # 3 layers x 2 steps, every one chunked: 2 overflow events, 2 x rounds chunked rounds.
+        assert counters["forward_steps"] == 2 and counters["dispatch_calls"] == 3 * 2 * rounds
+        assert counters["overflow_events"][("runtime_over_cap", "chunked")] == 2
+        assert counters["chunked_rounds"] == 2 * rounds and chunked["events"] == 2
+        assert counters["runtime_tokens_sum"] == 2 * rows
+        for output in chunked["outputs"]:  # the non-leaders chunk exactly like the leader
+            torch.testing.assert_close(output, expected[rank], rtol=1e-5, atol=1e-5)
+        raised = results[rank]["overflowing_layers"]["raise"]
+        # 2 steps raised by the leader, then one non-leader raising alone: 3 raises, 3 counted.
+        assert raised["raised"] == 3 and raised["events"] == 3 and raised["outputs"] == []
+        assert raised["counters"]["overflow_events"][("runtime_over_cap", "raised")] == 3
+        assert raised["counters"]["forward_steps"] == 2 and raised["counters"]["dispatch_calls"] == 0
+
+
+def test_a_bare_backend_refuses_more_local_tokens_than_rows(run):
+    world_size, results = run
+    for rank in range(world_size):
+        got = results[rank]["bare_t_over_r"]
+        assert got["message"] is not None and "3 local tokens" in got["message"]
+        assert "runtime_max_tokens_per_rank is 2" in got["message"] and "overwrite" in got["message"]
+        assert got["received_rows"] == 3  # refused before any collective: the group and backend still work

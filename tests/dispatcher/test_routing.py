@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dispatcher.backend import compute_target_rank_id, local_expert_range, padding_rows, plan_routes
+from dispatcher.backend import (
+    compute_target_rank_id, local_expert_range, padding_rows, plan_routes, validate_dispatch_inputs,
+)
 
 
 def flashinfer_formula(expert: int, num_experts: int, ep_size: int) -> int:
@@ -69,3 +71,11 @@ def test_padding_rows():
 def test_local_expert_range_rejects_a_rank_outside_the_group():
     with pytest.raises(ValueError, match="outside"):
         local_expert_range(4, 10, 4)
+
+
+def test_the_contract_refuses_more_local_tokens_than_runtime_rows():
+    ids = torch.zeros(3, 2, dtype=torch.int32)
+    payloads = [torch.zeros(3, 4)]
+    validate_dispatch_inputs(ids, payloads, 3, 2, None, None)  # T == R is fine
+    with pytest.raises(ValueError, match="3 local tokens but runtime_max_tokens_per_rank is 2.*overwrite"):
+        validate_dispatch_inputs(ids, payloads, 2, 2, None, None)

@@ -1,0 +1,15 @@
+"""The dispatcher's shared names, torch-free: roles and overflow kinds/outcomes.
+
+Kept apart from ``counters.py`` (which needs torch) so that the telemetry report schema, the
+service and the CLI can use the vocabulary without importing torch (about 2 s).
+
+``("local_over_runtime", "chunked")`` never happens (a rank with more local tokens than R is always
+raised: the other ranks cannot know to chunk), but it stays in the product of kinds and outcomes
+so that every exported series and report schema keeps one fixed shape.
+"""
+
+from __future__ import annotations
+
+ROLES = ("target", "draft")
+OVERFLOW_KINDS = ("runtime_over_cap", "local_over_runtime")
+OVERFLOW_OUTCOMES = ("raised", "chunked")
