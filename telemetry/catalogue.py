@@ -69,7 +69,7 @@ CHUNKED_ROUNDS = MetricSpec(
 RUNTIME_TOKENS = MetricSpec(
     "moe_a2a_runtime_tokens", "histogram",
     "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap; "
-    "a step above the cap adds cap + 1 to the sum.", "tokens")
+    "the sum is the exact sum of R, steps above the cap included.", "tokens")
 RUNTIME_TOKENS_MAX = MetricSpec(
     "moe_a2a_runtime_tokens_max", "gauge",
     "Largest R seen since the rank started.", "tokens")

@@ -57,6 +57,10 @@ def test_every_catalogue_metric_is_exported_with_its_type_help_and_labels_and_li
         for sample in family.samples:
             assert set(sample.labels) - {"le"} == set(spec.labels), spec.name
     assert exported["moe_a2a_interval_peak_utilization_ratio"].samples[0].value == 500 / CAP
+    # The histogram's _sum is the exact sum of R, the over-cap steps (129 and 500) included.
+    runtime_tokens = {sample.name: sample.value for sample in exported["moe_a2a_runtime_tokens"].samples}
+    assert runtime_tokens["moe_a2a_runtime_tokens_sum"] == 1 + 64 + 128 + 129 + 500
+    assert runtime_tokens["moe_a2a_runtime_tokens_count"] == 5
 
 
 def test_two_exporters_in_one_process_keep_their_own_registries_off_the_global_one():
