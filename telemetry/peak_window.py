@@ -21,10 +21,20 @@ import threading
 from collections import deque
 
 from dispatcher.counters import CounterSnapshot
-from telemetry.intervals import histogram_delta, interval_peak
+from telemetry.intervals import interval_peak
 
 DEFAULT_PEAK_WINDOW_S = 60.0
 PEAK_WINDOW_SLOTS = 12  # memory is bounded by this, however often scrapes come
+
+
+def peak_between(previous: CounterSnapshot, current: CounterSnapshot) -> int:
+    """Largest R of the steps between two coherent snapshots, by ``interval_peak``'s rule. Scans down from
+    the top bin and stops at the first that grew: a scrape does not walk the whole histogram for it."""
+    if current.forward_steps == previous.forward_steps:
+        return 0
+    before, now = previous.runtime_tokens_histogram, current.runtime_tokens_histogram
+    top_bin = next(r for r in range(len(now) - 1, -1, -1) if now[r] > before[r])
+    return interval_peak(previous, current, [(top_bin, now[top_bin] - before[top_bin])])
 
 
 class TrailingPeak:
@@ -48,7 +58,7 @@ class TrailingPeak:
         """File the largest R since the previous snapshot; returns the window's peak at ``now``."""
         with self._lock:
             if snapshot.forward_steps >= self._previous.forward_steps:  # a stale snapshot adds nothing
-                peak = interval_peak(self._previous, snapshot, histogram_delta(self._previous, snapshot))
+                peak = peak_between(self._previous, snapshot)
                 self._previous = snapshot
                 slot = self._slot(now)
                 if self._peaks and self._peaks[-1][0] == slot:

@@ -120,3 +120,17 @@ def test_a_stale_snapshot_from_a_slower_concurrent_scrape_adds_nothing():
 def test_bad_window_is_refused(window_s, slots, message):
     with pytest.raises(ValueError, match=message):
         TrailingPeak(zero_snapshot(CAP, 2, "target", 0.0), window_s=window_s, slots=slots)
+
+
+def test_peak_between_agrees_with_the_interval_peak_of_the_full_histogram_delta():
+    from telemetry.intervals import histogram_delta, interval_peak
+    from telemetry.peak_window import peak_between
+
+    counters = DispatchCounters(CAP, 2)
+    previous = coherent(counters.snapshot())
+    for runtime_tokens in (5, 99, 100, 101, 250, 150, 0, 3):
+        counters.record_step(runtime_tokens)
+        current = coherent(counters.snapshot())
+        assert peak_between(previous, current) == interval_peak(previous, current, histogram_delta(previous, current))
+        assert peak_between(current, current) == 0
+        previous = current
