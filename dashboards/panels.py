@@ -45,6 +45,12 @@ def rate(metric: str, function: Literal["rate", "increase", "irate"] = "rate") -
     return f"{function}({ranks(metric)}[$__rate_interval])"
 
 
+def peak(metric: str) -> str:
+    """``max_over_time(metric{filters}[$__rate_interval])``: each point is the largest value since the previous
+    one (at least four scrapes), so a zoomed-out graph keeps every peak instead of sampling."""
+    return f"max_over_time({ranks(metric)}[$__rate_interval])"
+
+
 @dataclass(frozen=True)
 class Query:
     expr: str
