@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 
 import pytest
@@ -17,7 +18,7 @@ from service.main import create_app
 from service.prometheus_source import PrometheusSource
 from service.simulate import SimulatedRank
 from tests.service.conftest import T0, FakeClock
-from tests.service.test_prometheus_source import PROMETHEUS, prometheus  # noqa: F401 - the real-Prometheus fixture
+from tests.support.prometheus import scrape_config, start_prometheus
 
 
 class CountingSource:
@@ -95,12 +96,14 @@ def test_every_cluster_gauge_carries_the_dispatcher(counting, clock):
 
 
 @pytest.fixture
-def ranks():
-    return []  # the Prometheus fixture scrapes nothing: only the queries are counted here
+def prometheus(tmp_path):
+    """A real Prometheus that scrapes nothing: only the queries capwatch sends it are counted."""
+    with start_prometheus(tmp_path / "prometheus", scrape_config([], job="ranks")) as server:
+        yield server.url
 
 
-@pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs prometheus (make system-deps)")
-def test_prometheus_history_is_reused_within_a_window_not_requeried(prometheus):  # noqa: F811
+@pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus (make system-deps)")
+def test_prometheus_history_is_reused_within_a_window_not_requeried(prometheus):
     clock = FakeClock(T0)
     source = PrometheusSource(prometheus, Settings(prometheus_url=prometheus, window_s=60.0,
                                                    prometheus_cache_s=30.0), clock)
