@@ -48,8 +48,10 @@ class StoreOptions:
     maintenance_interval_s: float = 30.0
     max_batch_reports: int = 1024
     # Reports accepted but not yet committed; past it, submits are refused (503 + Retry-After) so an
-    # overload costs retries with backoff instead of memory and latency without limit.
-    max_pending_reports: int = 8 * 1024
+    # overload costs retries with backoff instead of memory and latency without limit. 32 batches:
+    # about a second of writer work, and room for a bulk loader (benchmarks/advice_latency.py keeps
+    # ~21k in flight).
+    max_pending_reports: int = 32 * 1024
     checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
     policy: AdvisorPolicy = AdvisorPolicy()
 
