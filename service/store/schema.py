@@ -55,6 +55,12 @@ CREATE TABLE IF NOT EXISTS folded (
     history TEXT NOT NULL,  -- JSON of SampleHistory
     PRIMARY KEY (cluster, role)
 );
+
+-- Every window that started before this has been folded: a late report for one adds no window row.
+CREATE TABLE IF NOT EXISTS fold_progress (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    folded_before_s REAL NOT NULL
+);
 """
 
 # Each batch is written with a few statements of many rows each: the sqlite3 module releases the

@@ -47,6 +47,11 @@ class StoreOptions:
     retention_s: float = 2 * 86_400.0
     maintenance_interval_s: float = 30.0
     max_batch_reports: int = 1024
+    # Reports accepted but not yet committed; past it, submits are refused (503 + Retry-After) so an
+    # overload costs retries with backoff instead of memory and latency without limit. 32 batches:
+    # about a second of writer work, and room for a bulk loader (benchmarks/advice_latency.py keeps
+    # ~21k in flight).
+    max_pending_reports: int = 32 * 1024
     checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
     policy: AdvisorPolicy = AdvisorPolicy()
 
@@ -96,7 +101,12 @@ def _resolve(batch: list, results: list | None, error: BaseException | None) -> 
 
 
 class StoreUnavailable(RuntimeError):
-    """The store could not commit (disk full, closed): the report was NOT stored."""
+    """The store could not take or commit the report (disk full, closed, too many pending): the
+    report was NOT stored; retrying after ``retry_after_s`` seconds may succeed."""
+
+    def __init__(self, message: str, retry_after_s: int = 1):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 def _runtime_overflows(report: RankReport) -> int:
@@ -141,6 +151,9 @@ class Store:
         self.clock = clock
         self._gathering: dict[asyncio.AbstractEventLoop, list] = {}  # per loop, touched only by that loop
         self._queue: queue.SimpleQueue = queue.SimpleQueue()  # C: put costs the HTTP loop far less
+        # Guards _closed and _pending with the puts: nothing is queued after the stop sentinel.
+        self._admission = threading.Lock()
+        self._pending = 0  # reports submitted and not yet settled
         self._local = threading.local()
         self._readers: list[sqlite3.Connection] = []
         self._readers_lock = threading.Lock()
@@ -149,6 +162,7 @@ class Store:
         self._writer_connection.executescript(SCHEMA)
         self._ranks_lock = threading.Lock()
         self._ranks, self._checkpoint_id = self._load_ranks(self._writer_connection)
+        self._folded_before_s = self._load_folded_before(self._writer_connection)
         self._dirty: set[tuple[str, str, int]] = set()
         self._last_report_id = self._checkpoint_id
         self._writer = threading.Thread(target=self._run_writer, name="capwatch-store-writer", daemon=True)
@@ -170,6 +184,14 @@ class Store:
         if last != checkpoint:
             self._write_checkpoint(connection, ranks, ranks.keys(), last)
         return ranks, last
+
+    def _load_folded_before(self, connection: sqlite3.Connection) -> float:
+        row = connection.execute("SELECT folded_before_s FROM fold_progress WHERE id = 0").fetchone()
+        if row is not None:
+            return row[0]
+        if connection.execute("SELECT 1 FROM folded LIMIT 1").fetchone() is None:
+            return float("-inf")  # nothing folded yet
+        return self.clock() - self.options.fold_after_s  # folded before this table existed: assume current
 
     @staticmethod
     def _write_checkpoint(connection: sqlite3.Connection, ranks: dict, keys, last_report_id: int) -> None:
@@ -213,12 +235,33 @@ class Store:
         """Queue a validated report; the future resolves to IngestResult after COMMIT.
         ``payload``: the report's JSON as received (stored as is; saves re-serialising it)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        if self._closed:
-            future.set_exception(StoreUnavailable("the store is closed"))
-            return future
         received = self.clock() if received_unix_s is None else received_unix_s
-        self._queue.put((report, (received, payload), future))
+        with self._admission:
+            refusal = self._admit()
+            if refusal is None:
+                self._queue.put((report, (received, payload), future))
+        if refusal is not None:
+            future.set_exception(refusal)
         return future
+
+    def _admit(self) -> StoreUnavailable | None:
+        """Count one more pending report, or say why not (the caller holds ``_admission``)."""
+        if self._closed:
+            return StoreUnavailable("the store is closed")
+        if self._pending >= self.options.max_pending_reports:
+            return StoreUnavailable(f"the store has {self._pending} reports waiting to be written "
+                                    f"(its bound, max_pending_reports); the service is overloaded")
+        self._pending += 1
+        return None
+
+    def _settled(self, reports: int) -> None:
+        with self._admission:
+            self._pending -= reports
+
+    @property
+    def pending_reports(self) -> int:
+        """Reports submitted and not yet committed or refused (never above max_pending_reports)."""
+        return self._pending
 
     def submit_async(self, report: RankReport, received_unix_s: float | None = None,
                      payload: bytes | None = None) -> asyncio.Future:
@@ -228,8 +271,10 @@ class Store:
         wake-up is a GIL hand-over between the HTTP loop and the writer, the ingest path's main cost."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        if self._closed:
-            future.set_exception(StoreUnavailable("the store is closed"))
+        with self._admission:
+            refusal = self._admit()
+        if refusal is not None:
+            future.set_exception(refusal)
             return future
         received = self.clock() if received_unix_s is None else received_unix_s
         gathered = self._gathering.get(loop)
@@ -241,17 +286,27 @@ class Store:
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
         gathered = self._gathering.pop(loop)
-        if self._closed:  # closed while gathering: the writer is gone, nothing was stored
-            _resolve(gathered, None, StoreUnavailable("the store is closed"))
-        else:
-            self._queue.put(gathered)
+        with self._admission:
+            closed = self._closed
+            if not closed:
+                self._queue.put(gathered)
+        if closed:  # closed while gathering: the writer is gone, nothing was stored
+            self._refuse(gathered)
+
+    def _refuse(self, batch: list) -> None:
+        _resolve(batch, None, StoreUnavailable("the store is closed"))
+        self._settled(len(batch))
 
     def ingest(self, report: RankReport, received_unix_s: float | None = None) -> IngestResult:
         return self.submit(report, received_unix_s).result()
 
     def run_in_writer(self, function: Callable[[sqlite3.Connection], object]) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self._queue.put((function, None, future))
+        with self._admission:
+            if not self._closed:
+                self._queue.put((function, None, future))
+                return future
+        future.set_exception(StoreUnavailable("the store is closed"))
         return future
 
     def maintain(self) -> None:
@@ -313,7 +368,27 @@ class Store:
                 except Exception:
                     log.exception("store maintenance failed; will retry")
                 next_maintenance = self.clock() + self.options.maintenance_interval_s
+        self._fail_leftovers(carried)
         connection.close()
+
+    def _fail_leftovers(self, carried: list | None) -> None:
+        """After the stop sentinel: refuse whatever is still queued, so no request waits forever.
+        (Admission puts nothing after the sentinel; this also covers a batch cut off by it.)"""
+        leftovers = list(carried or [])
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, list):
+                leftovers.extend(item)
+            elif item is not _STOP:
+                if isinstance(item[0], RankReport):
+                    leftovers.append(item)
+                else:
+                    item[2].set_exception(StoreUnavailable("the store is closed"))
+        if leftovers:
+            self._refuse(leftovers)
 
     def _commit(self, connection: sqlite3.Connection, batch: list) -> None:
         """One transaction for the batch, in a few many-row statements (see schema.py for why):
@@ -334,9 +409,12 @@ class Store:
                 results.append(_ACCEPTED)
                 new_rows.append(row)
                 interval = report.interval
-                if interval.forward_steps > 0:  # an idle interval says nothing about the need
-                    window_rows.append((key[0], key[1], window_start(interval.end_unix_s, self.options.window_s),
-                                        interval.peak_runtime_tokens, report.config.cap,
+                window = window_start(interval.end_unix_s, self.options.window_s)
+                # An idle interval says nothing about the need. A window already folded into the
+                # histogram has had its one sample: a row for it would be folded again as a second
+                # sample, so a late report for it is kept raw (audit, dedupe) but adds no sample.
+                if interval.forward_steps > 0 and window >= self._folded_before_s:
+                    window_rows.append((key[0], key[1], window, interval.peak_runtime_tokens, report.config.cap,
                                         row[_OVERFLOW_EVENTS], 1))  # 1: one more report in the window
                 rank = key[:3]
                 state = touched.get(rank) or self._copy_state(rank)
@@ -351,12 +429,14 @@ class Store:
                 connection.execute("ROLLBACK")
             log.exception("commit of %d reports failed", len(batch))
             _resolve(batch, None, StoreUnavailable(f"the report was not stored: {error}"))
+            self._settled(len(batch))
             return
         with self._ranks_lock:
             self._ranks.update(touched)
         self._dirty.update(touched)
         self._last_report_id = last_report_id
         _resolve(batch, results, None)
+        self._settled(len(batch))
 
     def _copy_state(self, key: tuple[str, str, int]) -> RankState | None:
         # A copy: the cached state changes only after COMMIT (a failed batch leaves it as it was).
@@ -388,10 +468,14 @@ class Store:
             connection.execute(
                 "DELETE FROM reports WHERE id < coalesce((SELECT id FROM reports WHERE received_unix_s >= ? "
                 "ORDER BY id LIMIT 1), (SELECT max(id) + 1 FROM reports))", (now - self.options.retention_s,))
+            folded_before = max(self._folded_before_s, fold_before)  # a clock stepping back folds no less
+            connection.execute("INSERT OR REPLACE INTO fold_progress (id, folded_before_s) VALUES (0, ?)",
+                               (folded_before,))
             connection.execute("COMMIT")
         except Exception:
             connection.execute("ROLLBACK")
             raise
+        self._folded_before_s = folded_before
 
     def _folded(self, connection: sqlite3.Connection, cluster: str, role: str) -> SampleHistory:
         row = connection.execute("SELECT history FROM folded WHERE cluster = ? AND role = ?",
@@ -442,10 +526,11 @@ class Store:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._queue.put(_STOP)
+        with self._admission:
+            if self._closed:
+                return
+            self._closed = True
+            self._queue.put(_STOP)
         self._writer.join(timeout=30)
         with self._readers_lock:
             for connection in self._readers:
