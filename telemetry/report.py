@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+from dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 from dispatcher.sizing import MAX_EP_SIZE, SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
 
 SCHEMA_VERSION = 1
