@@ -4,6 +4,8 @@ Three servers in the same run, same machine, same client, same report bodies:
   bare     FastAPI endpoint that reads the body and answers 202 (the HTTP stack's ceiling);
   naive    validate + one SQLite transaction (WAL, synchronous=FULL) per request;
   capwatch ``capwatch serve``: strict validation, dedupe, aggregation, group commit (WAL, FULL).
+"bare" goes through FastAPI's router; capwatch's accepted reports take an ASGI fast path in front of
+it (service/api/routes/reports.py), so capwatch can come close to bare, or pass it, on this figure.
 The client is a small asyncio HTTP/1.1 keep-alive client (one connection per group of ranks), so the
 client costs far less CPU than the servers it measures.
 

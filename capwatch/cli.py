@@ -21,8 +21,58 @@ class CommandError(Exception):
     """A user mistake: printed as one clear line, exit code 2, no traceback."""
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line (the standard parser prints the whole usage first)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def port_number(text: str) -> int:
+    """argparse ``type=`` for a TCP port."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} is out of range: use 1..65535")
+    return port
+
+
+def positive_seconds(text: str) -> float:
+    """argparse ``type=`` for a timeout or interval in seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
+    return seconds
+
+
+def validation_error_line(error) -> str:
+    """A pydantic ValidationError (many lines, a docs URL) as one line: ``field: message; ...``."""
+    return "; ".join(f"{'.'.join(str(part) for part in item['loc']) or 'input'}: "
+                     f"{item['msg'].removeprefix('Value error, ')}" for item in error.errors())
+
+
+def usage_error(error: Exception) -> str | None:
+    """The one-line message for a user mistake, or None for a bug (which keeps its traceback).
+    SizingError and pydantic's ValidationError are recognised only if their module is loaded,
+    so the CLI itself imports neither."""
+    if isinstance(error, CommandError):
+        return str(error)
+    sizing = sys.modules.get("dispatcher.sizing")
+    if sizing is not None and isinstance(error, sizing.SizingError):
+        return str(error)
+    pydantic_core = sys.modules.get("pydantic_core")
+    if pydantic_core is not None and isinstance(error, pydantic_core.ValidationError):
+        return validation_error_line(error)
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="capwatch",
         description="Telemetry and tuning advice for the per-rank token cap of MoE all-to-all dispatch.",
     )
@@ -37,9 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except (CommandError, ValueError) as error:
-        # SizingError and pydantic's ValidationError are ValueErrors: bad input, not a crash.
-        print(f"capwatch {args.command}: error: {error}", file=sys.stderr)
+    except Exception as error:
+        message = usage_error(error)
+        if message is None:
+            raise  # a bug, not bad input: keep the traceback and exit 1
+        print(f"capwatch {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

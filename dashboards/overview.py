@@ -8,7 +8,7 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from dashboards import service_metrics as svc
 from dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, number_panels, rate, ranks, row, service, stat_panel, labels_table_panel,
+    UTILIZATION_STEPS, Query, dashboard, number_panels, peak, rate, ranks, row, service, stat_panel, labels_table_panel,
     timeseries_panel,
 )
 from telemetry import catalogue as cat
@@ -17,7 +17,8 @@ UID = "capwatch-ep-group"
 GROUP = "cluster, dispatcher"
 GROUP_LEGEND = "{{cluster}} {{dispatcher}}"
 
-group_peak_utilization = f"max by ({GROUP}) ({ranks(cat.INTERVAL_PEAK_UTILIZATION.name)})"
+# The trailing-window peak misses no step between scrapes (the last-interval gauge is only sampled).
+group_peak_utilization = f"max by ({GROUP}) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})"
 # p99 of R over the window divided by the cap: numerator and denominator aggregated separately.
 group_p99_utilization = (
     f"histogram_quantile(0.99, sum by ({GROUP}, le) ({rate(cat.RUNTIME_TOKENS.name + '_bucket')}))"
@@ -37,7 +38,8 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("At a glance"))
         .with_panel(stat_panel(
             "Group peak utilization",
-            "Largest R / cap over the ranks in the last completed reporting interval. 1.0 means a rank hit the cap.",
+            "Largest R / cap over the ranks in the trailing peak window (moe_a2a_peak_window_seconds, 60 s by "
+            "default), whatever the scrape interval. 1.0 means a rank hit the cap.",
             "percentunit", [Query(group_peak_utilization, GROUP_LEGEND)], thresholds=UTILIZATION_STEPS))
         .with_panel(stat_panel(
             "Overflow rate",
@@ -68,7 +70,8 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("Utilization and overflow"))
         .with_panel(timeseries_panel(
             "Group max utilization",
-            "Largest R / cap over the group's ranks per reporting interval, and p99 of R over the window / cap. "
+            "Largest R / cap over the group's ranks (every step counts, whatever the scrape interval), and p99 of R "
+            "over the window / cap. "
             "The dashed lines mark 0.75 and the saturating alert's 0.9.",
             "percentunit",
             [Query(group_peak_utilization, "peak " + GROUP_LEGEND),

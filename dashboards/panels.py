@@ -24,7 +24,7 @@ from telemetry.catalogue import INFO
 DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["capwatch", "moe", "all-to-all"]
 
-# Filters, innermost first: the service knows clusters only; the ranks carry all three labels.
+# Filters, innermost first: the service's gauges carry cluster and dispatcher; the ranks add ep_rank.
 CLUSTER_FILTER = 'cluster=~"$cluster"'
 GROUP_FILTER = f'{CLUSTER_FILTER}, dispatcher=~"$dispatcher"'
 RANK_FILTER = f'{GROUP_FILTER}, ep_rank=~"$ep_rank"'
@@ -36,13 +36,20 @@ def ranks(metric: str) -> str:
 
 
 def service(metric: str) -> str:
-    """Selector for a series of the capwatch service narrowed to the selected clusters."""
-    return f"{metric}{{{CLUSTER_FILTER}}}"
+    """Selector for a per-cluster gauge of the capwatch service narrowed to the selected clusters and
+    dispatchers (target or draft: each has its own cap and advice)."""
+    return f"{metric}{{{GROUP_FILTER}}}"
 
 
 def rate(metric: str, function: Literal["rate", "increase", "irate"] = "rate") -> str:
     """``rate(metric{filters}[$__rate_interval])``: Grafana widens the window to at least four scrapes."""
     return f"{function}({ranks(metric)}[$__rate_interval])"
+
+
+def peak(metric: str) -> str:
+    """``max_over_time(metric{filters}[$__rate_interval])``: each point is the largest value since the previous
+    one (at least four scrapes), so a zoomed-out graph keeps every peak instead of sampling."""
+    return f"max_over_time({ranks(metric)}[$__rate_interval])"
 
 
 @dataclass(frozen=True)

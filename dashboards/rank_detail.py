@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, rate, ranks, row, stat_panel, labels_table_panel,
+    UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, peak, rate, ranks, row, stat_panel, labels_table_panel,
     timeseries_panel,
 )
 from telemetry import catalogue as cat
@@ -32,24 +32,25 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("Utilization"))
         .with_panel(timeseries_panel(
             "Peak utilization per rank",
-            "Largest R / cap of each rank in its last completed reporting interval (above 1 means overflow).",
+            "Largest R / cap of each rank over the trailing peak window, every step counted whatever the scrape "
+            "interval (above 1 means overflow).",
             "percentunit",
-            [Query(ranks(cat.INTERVAL_PEAK_UTILIZATION.name), RANK_LEGEND)],
+            [Query(peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name), RANK_LEGEND)],
             width=18, min_value=0, thresholds=UTILIZATION_STEPS))
         .with_panel(stat_panel(
             "Busiest selected rank",
-            "The highest peak utilization among the selected ranks now.",
+            "The highest peak utilization among the selected ranks in the trailing peak window.",
             "percentunit",
-            [Query(f"max by (cluster, dispatcher) ({ranks(cat.INTERVAL_PEAK_UTILIZATION.name)})",
+            [Query(f"max by (cluster, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})",
                    "{{cluster}} {{dispatcher}}")],
             width=6, height=8, thresholds=UTILIZATION_STEPS))
         .with_panel(timeseries_panel(
             "Peak R per rank vs cap",
-            "Largest R per reporting interval and since start, against the cap each rank's workspace is sized for. "
-            "The counters keep one bin above the cap, so an interval that overflowed without setting a new "
+            "Largest R over the trailing peak window and since start, against the cap each rank's workspace is "
+            "sized for. The counters keep one bin above the cap, so a window that overflowed without setting a new "
             "maximum reads cap + 1.",
             "short",
-            [Query(ranks(cat.INTERVAL_PEAK_RUNTIME_TOKENS.name), "rank {{ep_rank}} interval peak"),
+            [Query(peak(cat.RUNTIME_TOKENS_WINDOW_MAX.name), "rank {{ep_rank}} window peak"),
              Query(ranks(cat.RUNTIME_TOKENS_MAX.name), "rank {{ep_rank}} max since start"),
              Query(f"max by (cluster, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{cluster}} {{dispatcher}}")],
             min_value=0))

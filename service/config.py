@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.advisor.policy import AdvisorPolicy
@@ -28,4 +29,31 @@ class Settings(BaseSettings):
     max_batch_reports: int = Field(1024, ge=1, description="Most reports committed in one transaction.")
     prometheus_url: str | None = Field(None, description="Read ranks from this Prometheus instead of reports.")
     prometheus_timeout_s: float = Field(10.0, gt=0)
+    prometheus_cache_s: float = Field(
+        15.0, ge=0, description="Reuse a group's sample history read from Prometheus this long (at most one "
+                                "window), so repeated scrapes and requests don't repeat its range queries.")
     advisor: AdvisorPolicy = AdvisorPolicy()
+
+    @field_validator("token")
+    @classmethod
+    def _token_is_a_secret(cls, token: SecretStr | None) -> SecretStr | None:
+        # An empty token would make "Authorization: Bearer " pass: refuse it rather than run open.
+        if token is not None and not token.get_secret_value().strip():
+            raise ValueError("the token is empty, which would let anyone post reports; set a secret, or unset it "
+                             "to run without one")
+        return token
+
+    @field_validator("prometheus_url")
+    @classmethod
+    def _prometheus_url_is_http(cls, url: str | None) -> str | None:
+        # Checked here so a typo fails at start-up, not as a 503 on every request later.
+        if url is None:
+            return None
+        parts = urlsplit(url)
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a bad port
+        except ValueError:
+            parts = None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{url!r} is not an http(s) URL with a host, like http://127.0.0.1:9090")
+        return url

@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.metrics = build_metrics(registry, source, settings, clock)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
+    app.add_middleware(reports.ReportFastPath)  # the accepted-report path without the router's cost
 
     @app.exception_handler(SourceUnavailable)
     async def source_unavailable(_: Request, error: SourceUnavailable) -> JSONResponse:

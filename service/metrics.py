@@ -2,7 +2,9 @@
 
 Ingest counters and latency are updated by the routes; the per-cluster gauges (current and
 recommended caps, bounds, bytes, action, findings, rank states) are computed at scrape time by a
-custom collector, so they always match what the API answers. Names: /work/notes/service-contract.md.
+custom collector, so they always match what the API answers. Every per-cluster gauge carries
+``cluster`` and ``dispatcher`` (target | draft: the role of the ranks). Names and labels: the
+README's service section and docs/.
 """
 
 from __future__ import annotations
@@ -53,8 +55,8 @@ class ClusterCollector(Collector):
         return iter(())  # computed at scrape time; nothing to check at registration
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        def family(name: str, help_text: str, labels: tuple[str, ...] = ("cluster",)) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, help_text, labels=list(labels))
+        def family(name: str, help_text: str, *extra: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, help_text, labels=["cluster", "dispatcher", *extra])
 
         cap = family("capwatch_cluster_cap_tokens", "Per-rank cap the ranks run (max over ranks).")
         recommended = family("capwatch_recommended_cap_tokens", "Advisor's recommended per-rank cap.")
@@ -63,12 +65,10 @@ class ClusterCollector(Collector):
         recommended_bytes = family("capwatch_recommended_workspace_bytes",
                                    "A2A workspace bytes per rank at the recommended cap.")
         group_bytes = family("capwatch_cluster_workspace_bytes", "A2A workspace bytes across the EP group now.")
-        action = family("capwatch_advice_action", "1 for the advisor's current action, 0 for the others.",
-                        ("cluster", "action"))
+        action = family("capwatch_advice_action", "1 for the advisor's current action, 0 for the others.", "action")
         findings = family("capwatch_consistency_findings",
-                          "Ranks named by each active consistency finding (0: the finding is not active).",
-                          ("cluster", "finding"))
-        ranks = family("capwatch_ranks", "EP ranks by reporting state.", ("cluster", "state"))
+                          "Ranks named by each active consistency finding (0: the finding is not active).", "finding")
+        ranks = family("capwatch_ranks", "EP ranks by reporting state.", "state")
         now = self.clock()
         try:
             clusters = self.source.clusters()
@@ -77,29 +77,34 @@ class ClusterCollector(Collector):
             clusters = []
         for cluster in clusters:
             try:
-                view = cluster_view(self.source, cluster, "target", now, self.settings)
-                advice = cluster_advice(self.source, cluster, "target", now, self.settings)
-            except LookupError:
-                continue  # a cluster with draft ranks only: nothing to plot against a target cap
+                states = self.source.rank_states(cluster)  # once per cluster: shared by every role's view and advice
             except Exception:
-                log.exception("cannot compute metrics for cluster %s", cluster)
+                log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
-            cap.add_metric([cluster], view.cap)
-            if view.workspace_bytes_group is not None:
-                group_bytes.add_metric([cluster], view.workspace_bytes_group)
-            if advice.action != "insufficient_data":
-                recommended.add_metric([cluster], advice.recommended_cap)
-                lower.add_metric([cluster], advice.lower_bound)
-                upper.add_metric([cluster], advice.upper_bound)
-                recommended_bytes.add_metric([cluster], advice.workspace_bytes_per_rank_recommended)
-            for name in ACTIONS:
-                action.add_metric([cluster, name], 1.0 if advice.action == name else 0.0)
-            active = {finding.kind: len(finding.ranks) or 1 for finding in view.findings}
-            for kind in FINDING_KINDS:
-                findings.add_metric([cluster, kind], float(active.get(kind, 0)))
-            counts = {"reporting": view.ranks_reporting, "stale": view.ranks_stale, "missing": view.ranks_missing}
-            for state in RANK_STATES:
-                ranks.add_metric([cluster, state], counts[state])
+            for role in sorted({state.role for state in states}):
+                try:
+                    view = cluster_view(self.source, cluster, role, now, self.settings, states)
+                    advice = cluster_advice(self.source, cluster, role, now, self.settings, states)
+                except Exception:
+                    log.exception("cannot compute metrics for cluster %s, dispatcher %s", cluster, role)
+                    continue
+                labels = [cluster, role]
+                cap.add_metric(labels, view.cap)
+                if view.workspace_bytes_group is not None:
+                    group_bytes.add_metric(labels, view.workspace_bytes_group)
+                if advice.action != "insufficient_data":
+                    recommended.add_metric(labels, advice.recommended_cap)
+                    lower.add_metric(labels, advice.lower_bound)
+                    upper.add_metric(labels, advice.upper_bound)
+                    recommended_bytes.add_metric(labels, advice.workspace_bytes_per_rank_recommended)
+                for name in ACTIONS:
+                    action.add_metric([*labels, name], 1.0 if advice.action == name else 0.0)
+                active = {finding.kind: len(finding.ranks) or 1 for finding in view.findings}
+                for kind in FINDING_KINDS:
+                    findings.add_metric([*labels, kind], float(active.get(kind, 0)))
+                counts = {"reporting": view.ranks_reporting, "stale": view.ranks_stale, "missing": view.ranks_missing}
+                for state in RANK_STATES:
+                    ranks.add_metric([*labels, state], counts[state])
         yield from (cap, recommended, lower, upper, recommended_bytes, group_bytes, action, findings, ranks)
 
 

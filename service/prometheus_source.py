@@ -6,7 +6,8 @@ Mapping to the report-fed store:
 - a rank = one ``moe_a2a_cap_tokens{cluster, ep_rank, dispatcher}`` series; its last sample's
   timestamp is "last seen" (a rank whose target is down goes stale in Prometheus and shows as missing);
 - config = the cap, workspace and per-token byte gauges plus ``moe_a2a_info`` (ep_size, version);
-- the group sample per window = ``max`` over ranks of ``max_over_time`` of the interval-peak gauge,
+- the group sample per window = ``max`` over ranks of ``max_over_time`` of the trailing-window peak
+  gauge ``moe_a2a_runtime_tokens_window_max`` (no scrape cadence misses a peak),
   over windows in which ``moe_a2a_forward_steps_total`` grew; overflow events per window from
   ``increase(moe_a2a_overflow_events_total{kind="runtime_over_cap"})``.
 Not exported per rank, so unknown here: the CUDA-graph floor inputs, EPLB stats size, boot ids.
@@ -50,6 +51,10 @@ class PrometheusSource:
         self.clock = clock
         self.history_s = history_s
         self._client = httpx.Client(base_url=self.url, timeout=settings.prometheus_timeout_s)
+        # (cluster, role) -> (expires at, history): four range queries over up to a week, so reused
+        # briefly; never longer than a window, the granularity at which the history can change.
+        self._histories: dict[tuple[str, str], tuple[float, SampleHistory]] = {}
+        self.history_cache_s = min(settings.prometheus_cache_s, settings.window_s)
 
     # --- HTTP API ---------------------------------------------------------------------------
 
@@ -98,7 +103,7 @@ class PrometheusSource:
         info = self._by_rank(f"{catalogue.INFO.name}{selector}")
         gauges = {spec.name: self._by_rank(f"{spec.name}{selector}") for spec in (
             catalogue.WORKSPACE_BYTES, catalogue.WORKSPACE_ALLOCATED_BYTES, catalogue.DISPATCH_TOKEN_BYTES,
-            catalogue.COMBINE_TOKEN_BYTES, catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, catalogue.RUNTIME_TOKENS_MAX,
+            catalogue.COMBINE_TOKEN_BYTES, catalogue.RUNTIME_TOKENS_WINDOW_MAX, catalogue.RUNTIME_TOKENS_MAX,
             catalogue.FORWARD_STEPS)}
         overflows: dict[tuple[int, str], dict[str, int]] = {}
         for series in self.query(f"{catalogue.OVERFLOW_EVENTS.name}{selector}"):
@@ -129,7 +134,7 @@ class PrometheusSource:
                 "allocated_workspace_bytes": None if allocated is None else int(allocated),
                 "cuda_graph_max_batch_size": None, "speculative_tokens": 0,
             }
-            peak = int(gauge(catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, key) or 0)
+            peak = int(gauge(catalogue.RUNTIME_TOKENS_WINDOW_MAX, key) or 0)
             steps = int(gauge(catalogue.FORWARD_STEPS, key) or 0)
             states.append(RankState(
                 cluster=cluster, role=key[1], ep_rank=key[0], ep_size=int(rank_info.get("ep_size", 1)),
@@ -147,13 +152,24 @@ class PrometheusSource:
         return {float(t): float(v) for t, v in result[0]["values"] if not math.isnan(float(v))}
 
     def sample_history(self, cluster: str, role: str) -> SampleHistory:
+        now = self.clock()
+        cached = self._histories.get((cluster, role))
+        if cached is not None and now < cached[0]:
+            return cached[1].copy()
+        history = self._query_history(cluster, role)
+        if self.history_cache_s > 0:
+            self._histories = {key: entry for key, entry in self._histories.items() if now < entry[0]}
+            self._histories[(cluster, role)] = (now + self.history_cache_s, history)
+        return history.copy()
+
+    def _query_history(self, cluster: str, role: str) -> SampleHistory:
         window = self.settings.window_s
         end = (self.clock() // window) * window + window
         start = max(end - self.history_s, end - MAX_POINTS * window)
         selector = _selector(cluster, role)
         seconds = f"{int(window)}s"
         peaks = self._window_series(
-            f"max(max_over_time({catalogue.INTERVAL_PEAK_RUNTIME_TOKENS.name}{selector}[{seconds}]))", start, end)
+            f"max(max_over_time({catalogue.RUNTIME_TOKENS_WINDOW_MAX.name}{selector}[{seconds}]))", start, end)
         steps = self._window_series(f"sum(increase({catalogue.FORWARD_STEPS.name}{selector}[{seconds}]))", start, end)
         caps = self._window_series(f"max(max_over_time({catalogue.CAP_TOKENS.name}{selector}[{seconds}]))", start, end)
         overflow_selector = _selector(cluster, role, kind="runtime_over_cap")
@@ -181,7 +197,7 @@ class PrometheusSource:
                         values[(rank, float(at))] = float(value)
             return values
 
-        peaks = per_rank(f"max_over_time({catalogue.INTERVAL_PEAK_RUNTIME_TOKENS.name}{selector}[{seconds}])")
+        peaks = per_rank(f"max_over_time({catalogue.RUNTIME_TOKENS_WINDOW_MAX.name}{selector}[{seconds}])")
         caps = per_rank(f"{catalogue.CAP_TOKENS.name}{selector}")
         steps = per_rank(f"increase({catalogue.FORWARD_STEPS.name}{selector}[{seconds}])")
         overflows = per_rank(f"sum by (ep_rank) (increase({catalogue.OVERFLOW_EVENTS.name}"

@@ -25,8 +25,13 @@ class UnknownCluster(LookupError):
     pass
 
 
-def role_states(source: ClusterSource, cluster: str, role: str) -> list[RankState]:
-    states = source.rank_states(cluster)
+# Each function takes the cluster's states if the caller already has them: against Prometheus one
+# rank_states call is ten queries, so a request fetches them once and passes them down.
+
+
+def role_states(source: ClusterSource, cluster: str, role: str,
+                states: list[RankState] | None = None) -> list[RankState]:
+    states = source.rank_states(cluster) if states is None else states
     if not states:
         raise UnknownCluster(f"no rank of cluster {cluster!r} has reported; known clusters: "
                              f"{', '.join(source.clusters()) or 'none yet'}")
@@ -37,9 +42,10 @@ def role_states(source: ClusterSource, cluster: str, role: str) -> list[RankStat
     return chosen
 
 
-def cluster_view(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings) -> ClusterView:
-    states = source.rank_states(cluster)
-    role_states(source, cluster, role)
+def cluster_view(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,
+                 states: list[RankState] | None = None) -> ClusterView:
+    states = source.rank_states(cluster) if states is None else states
+    role_states(source, cluster, role, states)
     return summarize_cluster(cluster, role, states, now_s, settings.stale_after_s, settings.missing_after_s)
 
 
@@ -56,12 +62,13 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
         speculative_tokens=max(state.config.get("speculative_tokens", 0) for state in live))
 
 
-def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings) -> Advice:
-    states = role_states(source, cluster, role)
+def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,
+                   states: list[RankState] | None = None) -> Advice:
+    states = role_states(source, cluster, role, states)
     return recommend(source.sample_history(cluster, role), group_config(states, now_s, settings), settings.advisor)
 
 
 def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[int], now_s: float,
-                   settings: Settings) -> list[WhatIf]:
-    states = role_states(source, cluster, role)
+                   settings: Settings, states: list[RankState] | None = None) -> list[WhatIf]:
+    states = role_states(source, cluster, role, states)
     return whatif(source.sample_history(cluster, role), group_config(states, now_s, settings), caps, settings.advisor)

@@ -69,16 +69,29 @@ CHUNKED_ROUNDS = MetricSpec(
 RUNTIME_TOKENS = MetricSpec(
     "moe_a2a_runtime_tokens", "histogram",
     "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap; "
-    "a step above the cap adds cap + 1 to the sum.", "tokens")
+    "the sum is the exact sum of R, steps above the cap included.", "tokens")
 RUNTIME_TOKENS_MAX = MetricSpec(
     "moe_a2a_runtime_tokens_max", "gauge",
     "Largest R seen since the rank started.", "tokens")
 INTERVAL_PEAK_RUNTIME_TOKENS = MetricSpec(
     "moe_a2a_interval_peak_runtime_tokens", "gauge",
-    "Largest R in the last completed reporting interval.", "tokens")
+    "Largest R in the last completed reporting interval (a scrape sees only some intervals; for alerts use "
+    "moe_a2a_runtime_tokens_window_max).", "tokens")
 INTERVAL_PEAK_UTILIZATION = MetricSpec(
     "moe_a2a_interval_peak_utilization_ratio", "gauge",
     "Largest R in the last completed reporting interval divided by the cap (above 1 means overflow).", "ratio")
+# The peak that does not depend on scrape cadence: computed at scrape time from the R histogram's
+# growth since the previous scrape, kept over a trailing window (telemetry/peak_window.py).
+RUNTIME_TOKENS_WINDOW_MAX = MetricSpec(
+    "moe_a2a_runtime_tokens_window_max", "gauge",
+    "Largest R over the trailing peak window (moe_a2a_peak_window_seconds); no step between two scrapes "
+    "is missed, whatever the scrape interval, as long as it is at most the window.", "tokens")
+RUNTIME_TOKENS_WINDOW_UTILIZATION = MetricSpec(
+    "moe_a2a_runtime_tokens_window_utilization_ratio", "gauge",
+    "moe_a2a_runtime_tokens_window_max divided by the cap (above 1 means overflow).", "ratio")
+PEAK_WINDOW_SECONDS = MetricSpec(
+    "moe_a2a_peak_window_seconds", "gauge",
+    "Length of the trailing window of moe_a2a_runtime_tokens_window_max.", "seconds")
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
 REPORTS_PENDING = MetricSpec(
@@ -89,16 +102,23 @@ REPORTS_DELIVERED = MetricSpec(
     "Interval reports the service accepted (a retried duplicate counts once).", "reports")
 REPORT_SEND_FAILURES = MetricSpec(
     "moe_a2a_report_send_failures_total", "counter",
-    "Attempts to post a report that failed and will be retried (service down, timeout, 5xx).", "failures")
+    "Attempts to post a report that failed and will be retried (service down, timeout, broken response, 5xx, "
+    "408/425/429).", "failures")
 REPORTS_REJECTED = MetricSpec(
     "moe_a2a_reports_rejected_total", "counter",
-    "Reports the service refused for good (4xx); a bug or a misconfigured token.", "reports")
+    "Reports the service refused for good (4xx other than 401/403/408/425/429: an invalid report, e.g. a "
+    "schema the service does not accept); they are dropped.", "reports")
+REPORT_AUTH_FAILURES = MetricSpec(
+    "moe_a2a_report_auth_failures_total", "counter",
+    "Attempts to post a report that the service refused with 401/403 (wrong or missing bearer token); "
+    "retried until the token is fixed.", "failures")
 
 METRICS: tuple[MetricSpec, ...] = (
     CAP_TOKENS, WORKSPACE_BYTES, WORKSPACE_ALLOCATED_BYTES, DISPATCH_TOKEN_BYTES, COMBINE_TOKEN_BYTES, INFO,
     DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS, CHUNKED_ROUNDS,
     RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
-    REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED,
+    RUNTIME_TOKENS_WINDOW_MAX, RUNTIME_TOKENS_WINDOW_UTILIZATION, PEAK_WINDOW_SECONDS,
+    REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORT_AUTH_FAILURES,
 )
 
 # Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.

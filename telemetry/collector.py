@@ -6,6 +6,7 @@ turns it into the series of the catalogue. Names, help and labels come from ``ca
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client.core import (
@@ -20,7 +21,8 @@ from prometheus_client.utils import floatToGoString
 
 from telemetry import catalogue
 from telemetry.catalogue import MetricSpec
-from telemetry.intervals import IntervalTracker, cumulative_buckets
+from telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
+from telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak
 from telemetry.report import RankConfig, RankIdentity
 from telemetry.reporter import ReporterStats
 
@@ -45,7 +47,8 @@ def _family(spec: MetricSpec, labels: tuple[str, ...] | None = None) -> Metric:
 
 class DispatchCollector(Collector):
     """Series for one rank and role. ``tracker`` supplies the last closed interval; pass
-    ``interval_s`` when no reporter closes intervals, and the collector closes them on scrape."""
+    ``interval_s`` when no reporter closes intervals, and the collector closes them on scrape.
+    ``peak_window_s`` is the trailing window of the scrape-cadence-proof peak gauges."""
 
     def __init__(
         self,
@@ -55,8 +58,13 @@ class DispatchCollector(Collector):
         *,
         interval_s: float | None = None,
         reporter_stats: Callable[[], ReporterStats] | None = None,
+        peak_window_s: float = DEFAULT_PEAK_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self._tracker = tracker
+        self._clock = clock
+        self._window = TrailingPeak(
+            zero_snapshot(config.cap, identity.ep_size, identity.role, time.time()), peak_window_s)
         self._config = config
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
@@ -112,6 +120,10 @@ class DispatchCollector(Collector):
         peak = interval.peak_runtime_tokens if interval is not None else None
         yield self._gauge(catalogue.INTERVAL_PEAK_RUNTIME_TOKENS, peak)
         yield self._gauge(catalogue.INTERVAL_PEAK_UTILIZATION, None if peak is None else peak / config.cap)
+        window_peak = self._window.observe(snapshot, self._clock())
+        yield self._gauge(catalogue.RUNTIME_TOKENS_WINDOW_MAX, window_peak)
+        yield self._gauge(catalogue.RUNTIME_TOKENS_WINDOW_UTILIZATION, window_peak / config.cap)
+        yield self._gauge(catalogue.PEAK_WINDOW_SECONDS, self._window.window_s)
 
         if self._reporter_stats is not None:
             stats = self._reporter_stats()
@@ -119,6 +131,7 @@ class DispatchCollector(Collector):
             yield self._counter(catalogue.REPORTS_DELIVERED, stats.delivered)
             yield self._counter(catalogue.REPORT_SEND_FAILURES, stats.send_failures)
             yield self._counter(catalogue.REPORTS_REJECTED, stats.rejected)
+            yield self._counter(catalogue.REPORT_AUTH_FAILURES, stats.auth_failures)
 
     def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:
         """A series for this rank, or the family alone (HELP and TYPE) while the value is unknown."""

@@ -115,11 +115,11 @@ def merge_intervals(earlier: Interval, later: Interval) -> Interval:
 
 
 def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> tuple[list[int], int]:
-    """Steps with R <= each bound, and the sum of R (a step above the cap counts as cap + 1)."""
+    """Steps with R <= each bound, and the exact sum of R (counted on the device, over-cap steps included)."""
     histogram = snapshot.runtime_tokens_histogram
     running = list(accumulate(histogram))
     counts = [running[min(int(bound), len(histogram) - 1)] for bound in bounds]
-    return counts, sum(runtime_tokens * steps for runtime_tokens, steps in enumerate(histogram) if steps)
+    return counts, snapshot.runtime_tokens_sum
 
 
 class IntervalTracker:

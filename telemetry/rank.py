@@ -23,6 +23,7 @@ from dispatcher.counters import DispatchCounters
 from telemetry.collector import DispatchCollector
 from telemetry.exporter import ExporterOptions, RankExporter
 from telemetry.intervals import IntervalTracker
+from telemetry.peak_window import DEFAULT_PEAK_WINDOW_S
 from telemetry.report import RankConfig, RankIdentity
 from telemetry.reporter import RankReporter, ReporterOptions
 
@@ -83,6 +84,7 @@ class RankTelemetry:
         exporter: ExporterOptions | None = ExporterOptions(),
         reporter: ReporterOptions | None = None,
         final_report_timeout_s: float = 2.0,
+        peak_window_s: float = DEFAULT_PEAK_WINDOW_S,
     ):
         self.identity = identity
         self.exporter_options = exporter
@@ -94,6 +96,7 @@ class RankTelemetry:
             tracker, identity, config,
             interval_s=None if self.reporter is not None else DEFAULT_INTERVAL_S,
             reporter_stats=self.reporter.stats if self.reporter is not None else None,
+            peak_window_s=peak_window_s,
         )
         self.exporter = RankExporter(self.collector)
 

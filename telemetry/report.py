@@ -11,30 +11,28 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
-from dispatcher.sizing import MAX_EP_SIZE, PAYLOAD_FORMATS
+from dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+from dispatcher.sizing import MAX_EP_SIZE, SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
 
 SCHEMA_VERSION = 1
 
 # Bounds on what a real deployment can report; anything beyond is a bug or an attack.
 MAX_CAP_TOKENS = 1 << 20
 MAX_HIDDEN_SIZE = 1 << 16
-MAX_TOP_K = 22
+# FlashInfer's kMaxTopK, the largest over the releases sizing knows (each release's own bound is sizing's check).
+MAX_TOP_K = max(FlashInferVersion.parse(version).max_top_k for version in SUPPORTED_FLASHINFER_VERSIONS)
 MAX_NUM_EXPERTS = 1 << 12
 MAX_WORKSPACE_BYTES = 1 << 42  # 4 TiB
 MAX_COUNT = 1 << 62
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
-Role = Literal["target", "draft"]
-OverflowKind = Literal["runtime_over_cap", "local_over_runtime"]
-OverflowOutcome = Literal["raised", "chunked"]
-PayloadFormat = Literal["bf16", "fp16", "fp8", "nvfp4", "mxfp8"]
-
-assert set(Role.__args__) == set(ROLES)  # type: ignore[attr-defined]
-assert set(OverflowKind.__args__) == set(OVERFLOW_KINDS)  # type: ignore[attr-defined]
-assert set(OverflowOutcome.__args__) == set(OVERFLOW_OUTCOMES)  # type: ignore[attr-defined]
-assert set(PayloadFormat.__args__) == set(PAYLOAD_FORMATS)  # type: ignore[attr-defined]
+# Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
+# (and listed as an enum in the service's OpenAPI schema).
+Role = Literal[ROLES]  # type: ignore[valid-type]
+OverflowKind = Literal[OVERFLOW_KINDS]  # type: ignore[valid-type]
+OverflowOutcome = Literal[OVERFLOW_OUTCOMES]  # type: ignore[valid-type]
+PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):

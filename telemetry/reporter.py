@@ -17,6 +17,7 @@ supersedes the final one.
 from __future__ import annotations
 
 import enum
+import http.client
 import json
 import logging
 import random
@@ -77,22 +78,41 @@ class ReporterOptions:
 class ReporterStats:
     pending: int = 0  # reports buffered, the one in flight included
     delivered: int = 0
-    send_failures: int = 0  # attempts that will be retried
-    rejected: int = 0  # refused for good (4xx other than auth)
+    send_failures: int = 0  # attempts that will be retried: unreachable, timeout, broken response, 5xx/408/429
+    rejected: int = 0  # refused for good (4xx other than auth and throttling)
+    auth_failures: int = 0  # attempts the service refused with 401/403: retried, but a token must be fixed
 
 
 class Delivery(enum.Enum):
     DELIVERED = "delivered"  # 2xx, including "duplicate": the service has it
-    RETRY = "retry"  # unreachable, timeout, 5xx, 408/429, or auth (fixable on the service side)
+    RETRY = "retry"  # unreachable, timeout, broken response, 5xx, 408/425/429
+    UNAUTHORIZED = "unauthorized"  # 401/403: retried (a token is fixable on either side), counted apart
     REJECTED = "rejected"  # any other 4xx: this report can never be accepted
+
+    @property
+    def retried(self) -> bool:
+        return self in (Delivery.RETRY, Delivery.UNAUTHORIZED)
+
+
+AUTH_STATUSES = (401, 403)
 
 
 def classify_status(status: int) -> Delivery:
     if 200 <= status < 300:
         return Delivery.DELIVERED
-    if status >= 500 or status in (401, 403, 408, 425, 429):
+    if status in AUTH_STATUSES:
+        return Delivery.UNAUTHORIZED
+    if status >= 500 or status in (408, 425, 429):
         return Delivery.RETRY
     return Delivery.REJECTED
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """What one POST came to, with what went wrong for the log (HTTP status or the exception)."""
+
+    delivery: Delivery
+    detail: str = ""
 
 
 class HttpReportSender:
@@ -106,21 +126,23 @@ class HttpReportSender:
             self._headers["Authorization"] = f"Bearer {options.bearer_token}"
         self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
-    def __call__(self, report: RankReport) -> Delivery:
+    def __call__(self, report: RankReport) -> SendResult:
         body = json.dumps(report.model_dump(mode="json"), separators=(",", ":")).encode()
         request = urllib.request.Request(self._url, data=body, headers=self._headers, method="POST")
         try:
             with self._opener.open(request, timeout=self._timeout_s) as response:
                 response.read()
-                return classify_status(response.status)
+                return SendResult(classify_status(response.status), f"HTTP {response.status}")
         except urllib.error.HTTPError as error:
-            verdict = classify_status(error.code)
-            if verdict is Delivery.REJECTED:
-                log.error("service refused report %s/%d: HTTP %d %s", report.identity.boot_id, report.sequence,
-                          error.code, error.read(500).decode(errors="replace"))
-            return verdict
-        except (OSError, urllib.error.URLError):  # refused, reset, timeout, DNS
-            return Delivery.RETRY
+            try:
+                text = error.read(500).decode(errors="replace")
+            except (OSError, http.client.HTTPException):
+                text = ""
+            return SendResult(classify_status(error.code), f"HTTP {error.code} {text}".rstrip())
+        # Refused, reset, timeout, DNS (OSError, URLError), or a broken response: truncated body
+        # (IncompleteRead), garbage status line (BadStatusLine), ... (HTTPException). All worth a retry.
+        except (OSError, http.client.HTTPException) as error:
+            return SendResult(Delivery.RETRY, f"{type(error).__name__}: {error}")
 
 
 @dataclass
@@ -150,7 +172,7 @@ class RankReporter:
         config: RankConfig,
         options: ReporterOptions,
         *,
-        sender: Callable[[RankReport], Delivery] | None = None,
+        sender: Callable[[RankReport], SendResult] | None = None,
         tracker: IntervalTracker | None = None,
     ):
         if (counters.cap, counters.ep_size, counters.role) != (config.cap, identity.ep_size, identity.role):
@@ -170,8 +192,8 @@ class RankReporter:
         self._stopping = False
         self._ticking = True
         self._thread: threading.Thread | None = None
-        self._delivered = self._send_failures = self._rejected = 0
-        self._reachable = True
+        self._delivered = self._send_failures = self._rejected = self._auth_failures = 0
+        self._failing: str | None = None  # what the last failed attempt logged, so a streak logs once
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -199,8 +221,15 @@ class RankReporter:
 
     def flush_final(self, reason: str, timeout_s: float = 2.0) -> bool:
         """Close the interval now and send it as a final report, after any still pending;
-        wait at most ``timeout_s``. True when the service accepted it."""
-        deadline = time.monotonic() + timeout_s
+        wait at most ``timeout_s``. True when the service accepted it. Never raises: it runs in the
+        dispatch thread, on the way to the rank's own error, which must stay the one that surfaces."""
+        try:
+            return self._flush_final(reason, time.monotonic() + timeout_s)
+        except Exception:  # noqa: BLE001 (a reporter bug must not replace the rank's error)
+            self._failed_unexpectedly()
+            return False
+
+    def _flush_final(self, reason: str, deadline: float) -> bool:
         with self._wake:
             interval, snapshot = self.tracker.close()
             final = _Pending(interval, cumulative_counters(snapshot),
@@ -213,9 +242,22 @@ class RankReporter:
         final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
         return final.outcome.verdict is Delivery.DELIVERED
 
+    def cut_interval(self) -> None:
+        """Close the current interval now and queue its report, as the thread does every ``interval_s``
+        (e.g. before a planned pause, or to drive the reporter step by step); nothing after a close."""
+        with self._wake:
+            if self._ticking:
+                self._cut_locked()
+                self._wake.notify_all()
+
+    def _cut_locked(self) -> None:
+        interval, snapshot = self.tracker.close()
+        self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
-                             send_failures=self._send_failures, rejected=self._rejected)
+                             send_failures=self._send_failures, rejected=self._rejected,
+                             auth_failures=self._auth_failures)
 
     @property
     def next_sequence(self) -> int:
@@ -227,19 +269,34 @@ class RankReporter:
         interval_s = self.options.interval_s
         next_tick = time.monotonic() + interval_s
         while True:
-            with self._wake:
-                if self._stopping:
-                    return
-                now = time.monotonic()
-                if now >= next_tick and self._ticking:
-                    interval, snapshot = self.tracker.close()
-                    self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
-                    next_tick = max(next_tick + interval_s, now + interval_s / 2)
-                if not (self._pending and now >= self._retry_at):
-                    wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
-                    self._wake.wait(timeout=max(0.0, wake_at - now))
-                    continue
-            self._drain(deadline=None)
+            try:
+                with self._wake:
+                    if self._stopping:
+                        return
+                    now = time.monotonic()
+                    if now >= next_tick and self._ticking:
+                        next_tick = max(next_tick + interval_s, now + interval_s / 2)
+                        self._cut_locked()
+                    if not (self._pending and now >= self._retry_at):
+                        wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
+                        self._wake.wait(timeout=max(0.0, wake_at - now))
+                        continue
+                self._drain(deadline=None)
+            except Exception:  # noqa: BLE001 (nothing may end the thread: reporting would stop for good, silently)
+                self._failed_unexpectedly()
+
+    def _failed_unexpectedly(self) -> None:
+        """Log an unexpected error, count it as a failed send, and back off; the pending reports stay."""
+        log.exception("capwatch reporter error; reports stay buffered and are retried")
+        with self._wake:
+            self._send_failures += 1
+            self._back_off()
+
+    def _back_off(self) -> None:
+        """(Caller holds ``_wake``.) Next attempt after a jittered, doubling delay."""
+        delay = self._backoff_s * random.uniform(0.5, 1.0)  # jitter: ranks don't retry in lockstep
+        self._backoff_s = min(self._backoff_s * 2, self.options.backoff_max_s)
+        self._retry_at = time.monotonic() + delay
 
     def _enqueue(self, pending: _Pending) -> None:
         """Append (the caller holds ``_wake``); past the bound, merge the two oldest unsent reports
@@ -265,29 +322,45 @@ class RankReporter:
                 head = self._pending[0]
                 if head.report is None:
                     head.report = self._build(head)
-            verdict = self._send(head.report)
+            result = self._send(head.report)
+            verdict = result.delivery
             with self._wake:
-                if verdict is Delivery.RETRY:
-                    self._send_failures += 1
-                    delay = self._backoff_s * random.uniform(0.5, 1.0)  # jitter: ranks don't retry in lockstep
-                    self._backoff_s = min(self._backoff_s * 2, self.options.backoff_max_s)
-                    self._retry_at = time.monotonic() + delay
-                    if self._reachable:
-                        log.warning("capwatch service unreachable at %s; buffering reports", self.options.reports_url)
-                        self._reachable = False
+                if verdict.retried:
+                    if verdict is Delivery.UNAUTHORIZED:
+                        self._auth_failures += 1
+                    else:
+                        self._send_failures += 1
+                    self._back_off()
+                    self._log_failure(verdict, result.detail)
                     return
                 self._pending.popleft()
                 if verdict is Delivery.DELIVERED:
                     self._delivered += 1
                 else:
                     self._rejected += 1
+                    log.error("capwatch service at %s refused report %s/%d for good (%s); dropped",
+                              self.options.reports_url, head.report.identity.boot_id, head.report.sequence,
+                              result.detail)
                 head.outcome.verdict = verdict
                 head.outcome.done.set()
                 self._backoff_s = self.options.backoff_initial_s
                 self._retry_at = 0.0
-                if not self._reachable:
-                    log.info("capwatch service reachable again at %s", self.options.reports_url)
-                    self._reachable = True
+                if self._failing is not None:
+                    log.info("capwatch service at %s accepts reports again", self.options.reports_url)
+                    self._failing = None
+
+    def _log_failure(self, verdict: Delivery, detail: str) -> None:
+        """(Caller holds ``_wake``.) Once per kind of failure in a streak, saying what the service answered."""
+        kind = verdict.value + (detail.split(" ", 2)[1] if detail.startswith("HTTP ") else "")
+        if kind == self._failing:
+            return
+        self._failing = kind
+        if verdict is Delivery.UNAUTHORIZED:
+            log.error("capwatch service at %s refuses this rank's bearer token (%s); retrying, reports buffered. "
+                      "Set the rank's token to the service's", self.options.reports_url, detail)
+        else:
+            log.warning("capwatch service at %s did not take a report (%s); retrying, reports buffered",
+                        self.options.reports_url, detail)
 
     def _build(self, pending: _Pending) -> RankReport:
         sequence = self._next_sequence

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from capwatch.cli import positive_seconds
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -15,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
     parser.add_argument("--role", default="target", choices=("target", "draft"), help="which dispatcher")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the service")
+    parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the service")
     parser.set_defaults(run=run)
 
 
@@ -33,6 +35,9 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
     from capwatch.cli import CommandError
 
     base = url.rstrip("/")
+    parts = httpx.URL(base) if base.startswith(("http://", "https://")) else None
+    if parts is None or not parts.host:
+        raise CommandError(f"--url {url!r} is not an http(s) URL with a host, like http://127.0.0.1:8321")
     try:
         with httpx.Client(base_url=base, timeout=timeout) as client:
             if cluster is None:

@@ -1,8 +1,18 @@
-"""``capwatch serve``: run the capwatch service (FastAPI on uvicorn)."""
+"""``capwatch serve``: run the capwatch service (FastAPI on uvicorn).
+
+Every mistake that can be found before serving is found first, in an order that creates nothing
+until it passes: settings (flags and CAPWATCH_* variables), the database path, the port (bound
+here and handed to uvicorn, so nothing can take it in between), then the database itself."""
 
 from __future__ import annotations
 
 import argparse
+
+from capwatch.cli import port_number
+
+# Settings fields that have a flag; every other field is set by its CAPWATCH_* variable only.
+FLAGS = {"host": "--host", "port": "--port", "db_path": "--db", "token": "--token",
+         "prometheus_url": "--prometheus-url"}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -12,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "raise/lower/hold advice on the per-rank cap. Every flag can also be set as a CAPWATCH_* "
                      "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."))
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
-    parser.add_argument("--port", type=int, help="port to bind (default 8321)")
+    parser.add_argument("--port", type=port_number, help="port to bind, 1..65535 (default 8321)")
     parser.add_argument("--db", dest="db_path", help="SQLite database file (default ./capwatch.db)")
     parser.add_argument("--token", help="bearer token required on POST /v1/reports (prefer CAPWATCH_TOKEN: "
                                         "a flag is visible in the process list)")
@@ -21,23 +31,110 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+def setting_name(location: tuple, from_flags: set[str]) -> str:
+    """How the user set a setting: its flag if given, else its CAPWATCH_* variable."""
+    field = str(location[0]) if location else ""
+    if field in from_flags:
+        return FLAGS[field]
+    return "CAPWATCH_" + "__".join(str(part) for part in location).upper()
+
+
+def settings_error_line(error, from_flags: set[str]) -> str:
+    """A pydantic ValidationError from Settings as one line naming the flag or variable."""
+    problems = []
+    for item in error.errors():
+        location = tuple(item["loc"])
+        message = item["msg"].removeprefix("Value error, ")
+        if item["msg"] == message and location[:1] != ("token",):  # a type error: show what was given
+            message += f" (got {item.get('input')!r})"
+        problems.append(f"{setting_name(location, from_flags)}: {message}")
+    return "; ".join(problems)
+
+
+def check_db_path(path, name: str) -> None:
+    """The database must be a writable file, or creatable: fail before anything starts."""
+    import os
+
+    from capwatch.cli import CommandError
+
+    if path.exists():
+        if path.is_dir():
+            raise CommandError(f"{name} {path} is a directory; give a file path such as {path / 'capwatch.db'}")
+        if not path.is_file():
+            raise CommandError(f"{name} {path} is not a regular file; give a SQLite database file")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise CommandError(f"{name} {path} is not readable and writable by this user; pick another path")
+        return
+    parent = path.parent
+    if not parent.is_dir():
+        raise CommandError(f"the directory of {name} {path} does not exist; create it or pick another path")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise CommandError(f"{name} {path} cannot be created: {parent} is not writable; pick another path")
+
+
+def bind_listener(host: str, port: int, host_name: str, port_name: str):
+    """Bind the listening socket now: a port in use fails here, before the database is touched."""
+    import errno
+    import socket
+
+    from capwatch.cli import CommandError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as error:
+        raise CommandError(f"{host_name} {host!r} is not an address this machine can bind ({error.strerror})") from None
+    listener = socket.socket(family, kind, proto)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is no conflict
+    try:
+        listener.bind(address)
+    except OSError as error:
+        listener.close()
+        if error.errno == errno.EADDRINUSE:
+            raise CommandError(f"{port_name} {port}: {host}:{port} is already in use; pick another port or stop "
+                               "what listens there") from None
+        if error.errno == errno.EACCES:
+            raise CommandError(f"{port_name} {port}: not allowed to bind {host}:{port} (ports below 1024 need "
+                               "privileges); pick a port above 1023") from None
+        raise CommandError(f"{host_name} {host}: cannot bind {host}:{port} ({error.strerror})") from None
+    return listener
+
+
 def run(args: argparse.Namespace) -> int:
+    import sqlite3
     import sys
 
     import uvicorn
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
 
     from capwatch.cli import CommandError
     from service.config import Settings
     from service.main import create_app
 
-    overrides = {name: getattr(args, name) for name in ("host", "port", "db_path", "token", "prometheus_url")
-                 if getattr(args, name) is not None}
-    settings = Settings(**overrides)
-    if settings.db_path.parent and not settings.db_path.parent.exists() and not settings.prometheus_url:
-        raise CommandError(f"the directory of --db {settings.db_path} does not exist; create it or pick another path")
+    overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
+    try:
+        settings = Settings(**overrides)
+    except ValidationError as error:
+        raise CommandError(settings_error_line(error, set(overrides))) from None
+    except SettingsError as error:  # a CAPWATCH_* variable that is not even parseable (bad JSON)
+        raise CommandError(f"{error}; check the CAPWATCH_* environment variables") from None
+    db_name = setting_name(("db_path",), set(overrides))
+    if not settings.prometheus_url:
+        check_db_path(settings.db_path, db_name)
+    listener = bind_listener(settings.host, settings.port, setting_name(("host",), set(overrides)),
+                             setting_name(("port",), set(overrides)))
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
         print(f"capwatch serve: warning: listening on {settings.host} without a token: anyone who can reach it "
               "can post reports; set CAPWATCH_TOKEN", file=sys.stderr)
-    app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level, access_log=False)
+    try:
+        try:
+            app = create_app(settings)
+        except sqlite3.Error as error:
+            raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
+                               "pick another path") from None
+        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+        server.run(sockets=[listener])
+    finally:
+        listener.close()
     return 0

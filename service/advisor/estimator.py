@@ -5,7 +5,7 @@ The default percentile is 1.0 — the largest sample still remembered — becaus
 a failed dispatch, not a slow one; the decay forgets old bursts instead of averaging them away.
 lower = percentile(lower_percentile) x (1 + margin), shrunk while confidence is low;
 upper = target x (1 + 1/confidence): with little history the bounds are wide, so the advisor
-does not churn a value that needs a restart. confidence = history span / a full history (1 day).
+does not churn a value that needs a restart. confidence = covered time / a full history (1 day).
 """
 
 from __future__ import annotations
@@ -24,9 +24,7 @@ class Estimate:
 
 
 def confidence(history: SampleHistory, full_history_s: float) -> float:
-    # Gaps do not count: the samples' own coverage bounds the span (VPA: min(days, samples/day)).
-    covered_s = min(history.history_s, history.sample_count * history.window_s)
-    return max(0.0, min(1.0, covered_s / full_history_s))
+    return max(0.0, min(1.0, history.covered_s / full_history_s))
 
 
 def estimate(history: SampleHistory, target_percentile: float, lower_percentile: float,

@@ -38,6 +38,12 @@ class SampleHistory:
             return 0.0
         return self.last_sample_s - self.first_sample_s + self.window_s
 
+    @property
+    def covered_s(self) -> float:
+        """Time the samples actually cover. Gaps and a rank whose clock is far off stretch
+        ``history_s`` but not this, so the advisor's history gates use it (VPA: min(days, samples/day))."""
+        return min(self.history_s, self.sample_count * self.window_s)
+
     def add(self, sample: GroupSample, bump_factor: float = 1.2, bump_min_tokens: int = 16) -> None:
         self.usage.add(sample.peak_runtime_tokens, sample.window_start_s)
         if sample.overflowed:

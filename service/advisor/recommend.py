@@ -51,7 +51,8 @@ class Advice(BaseModel):
     budget_cap: int | None
     sample_count: int
     overflow_windows: int
-    history_s: float
+    history_s: float  # first to last sample: stretched by gaps and by a rank clock far off
+    covered_history_s: float  # what the history gates use: min(history_s, sample_count x window)
     max_peak_runtime_tokens: int
     env: str | None
     reasons: list[str]
@@ -84,20 +85,23 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     floor_cap = floor_tokens(group.cuda_graph_max_batch_size, group.speculative_tokens)
     budget_cap = (largest_cap_within(policy.budget_bytes_per_rank, pricing, policy.alignment, policy.max_cap)
                   if policy.budget_bytes_per_rank is not None else None)
+    # Covered time, not the span: gaps and a rank clock far in the past must not pass for history.
+    covered_s = history.covered_s
     base = dict(current_cap=current, workspace_bytes_per_rank_current=current_bytes,
                 workspace_bytes_group_current=current_bytes * ep_size, ep_size=ep_size, floor_cap=floor_cap,
                 budget_cap=budget_cap, sample_count=history.sample_count, overflow_windows=history.overflow_windows,
-                history_s=history.history_s, max_peak_runtime_tokens=history.max_peak_runtime_tokens)
+                history_s=history.history_s, covered_history_s=covered_s,
+                max_peak_runtime_tokens=history.max_peak_runtime_tokens)
 
     overflow_now = history.usage.share_above(current) if not history.usage.is_empty() else 0.0
-    short = history.sample_count < policy.min_samples or history.history_s < policy.min_history_s
+    short = history.sample_count < policy.min_samples or covered_s < policy.min_history_s
     if history.sample_count == 0 or (short and history.overflow_windows == 0 and overflow_now == 0.0):
         return Advice(
             action="insufficient_data", recommended_cap=None, target_cap=None, lower_bound=None, upper_bound=None,
             confidence=0.0, predicted_overflow_rate_current=overflow_now if history.sample_count else None,
             predicted_overflow_rate_recommended=None, workspace_bytes_per_rank_recommended=None,
             workspace_bytes_group_recommended=None, workspace_bytes_group_delta=None, env=None,
-            reasons=[f"{history.sample_count} group samples over {history.history_s / 60:.0f} min; advice needs at "
+            reasons=[f"{history.sample_count} group samples covering {covered_s / 60:.0f} min; advice needs at "
                      f"least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history"],
             **base)
 
@@ -106,7 +110,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
                      policy.full_confidence_history_s)
     reasons.append(
         f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} tokens "
-        f"over {history.sample_count} windows ({history.history_s / 3600:.1f} h); sizing for "
+        f"over {history.sample_count} windows ({covered_s / 3600:.1f} h covered); sizing for "
         f"{'the largest remembered sample' if policy.target_percentile >= 1 else f'the p{policy.target_percentile * 100:g} sample'}"
         f" plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens")
     if history.overflow_windows:
@@ -149,7 +153,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         action = "hold" if recommended <= current else "raise"
         reasons.append("history is still short: not lowering yet")
     else:
-        change, why = worth_changing(current, recommended, lower_bound, upper_bound, history.history_s,
+        change, why = worth_changing(current, recommended, lower_bound, upper_bound, covered_s,
                                      policy.change_min_history_s, policy.change_min_ratio)
         reasons.append(why)
         action = ("raise" if recommended > current else "lower") if change else "hold"

@@ -38,13 +38,18 @@ MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 RoleQuery = Annotated[str, Query(pattern="^(target|draft)$", description="Which dispatcher of the ranks.")]
 
 
+def bearer_token_accepted(authorization: str, settings: Settings) -> bool:
+    """True when no token is configured, or ``authorization`` is ``Bearer <the token>``."""
+    if settings.token is None:
+        return True
+    scheme, _, supplied = authorization.partition(" ")
+    expected = settings.token.get_secret_value()
+    return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), expected.encode())
+
+
 def check_token(request: Request, settings: Settings, metrics: ServiceMetrics) -> None:
     """Write endpoints: when a token is configured, ``Authorization: Bearer <token>`` is required."""
-    if settings.token is None:
-        return
-    scheme, _, supplied = request.headers.get("authorization", "").partition(" ")
-    expected = settings.token.get_secret_value()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(supplied.strip().encode(), expected.encode()):
+    if not bearer_token_accepted(request.headers.get("authorization", ""), settings):
         metrics.reports_rejected.labels("unauthorized").inc()
         raise HTTPException(
             status.HTTP_401_UNAUTHORIZED,

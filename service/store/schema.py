@@ -1,6 +1,8 @@
 """SQLite schema. Raw reports are kept for the retention window; per-window group samples for
 the fold window; older samples live only in one bounded decaying histogram per cluster/role."""
 
+import functools
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS reports (
     id INTEGER PRIMARY KEY,
@@ -53,15 +55,50 @@ CREATE TABLE IF NOT EXISTS folded (
     history TEXT NOT NULL,  -- JSON of SampleHistory
     PRIMARY KEY (cluster, role)
 );
+
+-- Every window that started before this has been folded: a late report for one adds no window row.
+CREATE TABLE IF NOT EXISTS fold_progress (
+    id INTEGER PRIMARY KEY CHECK (id = 0),
+    folded_before_s REAL NOT NULL
+);
 """
 
-# A window's sample only grows: the hottest rank's peak, the largest cap, every overflow.
-UPSERT_WINDOW = """
-INSERT INTO windows (cluster, role, window_start_s, peak_runtime_tokens, cap, overflow_events, reports)
-VALUES (?, ?, ?, ?, ?, ?, 1)
-ON CONFLICT (cluster, role, window_start_s) DO UPDATE SET
-    peak_runtime_tokens = max(peak_runtime_tokens, excluded.peak_runtime_tokens),
-    cap = max(cap, excluded.cap),
-    overflow_events = overflow_events + excluded.overflow_events,
-    reports = reports + 1
-"""
+# Each batch is written with a few statements of many rows each: the sqlite3 module releases the
+# GIL around every statement step, and with the HTTP loop busy, taking it back costs far more than
+# the step itself (per-row statements made the writer wait ~5x longer than it worked).
+REPORT_KEY_COLUMNS = ("cluster", "role", "ep_rank", "boot_id", "sequence")
+REPORT_COLUMNS = (*REPORT_KEY_COLUMNS, "received_unix_s", "interval_end_unix_s", "peak_runtime_tokens", "cap",
+                  "forward_steps", "overflow_events", "payload")
+WINDOW_COLUMNS = ("cluster", "role", "window_start_s", "peak_runtime_tokens", "cap", "overflow_events")
+
+
+def _values(columns: int, rows: int) -> str:
+    row = "(" + ", ".join("?" * columns) + ")"
+    return ", ".join([row] * rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def existing_reports_sql(rows: int) -> str:
+    """The keys among ``rows`` given keys that are already stored (looked up by the UNIQUE index)."""
+    columns = ", ".join(REPORT_KEY_COLUMNS)
+    return (f"WITH batch ({columns}) AS (VALUES {_values(len(REPORT_KEY_COLUMNS), rows)}) "
+            f"SELECT {', '.join('batch.' + name for name in REPORT_KEY_COLUMNS)} FROM batch "
+            f"JOIN reports USING ({columns})")
+
+
+@functools.lru_cache(maxsize=1024)
+def insert_reports_sql(rows: int) -> str:
+    return f"INSERT INTO reports ({', '.join(REPORT_COLUMNS)}) VALUES {_values(len(REPORT_COLUMNS), rows)}"
+
+
+@functools.lru_cache(maxsize=1024)
+def upsert_windows_sql(rows: int) -> str:
+    """A window's sample only grows: the hottest rank's peak, the largest cap, every overflow.
+    Rows hitting the same window apply one after another, as separate statements would."""
+    return (f"INSERT INTO windows ({', '.join(WINDOW_COLUMNS)}, reports) "
+            f"VALUES {_values(len(WINDOW_COLUMNS) + 1, rows)} "
+            "ON CONFLICT (cluster, role, window_start_s) DO UPDATE SET "
+            "peak_runtime_tokens = max(peak_runtime_tokens, excluded.peak_runtime_tokens), "
+            "cap = max(cap, excluded.cap), "
+            "overflow_events = overflow_events + excluded.overflow_events, "
+            "reports = reports + excluded.reports")

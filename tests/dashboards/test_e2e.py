@@ -9,9 +9,6 @@ Prometheus scraping both every second with ``dashboards/rules/capwatch.rules.yml
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -21,15 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dashboards import service_metrics
 from dispatcher import sizing
 from dispatcher.launch import spawn_ranks
-from service.launch import ServiceProcess, free_port
+from service.launch import ServiceProcess
 from telemetry import catalogue
 from tests.dashboards import e2e_rank, lint
-from tests.dashboards.conftest import ROOT, RULES_FILE
+from tests.dashboards.conftest import RULES_FILE
+from tests.support.prometheus import scrape_config, start_prometheus
 
 EP_SIZE = 4
 CLUSTER = "e2e-group"
@@ -42,21 +39,6 @@ READY_TIMEOUT_S = 120
 def _get_json(url: str, timeout: float = 5.0) -> dict:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
-
-
-def _start(command: list[str], log: Path) -> subprocess.Popen:
-    with log.open("wb") as output:
-        return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=10)
 
 
 @dataclass
@@ -89,41 +71,11 @@ def _start_service(run_dir: Path) -> ServiceProcess:
     return ServiceProcess(run_dir / "capwatch.db", env=env, log_path=run_dir / "service.log").start()
 
 
-def _prometheus_config(run_dir: Path, rank_ports: list[int], service_url: str) -> Path:
-    config = {
-        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-        "rule_files": [str(RULES_FILE)],
-        "scrape_configs": [
-            # The job names of dashboards/prometheus.yml: MoeA2ARankDown watches capwatch-ranks.
-            {"job_name": "capwatch-ranks",
-             "static_configs": [{"targets": [f"127.0.0.1:{port}" for port in rank_ports]}]},
-            {"job_name": "capwatch-service",
-             "static_configs": [{"targets": [urllib.parse.urlsplit(service_url).netloc]}]},
-        ],
-    }
-    path = run_dir / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-def _start_prometheus(prometheus_binary: str, config: Path, run_dir: Path) -> tuple[subprocess.Popen, str]:
-    """Prometheus cannot take a bound socket, so pick a free port and retry if another process wins it."""
-    for attempt in range(3):
-        port = free_port()
-        process = _start([
-            prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={run_dir / 'tsdb'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn",
-        ], run_dir / f"prometheus-{attempt}.log")
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and process.poll() is None:
-            try:
-                urllib.request.urlopen(f"{url}/-/ready", timeout=1).close()
-                return process, url
-            except OSError:
-                time.sleep(0.2)
-        _stop(process)
-    raise RuntimeError(f"prometheus did not become ready; see {run_dir}")
+def _prometheus_config(rank_ports: list[int], service_url: str) -> dict:
+    # The job names of dashboards/prometheus.yml: MoeA2ARankDown watches capwatch-ranks.
+    return scrape_config([f"127.0.0.1:{port}" for port in rank_ports], job="capwatch-ranks",
+                         rule_files=[str(RULES_FILE)],
+                         extra_jobs={"capwatch-service": [urllib.parse.urlsplit(service_url).netloc]})
 
 
 def _wait_for(condition, what: str, stack: Stack, timeout_s: float = READY_TIMEOUT_S) -> None:
@@ -163,9 +115,9 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
             time.sleep(0.2)
         rank_ports = [int(path.read_text()) for path in port_files]
 
-        prometheus, prometheus_url = _start_prometheus(
-            prometheus_binary, _prometheus_config(run_dir, rank_ports, service_url), run_dir)
-        live = Stack(prometheus_url, service_url, rank_ports, run_dir)
+        prometheus = start_prometheus(run_dir, _prometheus_config(rank_ports, service_url),
+                                      binary=prometheus_binary, extra_args=["--log.level=warn"])
+        live = Stack(prometheus.url, service_url, rank_ports, run_dir)
 
         def ready() -> bool:
             if rank_errors:
@@ -186,7 +138,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
         if ranks_thread is not None:
             ranks_thread.join(timeout=60)
         if prometheus is not None:
-            _stop(prometheus)
+            prometheus.stop()
         if service is not None:
             service.stop()
 
@@ -257,6 +209,10 @@ def test_values_agree_with_the_run(stack):
     assert [(s["metric"]["kind"], s["metric"]["outcome"]) for s in overflows] == [("runtime_over_cap", "chunked")]
     peak = stack.values(f'cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{cluster="{CLUSTER}"}}')
     assert 0 < peak[""] <= 1.25
+    # Every peak window (60 s) holds over-cap steps (one in 15): the window gauge shows an overflow, always.
+    window = stack.values(
+        f'cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max{{cluster="{CLUSTER}"}}')
+    assert 1 < window[""] <= 1.25
     # The service's recommendation, as scraped, lies within its own bounds and above the overflowing cap.
     advice = {name: stack.values(f'{name}{{cluster="{CLUSTER}"}}')[""] for name in (
         service_metrics.RECOMMENDED_CAP_LOWER_TOKENS, service_metrics.RECOMMENDED_CAP_TOKENS,

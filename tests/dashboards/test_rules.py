@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
 import yaml
 
 from tests.dashboards import lint
@@ -55,18 +56,31 @@ def test_rule_lint_catches_mistakes():
     assert "not inside rate/irate/increase" in findings
 
 
-def test_promtool_rule_tests_fail_when_an_alert_misbehaves(promtool, tmp_path):
-    """The rule tests can fail: a saturating alert at 0.8 would fire for the quiet 0.85 group."""
-    rules = RULES_FILE.read_text().replace(
-        "cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max > 0.9",
-        "cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max > 0.8")
-    assert rules != RULES_FILE.read_text()
-    (tmp_path / "capwatch.rules.yml").write_text(rules)
+@pytest.mark.parametrize("good, bad, alert", [
+    # A saturating alert at 0.8 would fire for the quiet 0.85 group.
+    ("cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
+     "cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.8", "MoeA2ACapSaturating"),
+    # The sampled last-interval peak misses spikes: an alert on it fires where the window gauge saw one.
+    ("cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
+     "cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max > 0.9", "MoeA2ACapSaturating"),
+    # Reading only the instant value, over-provisioning ignores a peak no evaluation happened to read.
+    ("max by (cluster, dispatcher) (max_over_time(moe_a2a_runtime_tokens_window_utilization_ratio[10m])) < 0.5",
+     "cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max < 0.5", "MoeA2ACapOverProvisioned"),
+    # Counting auth failures as rejections would fire the rejected alert for a wrong token.
+    ("increase(moe_a2a_reports_rejected_total[10m])",
+     "increase({__name__=~\"moe_a2a_reports_rejected_total|moe_a2a_report_auth_failures_total\"}[10m])",
+     "MoeA2AReportsRejected"),
+])
+def test_promtool_rule_tests_fail_when_an_alert_misbehaves(promtool, tmp_path, good, bad, alert):
+    """The rule tests can fail: each broken variant of a rule is caught by its test."""
+    rules = RULES_FILE.read_text()
+    assert good in rules
+    (tmp_path / "capwatch.rules.yml").write_text(rules.replace(good, bad, 1))
     (tmp_path / "tests").mkdir()
     test_file = tmp_path / "tests" / "alerts.test.yml"
     test_file.write_text((DASHBOARDS_DIR / "rules" / "tests" / "alerts.test.yml").read_text())
     result = _run(promtool, "test", "rules", str(test_file))
-    assert result.returncode != 0 and "MoeA2ACapSaturating" in result.stdout + result.stderr
+    assert result.returncode != 0 and alert in result.stdout + result.stderr
 
 
 def test_sample_prometheus_config_is_valid(promtool):

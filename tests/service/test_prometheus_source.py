@@ -2,33 +2,29 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import threading
 import time
-import urllib.request
 
 import pytest
 from fastapi.testclient import TestClient
 
 from dispatcher.counters import DispatchCounters
 from service.config import Settings
-from service.launch import free_port
 from service.main import create_app
 from telemetry.collector import DispatchCollector
 from telemetry.exporter import ExporterOptions, RankExporter
 from telemetry.intervals import IntervalTracker
 from telemetry.rank import rank_config
 from telemetry.report import RankIdentity
+from tests.support.ports import free_port
+from tests.support.prometheus import scrape_config, start_prometheus
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 EP_SIZE = 4
 CAP = 1024
 HOT_RANK = 2
 
-pytestmark = pytest.mark.skipif(not os.path.exists(PROMETHEUS), reason="needs prometheus (make system-deps)")
+pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus (make system-deps)")
 
 
 class Rank:
@@ -53,31 +49,9 @@ def ranks():
 
 @pytest.fixture
 def prometheus(tmp_path, ranks):
-    port = free_port()
-    targets = ", ".join(f"'127.0.0.1:{rank.port}'" for rank in ranks)
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-                      f"scrape_configs:\n  - job_name: ranks\n    static_configs:\n      - targets: [{targets}]\n")
-    process = subprocess.Popen(
-        [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=open(tmp_path / "prometheus.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                if time.monotonic() > deadline or process.poll() is not None:
-                    raise RuntimeError((tmp_path / "prometheus.log").read_text()[-2000:])
-                time.sleep(0.2)
-        yield url
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(timeout=10)
+    config = scrape_config([f"127.0.0.1:{rank.port}" for rank in ranks], job="ranks")
+    with start_prometheus(tmp_path / "prometheus", config) as server:
+        yield server.url
 
 
 def drive(ranks: list[Rank], stop: threading.Event, overflow: threading.Event) -> None:
@@ -137,7 +111,7 @@ def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
             history = client.get("/v1/clusters/prom-a/history").json()
             assert {series["ep_rank"] for series in history["ranks"]} == set(range(EP_SIZE))
             assert max(p["peak_runtime_tokens"] for p in history["ranks"][HOT_RANK]["points"]) >= 850
-            assert "capwatch_recommended_cap_tokens{cluster=\"prom-a\"}" in client.get("/metrics").text
+            assert "capwatch_recommended_cap_tokens{cluster=\"prom-a\",dispatcher=\"target\"}" in client.get("/metrics").text
             # A rank whose exporter goes away is reported missing once Prometheus marks it stale.
             ranks[3].exporter.close()
             findings = wait_for(lambda: [f for f in client.get("/v1/clusters/prom-a").json()["findings"]

@@ -83,6 +83,8 @@ def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, st
                 if flag.item():
                     break
                 run_step()
+        elif command == "cut":  # close the reporting interval now (the test drives intervals, not the clock)
+            telemetry.reporter.cut_interval()
         elif command == "overflow":  # R past the cap: the raise policy kills this rank
             run_step(workload.cap + argument)
         elif command == "exit":

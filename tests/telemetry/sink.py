@@ -1,6 +1,7 @@
 """A small real peer for the reporter: an HTTP server that accepts ``POST /v1/reports`` like the
 service does (validates with the shared ``RankReport`` model, drops ``(boot_id, sequence)``
-duplicates) and can go down (connection refused), come back on the same port, or hang."""
+duplicates) and can go down (connection refused), come back on the same port, hang, drop the
+connection, or answer with raw broken bytes."""
 
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ class ReportSink:
         self.hang = threading.Event()  # set: hold every request until released
         self.release = threading.Event()
         self.responses_to_lose = 0  # process the next N reports but drop the connection instead of answering
+        # Process the next reports but answer each with these raw bytes instead (a broken HTTP response).
+        self.raw_responses: list[bytes] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self.port = 0
@@ -44,8 +47,13 @@ class ReportSink:
                 with sink._lock:
                     lose = sink.responses_to_lose > 0
                     sink.responses_to_lose -= lose
+                    raw = sink.raw_responses.pop(0) if sink.raw_responses and not lose else None
                 if lose:  # the service stored it, the rank never hears back: it must retry
                     self.close_connection = True
+                    return
+                if raw is not None:  # stored, but the answer is broken on the wire: the rank must retry
+                    self.close_connection = True
+                    self.wfile.write(raw)
                     return
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -1,7 +1,6 @@
 """The exporter in this process: registry isolation, ports, ASGI mount, catalogue conformance, lint."""
 
 import asyncio
-import socket
 import urllib.request
 
 import httpx
@@ -16,6 +15,7 @@ from telemetry.exporter import ExporterOptions
 from telemetry.rank import RankTelemetry, rank_config
 from telemetry.report import RankIdentity
 from telemetry.reporter import new_boot_id
+from tests.support.ports import free_port_pair
 
 from .promtool import promtool_findings
 
@@ -57,6 +57,10 @@ def test_every_catalogue_metric_is_exported_with_its_type_help_and_labels_and_li
         for sample in family.samples:
             assert set(sample.labels) - {"le"} == set(spec.labels), spec.name
     assert exported["moe_a2a_interval_peak_utilization_ratio"].samples[0].value == 500 / CAP
+    # The histogram's _sum is the exact sum of R, the over-cap steps (129 and 500) included.
+    runtime_tokens = {sample.name: sample.value for sample in exported["moe_a2a_runtime_tokens"].samples}
+    assert runtime_tokens["moe_a2a_runtime_tokens_sum"] == 1 + 64 + 128 + 129 + 500
+    assert runtime_tokens["moe_a2a_runtime_tokens_count"] == 5
 
 
 def test_two_exporters_in_one_process_keep_their_own_registries_off_the_global_one():
@@ -72,22 +76,6 @@ def test_two_exporters_in_one_process_keep_their_own_registries_off_the_global_o
     finally:
         first.close()
         second.close()
-
-
-def free_port_pair() -> int:
-    """A base port whose base + 1 was also free a moment ago (other tests bind ports concurrently)."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base < 65535:
-            with socket.socket() as other:
-                try:
-                    other.bind(("127.0.0.1", base + 1))
-                    return base
-                except OSError:
-                    continue
-    pytest.fail("no free pair of ports")
 
 
 def test_each_local_rank_serves_on_base_port_plus_local_rank_on_loopback():

@@ -91,9 +91,9 @@ def test_torn_snapshot_is_made_coherent_so_the_report_validates():
         make_report(counters=cumulative_counters(torn), interval=interval_between(previous, fixed))
 
 
-def test_prometheus_buckets_are_cumulative_and_the_sum_counts_over_cap_steps_as_cap_plus_one():
+def test_prometheus_buckets_are_cumulative_and_the_sum_is_exact_for_over_cap_steps_too():
     counters = DispatchCounters(CAP, 2)
     steps(counters, 1, 4, 4, 16, 99)
     counts, total = cumulative_buckets(counters.snapshot(), (1.0, 4.0, 15.0, 16.0))
     assert counts == [1, 3, 3, 4]
-    assert total == 1 + 4 + 4 + 16 + (CAP + 1)
+    assert total == 1 + 4 + 4 + 16 + 99

@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from dispatcher.launch import RankFailedError
 from telemetry.catalogue import runtime_token_buckets
+from tests.support.prometheus import scrape_config, start_prometheus
 
 from .group import RankGroup
-from .prometheus_server import PrometheusServer
 from .promtool import promtool_findings
 from .rank_program import RankPlan
 from .sink import ReportSink
@@ -124,7 +124,7 @@ def test_exported_values_equal_what_was_dispatched(group4):
 
 def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
     targets = [url.split("//")[1].split("/")[0] for url in group4.metrics_urls]
-    prometheus = PrometheusServer(tmp_path, targets)
+    prometheus = start_prometheus(tmp_path, scrape_config(targets))
     try:
         steps = group4.command("steps", 5)[0]["step"]
         expected = expected_totals(WORKLOAD, 4, range(steps))
@@ -142,6 +142,9 @@ def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
         # The cap-fitted buckets work with histogram_quantile: the median R lies within the cap.
         median = prometheus.query(f"histogram_quantile(0.5, sum by (le) (moe_a2a_runtime_tokens_bucket{selector}))")
         assert 0 < float(median[0]["value"][1]) <= WORKLOAD.cap
+        # Every step ran within the peak window: its largest R reached Prometheus, whatever was sampled.
+        window_max = prometheus.query(f"max(moe_a2a_runtime_tokens_window_max{selector})")
+        assert float(window_max[0]["value"][1]) == expected.max_runtime_tokens
     finally:
         prometheus.stop()
 
@@ -207,13 +210,17 @@ def test_dead_then_hanging_service_costs_the_ranks_nothing_and_loses_no_report()
         sink.stop()  # dead: connection refused
         at_outage = group.status[0]["step"]
         down = group.command("steps", 60)  # a fixed amount of work: it would hang if dispatch waited
-        group.start_running()
-        time.sleep(1.5)  # ~15 intervals pile up behind the dead service
-        down = group.stop_running()
-        assert down[0]["step"] - at_outage > 60
+        assert down[0]["step"] - at_outage == 60
+        for _ in range(15):  # 15 intervals, cut explicitly, pile up behind the dead service
+            group.command("steps", 4)
+            down = group.command("cut")
+        deadline = time.monotonic() + 60
+        while not all(status["reporter"]["send_failures"] > 0 for status in down):
+            assert time.monotonic() < deadline, f"no failed send seen: {[s['reporter'] for s in down]}"
+            down = group.command("steps", 1)
         for status in down:
-            assert status["reporter"]["send_failures"] > 0
-            assert 1 <= status["reporter"]["pending"] <= 8  # bounded: merged, not grown
+            assert status["reporter"]["pending"] == 8  # full and bounded: merged, not grown
+            assert status["reporter"]["delivered"] == len(sink.boots_of(status["rank"])[status["boot_id"]])
 
         sink.hang.set()  # back, but every request hangs: the reporters are stuck inside a POST
         sink.start()

@@ -1,15 +1,26 @@
 """The reporter against a real HTTP peer (tests/telemetry/sink.py), counters driven in this thread."""
 
-import threading
+import logging
 import time
 
 import pytest
 import torch
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from dispatcher.counters import DispatchCounters
+from telemetry.collector import DispatchCollector
+from telemetry.exporter import RankExporter
 from telemetry.report import RankIdentity
 from telemetry.rank import rank_config
-from telemetry.reporter import Delivery, RankReporter, ReporterOptions, classify_status, new_boot_id
+from telemetry.reporter import (
+    Delivery,
+    HttpReportSender,
+    RankReporter,
+    ReporterOptions,
+    classify_status,
+    new_boot_id,
+)
 
 from .sink import ReportSink
 
@@ -25,11 +36,13 @@ def sink():
     sink.stop()
 
 
-def make_reporter(sink: ReportSink, counters: DispatchCounters, **options) -> RankReporter:
+def make_reporter(sink: ReportSink, counters: DispatchCounters, sender=None, **options) -> RankReporter:
     identity = RankIdentity(cluster="unit", ep_rank=1, ep_size=EP_SIZE, boot_id=new_boot_id())
     config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=8, top_k=2, num_experts=4, backend="torch")
-    defaults = dict(interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1, request_timeout_s=1.0)
-    return RankReporter(counters, identity, config, ReporterOptions(sink.url, **(defaults | options)))
+    # A generous request timeout: on a loaded machine a timed-out POST would be an extra, unplanned retry.
+    defaults = dict(service_url=sink.url, interval_s=0.05, backoff_initial_s=0.02, backoff_max_s=0.1,
+                    request_timeout_s=15.0)
+    return RankReporter(counters, identity, config, ReporterOptions(**(defaults | options)), sender=sender)
 
 
 def dispatch(counters: DispatchCounters, runtime_tokens: int) -> None:
@@ -71,38 +84,39 @@ def test_reports_arrive_in_order_and_add_up_to_what_was_dispatched(sink):
     reporter = make_reporter(sink, counters).start()
     for step in range(300):
         dispatch(counters, 1 + step % CAP)
-        if step % 50 == 0:
-            time.sleep(0.06)  # let a few intervals close mid-run
+        if step % 50 == 49:
+            reporter.cut_interval()  # six intervals for sure, besides the ones the 50 ms clock cuts
     assert reporter.close("shutdown", timeout_s=10)
     reports = assert_exactly_once(sink, reporter, counters)
-    assert len(reports) >= 3
+    assert len([r for r in reports if r.interval.forward_steps]) >= 6
     assert reports[-1].final_reason == "shutdown"
     assert sink.duplicates == 0 and reporter.stats().delivered == len(reports)
 
 
 def test_service_down_costs_memory_bounded_by_merging_and_loses_nothing(sink):
     counters = DispatchCounters(CAP, EP_SIZE)
-    reporter = make_reporter(sink, counters, max_pending_reports=4).start()
+    # The clock never cuts an interval here (an hour); the test cuts every one of them.
+    reporter = make_reporter(sink, counters, interval_s=3600, max_pending_reports=4).start()
     dispatch(counters, 3)
+    reporter.cut_interval()
     wait_for(lambda: sink.reports)
     sink.stop()
-    peak_pending = 0
-    deadline = time.monotonic() + 1.0  # ~20 intervals while the service is down
+    steps_per_interval = 7
     step = 0
-    while time.monotonic() < deadline:
-        dispatch(counters, 1 + step % (CAP + 4))  # some steps above the cap, too
-        step += 1
-        peak_pending = max(peak_pending, reporter.stats().pending)
-        time.sleep(0.002)
-    stats = reporter.stats()
-    assert stats.send_failures > 0
-    assert 2 <= peak_pending <= 4
+    for _ in range(20):  # 20 intervals while the service is down
+        for _ in range(steps_per_interval):
+            dispatch(counters, 1 + step % (CAP + 4))  # some steps above the cap, too
+            step += 1
+        reporter.cut_interval()
+        assert reporter.stats().pending <= 4
+    wait_for(lambda: reporter.stats().send_failures > 0)
+    assert reporter.stats().pending == 4  # full: the 20 went into 4, merged, not dropped
     sink.start()  # same port
     assert reporter.close("shutdown", timeout_s=10)
     reports = assert_exactly_once(sink, reporter, counters)
-    # 20 intervals went into at most 4 reports; merged ones span several intervals.
-    assert len(reports) < 20
-    assert max(r.interval.end_unix_s - r.interval.start_unix_s for r in reports) > 0.1
+    assert len(reports) <= 1 + 4 + 1  # before the outage, the 4 buffered, the final one
+    # Merged reports span several intervals: one holds at least a quarter of the 20.
+    assert max(r.interval.forward_steps for r in reports) >= 5 * steps_per_interval
 
 
 def test_a_lost_response_is_retried_with_the_same_sequence_and_counted_once(sink):
@@ -116,6 +130,64 @@ def test_a_lost_response_is_retried_with_the_same_sequence_and_counted_once(sink
     assert_exactly_once(sink, reporter, counters)
     assert sink.duplicates == 2
     assert reporter.stats().send_failures >= 2
+
+
+BROKEN_RESPONSES = [
+    # Content-Length promises 100 bytes, 11 come: http.client.IncompleteRead.
+    b"HTTP/1.1 202 Accepted\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"accepted\"",
+    b"SPAM SPAM SPAM\r\n\r\n",  # not a status line: http.client.BadStatusLine
+]
+
+
+def test_broken_http_responses_are_retried_and_reporting_goes_on(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    sink.raw_responses = list(BROKEN_RESPONSES)
+    reporter = make_reporter(sink, counters).start()
+    dispatch(counters, 5)
+    wait_for(lambda: not sink.raw_responses and reporter.stats().send_failures >= 2)
+    dispatch(counters, 9)  # after both broken answers: the thread still cuts and delivers intervals
+    wait_for(lambda: reporter.stats().delivered >= 2
+             and any(r.interval.peak_runtime_tokens == 9 for r in sink.reports.values()))
+    assert reporter._thread.is_alive()
+    assert reporter.close("shutdown", timeout_s=10)
+    assert_exactly_once(sink, reporter, counters)
+    assert sink.duplicates == 2  # both broken answers were to reports the sink had stored
+
+
+def test_a_broken_response_to_an_inline_final_report_does_not_raise_into_the_dispatch(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters)  # no thread: flush_final sends from the caller's thread
+    for raw in BROKEN_RESPONSES:
+        sink.raw_responses = [raw]
+        dispatch(counters, 3)
+        assert reporter.flush_final("overflow", timeout_s=5) is False  # a failed attempt, not an exception
+    assert reporter.stats().send_failures == 2 and reporter.stats().pending == 2
+    assert reporter.flush_final("shutdown", timeout_s=5)
+    assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "overflow", "shutdown"))
+    assert sink.duplicates == 2
+
+
+def test_an_unexpected_error_in_the_sender_never_ends_reporting_or_reaches_the_dispatch(sink):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    http_sender = HttpReportSender(ReporterOptions(sink.url))
+    failures_left = [3]
+
+    def flaky_sender(report):
+        if failures_left[0]:
+            failures_left[0] -= 1
+            raise RuntimeError("a bug in the sender")
+        return http_sender(report)
+
+    reporter = make_reporter(sink, counters, sender=flaky_sender).start()
+    dispatch(counters, 4)
+    wait_for(lambda: reporter.stats().delivered >= 1)
+    assert reporter._thread.is_alive() and reporter.stats().send_failures >= 2
+    reporter.close()
+    failures_left[0] = 1
+    dispatch(counters, 6)
+    assert reporter.flush_final("overflow", timeout_s=5) is False  # the error stays in the reporter
+    assert reporter.flush_final("shutdown", timeout_s=5) is True
+    assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "shutdown"))
 
 
 def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_its_timeout(sink):
@@ -177,13 +249,28 @@ def test_after_a_final_report_a_rank_that_survives_keeps_reporting(sink):
     assert reports[-1].counters.forward_steps == 2
 
 
-def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
+def exported_reporter_counters(reporter: RankReporter, counters: DispatchCounters) -> dict[str, float]:
+    collector = DispatchCollector(reporter.tracker, reporter.identity, reporter.config, reporter_stats=reporter.stats)
+    text = RankExporter(collector).render().decode()
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("moe_a2a_report")}
+
+
+def test_bearer_token_is_sent_and_a_wrong_one_is_retried_logged_with_its_status_and_counted_apart(caplog):
     sink = ReportSink(bearer_token="s3cret").start()
     try:
         counters = DispatchCounters(CAP, EP_SIZE)
-        wrong = make_reporter(sink, counters, bearer_token="nope").start()
-        wait_for(lambda: sink.unauthorized >= 2)
-        assert wrong.stats().rejected == 0 and wrong.stats().pending >= 1 and not sink.reports
+        with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+            wrong = make_reporter(sink, counters, bearer_token="nope").start()
+            wait_for(lambda: wrong.stats().auth_failures >= 2)  # counted once the 401 is read, after the sink's
+        stats = wrong.stats()
+        assert sink.unauthorized >= 2 and stats.send_failures == 0 and stats.rejected == 0
+        assert stats.pending >= 1 and not sink.reports
+        assert "HTTP 401" in caplog.text and "bearer token" in caplog.text and "unreachable" not in caplog.text
+        assert caplog.text.count("HTTP 401") == 1  # once per streak, not per retry
+        exported = exported_reporter_counters(wrong, counters)
+        assert exported["moe_a2a_report_auth_failures_total"] >= 2
+        assert exported["moe_a2a_reports_rejected_total"] == exported["moe_a2a_report_send_failures_total"] == 0
         wrong.close()
         right = make_reporter(sink, counters, bearer_token="s3cret")
         dispatch(counters, 4)
@@ -193,9 +280,23 @@ def test_bearer_token_is_sent_and_a_wrong_one_is_retried_not_dropped():
         sink.stop()
 
 
+def test_a_report_refused_for_good_is_dropped_logged_with_its_status_and_counted_as_rejected(sink, caplog):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters, service_url=sink.url + "/not-capwatch")  # the sink answers 404
+    dispatch(counters, 4)
+    with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+        assert reporter.flush_final("done", timeout_s=5) is False
+    stats = reporter.stats()
+    assert (stats.rejected, stats.pending, stats.send_failures, stats.auth_failures) == (1, 0, 0, 0)
+    assert "HTTP 404" in caplog.text and "refused report" in caplog.text
+    exported = exported_reporter_counters(reporter, counters)
+    assert exported["moe_a2a_reports_rejected_total"] == 1
+    assert exported["moe_a2a_report_auth_failures_total"] == 0
+
+
 @pytest.mark.parametrize("status, verdict", [
     (200, Delivery.DELIVERED), (202, Delivery.DELIVERED), (500, Delivery.RETRY), (503, Delivery.RETRY),
-    (429, Delivery.RETRY), (401, Delivery.RETRY), (400, Delivery.REJECTED), (413, Delivery.REJECTED),
+    (429, Delivery.RETRY), (401, Delivery.UNAUTHORIZED), (403, Delivery.UNAUTHORIZED), (400, Delivery.REJECTED), (413, Delivery.REJECTED),
     (422, Delivery.REJECTED),
 ])
 def test_status_classification(status, verdict):

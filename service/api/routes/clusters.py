@@ -77,11 +77,12 @@ def list_clusters(source: SourceDep, settings: SettingsDep, clock: ClockDep) -> 
     now = clock()
     summaries = []
     for cluster in source.clusters():
-        roles = sorted({state.role for state in source.rank_states(cluster)}, key=lambda r: (r != "target", r))
+        states = source.rank_states(cluster)  # once: against Prometheus each call is ten queries
+        roles = sorted({state.role for state in states}, key=lambda r: (r != "target", r))
         if not roles:
             continue
-        view = cluster_view(source, cluster, roles[0], now, settings)
-        advice = cluster_advice(source, cluster, roles[0], now, settings)
+        view = cluster_view(source, cluster, roles[0], now, settings, states)
+        advice = cluster_advice(source, cluster, roles[0], now, settings, states)
         summaries.append(ClusterSummary(
             cluster=cluster, roles=view.roles, ep_size=view.ep_size, cap=view.cap,
             ranks_reporting=view.ranks_reporting, ranks_stale=view.ranks_stale, ranks_missing=view.ranks_missing,

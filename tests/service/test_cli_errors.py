@@ -1,0 +1,103 @@
+"""Mistakes on the ``capwatch serve`` / ``advise`` command line, run as real processes: exit 2, one
+line naming the flag or variable, no traceback, and nothing created (no database file)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from capwatch import cli
+from service.config import Settings
+from service.launch import REPO_ROOT, free_port
+
+
+def capwatch(cwd, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "capwatch", *args], capture_output=True, text=True, cwd=cwd,
+                          env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", **(env or {})}, timeout=60)
+
+
+def assert_one_line_usage_error(result: subprocess.CompletedProcess, command: str, *names: str) -> str:
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"capwatch {command}: error: "), result.stderr
+    for name in names:
+        assert name in lines[0], lines[0]
+    assert "errors.pydantic.dev" not in lines[0]
+    return lines[0]
+
+
+@pytest.mark.parametrize(("args", "env", "names"), [
+    (["serve", "--port", "70000"], {}, ["--port", "65535"]),
+    (["serve", "--port", "http"], {}, ["--port", "not a port"]),
+    (["serve", "--token", ""], {}, ["--token", "empty"]),
+    (["serve"], {"CAPWATCH_TOKEN": ""}, ["CAPWATCH_TOKEN", "empty"]),
+    (["serve", "--db", "/"], {}, ["--db", "directory"]),
+    (["serve", "--db", "/proc/version"], {}, ["--db", "/proc/version"]),
+    (["serve", "--db", "no/such/dir/capwatch.db"], {}, ["--db", "does not exist"]),
+    (["serve"], {"CAPWATCH_DB_PATH": "/"}, ["CAPWATCH_DB_PATH", "directory"]),
+    (["serve"], {"CAPWATCH_ADVISOR__MIN_SAMPLES": "abc"}, ["CAPWATCH_ADVISOR__MIN_SAMPLES", "'abc'"]),
+    (["serve"], {"CAPWATCH_PORT": "70000"}, ["CAPWATCH_PORT"]),
+    (["serve", "--prometheus-url", "notaurl"], {}, ["--prometheus-url", "'notaurl'"]),
+    (["serve"], {"CAPWATCH_PROMETHEUS_URL": "ftp://x"}, ["CAPWATCH_PROMETHEUS_URL"]),
+    (["serve", "--host", "no.such.host.invalid"], {}, ["--host"]),
+])
+def test_serve_mistakes_are_one_line_and_create_nothing(tmp_path, args, env, names):
+    before = set(tmp_path.iterdir())
+    assert_one_line_usage_error(capwatch(tmp_path, *args, env=env), "serve", *names)
+    assert set(tmp_path.iterdir()) == before  # no capwatch.db in the working directory
+
+
+def test_serve_on_a_port_in_use_fails_before_creating_the_database(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = capwatch(tmp_path, "serve", "--port", str(port), "--db", str(tmp_path / "new.db"))
+    assert_one_line_usage_error(result, "serve", "--port", str(port), "in use")
+    assert not list(tmp_path.iterdir())
+
+
+def test_advise_mistakes_name_the_flag(tmp_path):
+    line = assert_one_line_usage_error(capwatch(tmp_path, "advise", "--timeout", "-1"), "advise", "--timeout")
+    assert "positive" in line
+    assert_one_line_usage_error(capwatch(tmp_path, "advise", "--timeout", "soon"), "advise", "--timeout")
+    assert_one_line_usage_error(capwatch(tmp_path, "advise", "--url", "localhost:8321"), "advise", "--url")
+    down = capwatch(tmp_path, "advise", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "2")
+    assert_one_line_usage_error(down, "advise", "cannot reach")
+
+
+def test_an_empty_token_is_refused_by_the_settings(monkeypatch):
+    for token in ("", "   "):
+        with pytest.raises(ValidationError, match="token is empty"):
+            Settings(token=token)
+    monkeypatch.setenv("CAPWATCH_TOKEN", "")
+    with pytest.raises(ValidationError, match="token is empty"):
+        Settings()
+    monkeypatch.setenv("CAPWATCH_TOKEN", "s3cret")
+    assert Settings().token.get_secret_value() == "s3cret"
+
+
+def test_a_bug_is_not_dressed_up_as_a_usage_error(monkeypatch):
+    """Only CommandError, SizingError and pydantic's ValidationError are usage errors; any other
+    ValueError is a bug and keeps its traceback."""
+    from capwatch.commands import advise
+
+    def broken(*_args, **_kwargs):
+        raise ValueError("a programming mistake")
+
+    monkeypatch.setattr(advise, "fetch_advice", broken)
+    with pytest.raises(ValueError, match="a programming mistake"):
+        cli.main(["advise"])
+    from dispatcher.sizing import SizingError
+
+    assert cli.usage_error(SizingError("--cap must be positive")) == "--cap must be positive"
+    assert cli.usage_error(ValueError("bug")) is None and cli.usage_error(KeyError("bug")) is None
+    with pytest.raises(ValidationError) as caught:
+        Settings(port=-1, window_s=0)
+    line = cli.usage_error(caught.value)
+    assert "\n" not in line and "port:" in line and "window_s:" in line

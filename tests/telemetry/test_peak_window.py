@@ -1,0 +1,136 @@
+"""The trailing-window peak: every step's R reaches every scraper, whatever the scrape cadence,
+with a reporter cutting intervals much faster than Prometheus scrapes, and with two scrapers."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dispatcher.counters import DispatchCounters
+from telemetry.collector import DispatchCollector
+from telemetry.exporter import RankExporter
+from telemetry.intervals import IntervalTracker, coherent, zero_snapshot
+from telemetry.peak_window import TrailingPeak
+from telemetry.rank import rank_config
+from telemetry.report import RankIdentity
+
+CAP = 100
+WINDOW_S = 60.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def gauges(exporter: RankExporter) -> dict[str, float]:
+    return {sample.name: sample.value
+            for family in text_string_to_metric_families(exporter.render().decode())
+            for sample in family.samples}
+
+
+@pytest.fixture
+def rank():
+    counters = DispatchCounters(CAP, 2)
+    tracker = IntervalTracker(counters)
+    identity = RankIdentity(cluster="unit", ep_rank=0, ep_size=2, boot_id="b0")
+    config = rank_config(cap=CAP, ep_size=2, hidden_size=8, top_k=2, num_experts=4, backend="torch")
+    clock = Clock()
+    exporter = RankExporter(DispatchCollector(tracker, identity, config, peak_window_s=WINDOW_S, clock=clock))
+    return counters, tracker, exporter, clock
+
+
+def test_a_peak_between_slow_scrapes_is_seen_though_the_reporter_cut_many_intervals_since(rank):
+    counters, tracker, exporter, clock = rank
+    gauges(exporter)
+    counters.record_step(90)  # the spike, in the first of three 5 s reporter intervals between two scrapes
+    tracker.close()
+    for _ in range(2):
+        counters.record_step(10)
+        tracker.close()
+    clock.now += 15
+    exported = gauges(exporter)
+    assert exported["moe_a2a_interval_peak_runtime_tokens"] == 10  # the last interval only: the spike is lost
+    assert exported["moe_a2a_runtime_tokens_window_max"] == 90
+    assert exported["moe_a2a_runtime_tokens_window_utilization_ratio"] == 0.9
+    assert exported["moe_a2a_peak_window_seconds"] == WINDOW_S
+
+
+def test_two_scrapers_both_see_a_peak_that_one_of_them_cut(rank):
+    counters, _, exporter, clock = rank
+    counters.record_step(70)
+    clock.now += 3
+    first = gauges(exporter)["moe_a2a_runtime_tokens_window_max"]  # scraper A takes the segment with the spike
+    clock.now += 7
+    second = gauges(exporter)["moe_a2a_runtime_tokens_window_max"]  # scraper B, 7 s later, nothing new since
+    assert first == second == 70
+
+
+def test_the_peak_leaves_the_window_after_its_length_and_later_peaks_replace_it(rank):
+    counters, _, exporter, clock = rank
+    counters.record_step(80)
+    gauges(exporter)
+    for _ in range(3):  # scrapes every 15 s: the spike stays visible for the window
+        clock.now += 15
+        counters.record_step(20)
+        assert gauges(exporter)["moe_a2a_runtime_tokens_window_max"] == 80
+    clock.now += WINDOW_S + WINDOW_S / 12  # past the window (and its slot)
+    counters.record_step(30)
+    assert gauges(exporter)["moe_a2a_runtime_tokens_window_max"] == 30
+    clock.now += 2 * WINDOW_S  # nothing dispatched for two windows
+    assert gauges(exporter)["moe_a2a_runtime_tokens_window_max"] == 0
+
+
+def test_an_over_cap_step_shows_its_exact_r_and_a_ratio_above_one(rank):
+    counters, _, exporter, clock = rank
+    counters.record_step(150)
+    clock.now += 1
+    exported = gauges(exporter)
+    assert exported["moe_a2a_runtime_tokens_window_max"] == 150
+    assert exported["moe_a2a_runtime_tokens_window_utilization_ratio"] == 1.5
+
+
+def test_memory_stays_bounded_however_often_it_is_scraped():
+    counters = DispatchCounters(CAP, 2)
+    window = TrailingPeak(zero_snapshot(CAP, 2, "target", 0.0), window_s=WINDOW_S, slots=12)
+    now = 0.0
+    for step in range(2000):
+        counters.record_step(1 + step % CAP)
+        now += 0.25
+        window.observe(coherent(counters.snapshot()), now)
+    assert len(window._peaks) <= 13
+    assert window.peak(now) == CAP
+
+
+def test_a_stale_snapshot_from_a_slower_concurrent_scrape_adds_nothing():
+    counters = DispatchCounters(CAP, 2)
+    window = TrailingPeak(zero_snapshot(CAP, 2, "target", 0.0), window_s=WINDOW_S)
+    counters.record_step(40)
+    older = coherent(counters.snapshot())
+    counters.record_step(60)
+    window.observe(coherent(counters.snapshot()), 1.0)
+    assert window.observe(older, 2.0) == 60  # no error, no negative delta, peak kept
+
+
+@pytest.mark.parametrize("window_s, slots, message", [
+    (0, 12, "positive number of seconds"), (float("nan"), 12, "positive"), (60, 0, "slots must be >= 1")])
+def test_bad_window_is_refused(window_s, slots, message):
+    with pytest.raises(ValueError, match=message):
+        TrailingPeak(zero_snapshot(CAP, 2, "target", 0.0), window_s=window_s, slots=slots)
+
+
+def test_peak_between_agrees_with_the_interval_peak_of_the_full_histogram_delta():
+    from telemetry.intervals import histogram_delta, interval_peak
+    from telemetry.peak_window import peak_between
+
+    counters = DispatchCounters(CAP, 2)
+    previous = coherent(counters.snapshot())
+    for runtime_tokens in (5, 99, 100, 101, 250, 150, 0, 3):
+        counters.record_step(runtime_tokens)
+        current = coherent(counters.snapshot())
+        assert peak_between(previous, current) == interval_peak(previous, current, histogram_delta(previous, current))
+        assert peak_between(current, current) == 0
+        previous = current
