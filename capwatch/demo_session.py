@@ -317,7 +317,10 @@ def run_demo(options: DemoOptions) -> int:
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, quiet=options.json)
     workload = build_workload(options)
-    geometry = scaled_geometry(options.model, workload.ranks)
+    try:
+        geometry = scaled_geometry(options.model, workload.ranks)
+    except ValueError as error:  # an unknown model name
+        raise CommandError(str(error)) from None
     if geometry.num_experts < workload.ranks:
         raise CommandError(f"{options.model} has {geometry.num_experts} experts, fewer than {workload.ranks} ranks")
     state_dir = options.state_dir or default_state_dir()

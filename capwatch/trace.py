@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import IO, Iterable
 
+from capwatch.cli import CommandError
 from capwatch.workload import Workload
 from dispatcher.sizing import MAX_EP_SIZE
 
@@ -20,8 +21,9 @@ MAX_TRACE_STEPS = 10_000_000
 TRACE_KEYS = ("tokens", "t")
 
 
-class TraceError(ValueError):
-    """A trace that cannot be replayed; the message names the file, line and problem."""
+class TraceError(CommandError, ValueError):
+    """A trace that cannot be replayed; the message names the file, line and problem (a usage
+    error for the CLI: one line, exit 2)."""
 
 
 def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Workload:
