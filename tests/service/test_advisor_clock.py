@@ -47,7 +47,8 @@ def test_hysteresis_waits_for_twelve_covered_hours_not_a_gap():
 
 
 def test_a_report_stamped_at_epoch_zero_does_not_lower_the_cap_through_the_api(client, clock, settings):
-    """The reviewer's case end to end: real store, real routes; one rank's clock reads 0."""
+    """End to end: real store, real routes; one rank's clock reads 0. Ingest refuses the report, and
+    what was stored is still too short a history to act on."""
     ranks = [SimulatedRank("skew", rank, 2, cap=1024) for rank in range(2)]
     clock.now = T0 + 120
     for window in range(2):
@@ -55,7 +56,8 @@ def test_a_report_stamped_at_epoch_zero_does_not_lower_the_cap_through_the_api(c
             body = rank.report(T0 + 60 * window, T0 + 60 * window + 59, [100])
             assert client.post("/v1/reports", content=json.dumps(body)).status_code == 202
     skewed = ranks[0].report(0.0, 0.0, [100])
-    assert client.post("/v1/reports", content=json.dumps(skewed)).status_code == 202
+    refused = client.post("/v1/reports", content=json.dumps(skewed))
+    assert refused.status_code == 422 and "end_unix_s" in refused.text  # ingest refuses it outright
     client.app.state.settings = settings.model_copy(update={"advisor": EAGER})
     advice = client.get("/v1/clusters/skew/advice").json()
     assert advice["action"] == "insufficient_data", advice
