@@ -32,7 +32,7 @@ system-deps:
 	fi
 
 demo: setup
-	$(BIN)/capwatch plan --model deepseek-v3 --ep-size 8 --cap 1024 --cap 4096 --cap 16384
+	$(BIN)/capwatch demo --state-dir state
 
 test: $(VENV)/.test-deps system-deps
 	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 $(BIN)/python -m pytest

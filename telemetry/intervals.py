@@ -54,13 +54,13 @@ def histogram_delta(previous: CounterSnapshot, current: CounterSnapshot) -> list
 
 def interval_peak(previous: CounterSnapshot, current: CounterSnapshot, delta: list[tuple[int, int]]) -> int:
     """Largest R of the interval. Above the cap the histogram keeps one bin (cap + 1); the exact R
-    is known only when the interval raised the running max, otherwise cap + 1 is the honest floor."""
-    if not delta:
-        return 0
-    top_bin = delta[-1][0]
-    over_cap_bin = current.cap + 1
-    if top_bin == over_cap_bin and current.max_runtime_tokens > previous.max_runtime_tokens:
-        return current.max_runtime_tokens
+    is known when the interval raised the running max, otherwise cap + 1 is the honest floor.
+    A step updates its histogram bin and the running max in two ops, so a snapshot taken between
+    them sees one without the other: whenever the max grew, the step that set it has run, and its
+    exact R counts here even if its histogram bin landed in the previous interval."""
+    top_bin = delta[-1][0] if delta else 0
+    if current.max_runtime_tokens > previous.max_runtime_tokens:
+        return max(top_bin, current.max_runtime_tokens)
     return top_bin
 
 

@@ -134,3 +134,22 @@ def test_peak_between_agrees_with_the_interval_peak_of_the_full_histogram_delta(
         assert peak_between(previous, current) == interval_peak(previous, current, histogram_delta(previous, current))
         assert peak_between(current, current) == 0
         previous = current
+
+
+def test_a_snapshot_torn_between_histogram_and_max_keeps_the_exact_overflow_peak():
+    """record_step adds to the histogram and then raises the running max: a scrape in between sees the
+    over-cap bin grow with the old max, the next one only the new max. The peak must still be exact."""
+    from dataclasses import replace
+
+    from dispatcher.counters import DispatchCounters
+    from telemetry.peak_window import peak_between
+
+    counters = DispatchCounters(cap=64, ep_size=2)
+    counters.record_step(40)
+    before = counters.snapshot()
+    counters.record_step(100)
+    after = counters.snapshot()
+    torn = replace(after, max_runtime_tokens=before.max_runtime_tokens)  # the bin grew, the max not yet
+    assert peak_between(before, torn) == 65  # cap + 1: the honest floor so far
+    assert peak_between(torn, after) == 100  # the max grew with no new step: its R still counts
+    assert peak_between(before, after) == 100
