@@ -28,26 +28,6 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def port_number(text: str) -> int:
-    """argparse ``type=`` for a TCP port."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port {port} is out of range: use 1..65535")
-    return port
-
-
-def positive_seconds(text: str) -> float:
-    """argparse ``type=`` for a timeout or interval in seconds."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text} must be a positive number of seconds")
-    return seconds
 
 
 def validation_error_line(error) -> str:

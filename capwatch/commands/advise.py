@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from capwatch.cli import positive_seconds
+from capwatch.arguments import positive_seconds
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

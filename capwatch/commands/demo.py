@@ -5,37 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from capwatch.arguments import hold_seconds, port_or_zero, positive_int
 from capwatch.cli import CommandError
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 0 <= value <= 65_535:
-        raise argparse.ArgumentTypeError(f"port {value} is outside 0..65535")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not 0 <= value <= 7 * 86_400:
-        raise argparse.ArgumentTypeError(f"seconds must be within 0..604800, got {value}")
-    return value
 
 
 def register(subparsers) -> None:
@@ -52,11 +25,11 @@ def register(subparsers) -> None:
     parser.add_argument("--trace", type=Path, metavar="FILE",
                         help='replay JSON Lines, one step a line: {"tokens": [rank0, rank1, ...], "t": seconds} '
                              "(t optional); the number of ranks follows the trace")
-    parser.add_argument("--cap", type=_positive_int, default=DEFAULT_CAP,
+    parser.add_argument("--cap", type=positive_int, default=DEFAULT_CAP,
                         help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
-    parser.add_argument("--ranks", type=_positive_int,
+    parser.add_argument("--ranks", type=positive_int,
                         help=f"EP ranks to launch (default: {DEFAULT_RANKS}, or the trace's)")
-    parser.add_argument("--steps", type=_positive_int,
+    parser.add_argument("--steps", type=positive_int,
                         help=f"decode steps (default: {DEFAULT_STEPS} generated; with --trace, the first N steps)")
     parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default=DEFAULT_POLICY,
                         help="past the cap: raise ends the demo with the dispatcher's error (exit 1); chunk splits "
@@ -66,11 +39,11 @@ def register(subparsers) -> None:
     parser.add_argument("--cluster", default="demo", help="cluster name the ranks report under (default: demo)")
     parser.add_argument("--json", action="store_true",
                         help="print only the final advice object (as GET /v1/clusters/{cluster}/advice returns it)")
-    parser.add_argument("--port", type=_port,
+    parser.add_argument("--port", type=port_or_zero,
                         help=f"service port on 127.0.0.1 (default: {DEFAULT_PORT}, or a free one; 0: a free one)")
-    parser.add_argument("--metrics-port", type=_port, metavar="B",
+    parser.add_argument("--metrics-port", type=port_or_zero, metavar="B",
                         help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free block)")
-    parser.add_argument("--hold", type=_seconds, default=0.0, metavar="SECONDS",
+    parser.add_argument("--hold", type=hold_seconds, default=0.0, metavar="SECONDS",
                         help="keep the service and the exporters up this long after the run")
     parser.add_argument("--service-url", metavar="URL",
                         help="report to this running service instead of starting one (export CAPWATCH_TOKEN "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from capwatch.cli import port_number
+from capwatch.arguments import port_number
 
 # Settings fields that have a flag; every other field is set by its CAPWATCH_* variable only.
 FLAGS = {"host": "--host", "port": "--port", "db_path": "--db", "token": "--token",

@@ -33,7 +33,7 @@ def assert_one_line_usage_error(result: subprocess.CompletedProcess, command: st
 
 @pytest.mark.parametrize(("args", "env", "names"), [
     (["serve", "--port", "70000"], {}, ["--port", "65535"]),
-    (["serve", "--port", "http"], {}, ["--port", "not a port"]),
+    (["serve", "--port", "http"], {}, ["--port", "expected a port number"]),
     (["serve", "--token", ""], {}, ["--token", "empty"]),
     (["serve"], {"CAPWATCH_TOKEN": ""}, ["CAPWATCH_TOKEN", "empty"]),
     (["serve", "--db", "/"], {}, ["--db", "directory"]),
