@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from service.simulate import SimulatedRank
 from service.store.sqlite import Store
 from service.views import cluster_advice
 from telemetry.report import RankReport
+from benchmarks.timing import median_ms
 
 GROUPS = 16
 EP_SIZE = 64
@@ -90,15 +90,6 @@ def build(directory: Path, recent_s: float, now: float) -> tuple[Settings, dict]
     }
 
 
-def _median_ms(function, repeats: int) -> float:
-    timings = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        timings.append(time.perf_counter() - started)
-    return round(statistics.median(timings) * 1e3, 3)
-
-
 def run(quick: bool = False) -> dict:
     recent_s = 1800.0 if quick else 6 * 3600.0
     now = time.time()
@@ -107,19 +98,19 @@ def run(quick: bool = False) -> dict:
         store = Store(settings.db_path, store_options(settings))
         try:
             advice = cluster_advice(store, "group0", "target", time.time(), settings)
-            figures["in_process_advice_median_ms"] = _median_ms(
+            figures["in_process_advice_median_ms"] = median_ms(
                 lambda: cluster_advice(store, "group3", "target", time.time(), settings), 30)
-            figures["in_process_all_groups_median_ms"] = _median_ms(
+            figures["in_process_all_groups_median_ms"] = median_ms(
                 lambda: [cluster_advice(store, f"group{g}", "target", time.time(), settings) for g in range(GROUPS)], 5)
         finally:
             store.close()
         with ServiceProcess(settings.db_path) as server, httpx.Client(base_url=server.url, timeout=60) as client:
             client.get("/v1/clusters/group0/advice").raise_for_status()
-            figures["http_advice_median_ms"] = _median_ms(
+            figures["http_advice_median_ms"] = median_ms(
                 lambda: client.get("/v1/clusters/group3/advice").raise_for_status(), 30)
-            figures["http_cluster_view_median_ms"] = _median_ms(
+            figures["http_cluster_view_median_ms"] = median_ms(
                 lambda: client.get("/v1/clusters/group3").raise_for_status(), 30)
-            figures["http_all_clusters_median_ms"] = _median_ms(
+            figures["http_all_clusters_median_ms"] = median_ms(
                 lambda: client.get("/v1/clusters").raise_for_status(), 5)
     figures.update(days=DAYS, ranks=GROUPS * EP_SIZE, groups=GROUPS, recent_raw_hours=recent_s / 3600,
                    example_advice={key: getattr(advice, key) for key in (

@@ -9,23 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 from dispatcher.models import model_geometry
 from dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
 from dispatcher.workspace_plan import largest_cap_within, plan_workspace
+from benchmarks.timing import median_seconds
 
 CAPS = range(128, 32768 + 1, 128)
-
-
-def _median_seconds(function, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def run(quick: bool = False) -> dict:
@@ -45,9 +35,9 @@ def run(quick: bool = False) -> dict:
         for budget_gib in (1, 2, 4, 8):
             largest_cap_within(budget_gib << 30, geometry, 8)
 
-    plan_s = _median_seconds(sweep_plans, repeats) / len(CAPS)
-    formula_s = _median_seconds(sweep_formula, repeats) / len(CAPS)
-    budget_s = _median_seconds(budget_answers, repeats) / 4
+    plan_s = median_seconds(sweep_plans, repeats) / len(CAPS)
+    formula_s = median_seconds(sweep_formula, repeats) / len(CAPS)
+    budget_s = median_seconds(budget_answers, repeats) / 4
     return {
         "caps_per_sweep": len(CAPS),
         "plan_workspace_median_us": round(plan_s * 1e6, 2),

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 import urllib.request
+
+from benchmarks.timing import median_ms
 
 CAPS = (1024, 4096, 16384)
 EP_SIZE = 8
@@ -41,15 +41,6 @@ def _busy_telemetry(cap: int):
     return telemetry
 
 
-def _median_ms(action, iterations: int) -> float:
-    timings = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        action()
-        timings.append(time.perf_counter() - start)
-    return round(statistics.median(timings) * 1e3, 3)
-
-
 def run(quick: bool = False) -> dict:
     iterations = 30 if quick else 300
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -65,9 +56,9 @@ def run(quick: bool = False) -> dict:
 
             scrape()  # warm-up
             per_cap[str(cap)] = {
-                "http_scrape_median_ms": _median_ms(scrape, iterations),
-                "render_median_ms": _median_ms(telemetry.exporter.render, iterations),
-                "snapshot_median_ms": _median_ms(telemetry.tracker.snapshot, iterations),
+                "http_scrape_median_ms": median_ms(scrape, iterations),
+                "render_median_ms": median_ms(telemetry.exporter.render, iterations),
+                "snapshot_median_ms": median_ms(telemetry.tracker.snapshot, iterations),
                 "exposition_bytes": len(telemetry.exporter.render()),
             }
         finally:
