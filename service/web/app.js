@@ -127,9 +127,10 @@
     }
     const series = [...byRank.entries()].sort((a, b) => a[0].localeCompare(b[0], "en", { numeric: true }))
       .map(([name, points]) => ({ name, points }));
-    const references = [{ y: 1, label: "cap", color: "#b91c1c" }];
     const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
-    if (current && recommended) references.push({ y: recommended / current, label: "recommended", color: "#0f766e" });
+    const holding = current && recommended && recommended === current;  // one line, one label: no overprint
+    const references = [{ y: 1, label: holding ? "cap = recommended" : "cap", color: "#b91c1c" }];
+    if (current && recommended && !holding) references.push({ y: recommended / current, label: "recommended", color: "#0f766e" });
     Charts.lines($("chart-utilization"), { series, lines: references, xFormat: Charts.formatClock,
       yFormat: Charts.formatPercent, emptyText: "no interval reports yet" });
     return series.reduce((total, s) => total + s.points.length, 0);
@@ -239,8 +240,9 @@
       const stateText = first(rank, ["state"], "");
       const cells = [
         first(rank, ["ep_rank", "rank"]), first(rank, ["role", "dispatcher"], "target"), stateText,
+        // The last interval can be idle (0): the maximum since the rank started says how full the cap ran.
         tokens(first(rank, ["cap"])), tokens(first(rank, ["last_peak_runtime_tokens", "peak_runtime_tokens", "last_peak_r"])),
-        percent(first(rank, ["utilization", "last_peak_utilization", "peak_utilization"])), tokens(overflowTotal),
+        tokens(first(rank, ["max_runtime_tokens"])), percent(first(rank, ["max_utilization"])), tokens(overflowTotal),
         gib(first(rank, ["workspace_bytes_per_rank", "workspace_bytes"])),
       ];
       cells.forEach((value, index) => {
