@@ -11,7 +11,6 @@ process and over HTTP against a real ``capwatch serve`` on the same database.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import tempfile
@@ -28,6 +27,7 @@ from service.store.sqlite import Store
 from service.views import cluster_advice
 from telemetry.report import RankReport
 from benchmarks.timing import median_ms
+from benchmarks.standalone import standalone
 
 GROUPS = 16
 EP_SIZE = 64
@@ -119,11 +119,5 @@ def run(quick: bool = False) -> dict:
     return figures
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="30 min of raw reports instead of 6 h")
-    print(json.dumps(run(parser.parse_args().quick), indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    standalone("python -m benchmarks.advice_latency", __doc__, run, quick_help="30 min of raw reports instead of 6 h")

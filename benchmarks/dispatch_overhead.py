@@ -10,10 +10,10 @@ timed alone as a share of the bare step; then the median ratio over sizes (goal 
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
+
+from benchmarks.standalone import standalone
 
 TOKEN_SIZES = (1, 8, 32, 128)
 HIDDEN = 256
@@ -112,15 +112,7 @@ def run(quick: bool = False) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.dispatch_overhead", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
-    figures = run(quick=args.quick)
-    if args.json:
-        print(json.dumps(figures, indent=2))
-        return
+def render(figures: dict) -> None:
     print(f"{figures['backend']}, hidden {figures['hidden']}, top_k {figures['top_k']}, "
           f"{figures['iterations']} interleaved iterations")
     print(f"{'tokens':>7} {'bare us':>10} {'instr. us':>10} {'ratio':>7} {'paired':>7} {'counters':>9}")
@@ -133,4 +125,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    standalone("python -m benchmarks.dispatch_overhead", __doc__, run, render)

@@ -14,7 +14,6 @@ client costs far less CPU than the servers it measures.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 
 from service.launch import REPO_ROOT, ServiceProcess, free_port
 from service.simulate import SimulatedRank
+from benchmarks.standalone import standalone
 
 RANKS = 1024
 INTERVAL_S = 5.0  # a real reporter's default: 1,024 ranks send ~205 reports/s
@@ -183,11 +183,5 @@ def run(quick: bool = False) -> dict:
     return results
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer reports per rank")
-    print(json.dumps(run(parser.parse_args().quick), indent=2))
-
-
 if __name__ == "__main__":
-    main()
+    standalone("python -m benchmarks.ingest", __doc__, run, quick_help="fewer reports per rank")

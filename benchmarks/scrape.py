@@ -9,11 +9,10 @@ exposition) is what a production rank pays. Medians over many scrapes, per cap.
 
 from __future__ import annotations
 
-import argparse
-import json
 import urllib.request
 
 from benchmarks.timing import median_ms
+from benchmarks.standalone import standalone
 
 CAPS = (1024, 4096, 16384)
 EP_SIZE = 8
@@ -72,15 +71,7 @@ def run(quick: bool = False) -> dict:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.scrape", description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="fewer iterations (a smoke run)")
-    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
-    args = parser.parse_args(argv)
-    figures = run(quick=args.quick)
-    if args.json:
-        print(json.dumps(figures, indent=2))
-        return
+def render(figures: dict) -> None:
     print(f"{figures['what']}; {figures['iterations']} scrapes per cap (medians)")
     print(f"{'cap':>7} {'HTTP ms':>9} {'render ms':>10} {'snapshot ms':>12} {'bytes':>7}")
     for cap, entry in figures["per_cap"].items():
@@ -89,4 +80,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    standalone("python -m benchmarks.scrape", __doc__, run, render)

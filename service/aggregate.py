@@ -119,23 +119,27 @@ def _ranks_text(ranks: list[int]) -> str:
     return ", ".join(str(rank) for rank in ranks)
 
 
+def _disagreement(states: list[RankState], setting: str) -> tuple[Counter, int, list[int]]:
+    """How many ranks run each value of ``setting``, the majority value, and the ranks that differ from it."""
+    counts = Counter(getattr(state, setting) for state in states)
+    majority = counts.most_common(1)[0][0] if counts else None
+    odd = sorted(state.ep_rank for state in states if getattr(state, setting) != majority)
+    return counts, majority, odd
+
+
 def consistency_findings(states: list[RankState], views: list[RankView], ep_size: int) -> list[Finding]:
     """``views``: one per expected rank, the states' ranks first (in ``states`` order), then never-seen ranks."""
     findings: list[Finding] = []
     live = [state for state, view in zip(states, views) if view.state != "missing"] or states
-    caps = Counter(state.cap for state in live)
-    if len(caps) > 1:
-        majority = caps.most_common(1)[0][0]
-        odd = sorted(state.ep_rank for state in live if state.cap != majority)
+    caps, majority, odd = _disagreement(live, "cap")
+    if odd:
         findings.append(Finding(
             kind="cap_mismatch", severity="critical", ranks=odd,
             message=(f"ranks disagree on the cap: {dict(sorted(caps.items()))} (cap: ranks); every rank must run the "
                      f"same {majority}-token cap or dispatches can hang or read out of bounds — "
                      f"restart rank(s) {_ranks_text(odd)} with the group's value")))
-    sizes = Counter(state.ep_size for state in live)
-    if len(sizes) > 1:
-        majority = sizes.most_common(1)[0][0]
-        odd = sorted(state.ep_rank for state in live if state.ep_size != majority)
+    sizes, majority, odd = _disagreement(live, "ep_size")
+    if odd:
         findings.append(Finding(
             kind="ep_size_mismatch", severity="critical", ranks=odd,
             message=(f"ranks disagree on ep_size: {dict(sorted(sizes.items()))} (ep_size: ranks); rank(s) "
