@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # compile FlashInfer's own workspace-layout C++ for the sizing cross-check.
 SYSTEM_TOOLS := promtool prometheus chromium g++
 
-.PHONY: setup system-deps demo test
+.PHONY: setup system-deps service-venv demo test
 
 $(BIN)/capwatch: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,19 @@ $(VENV)/.test-deps: $(BIN)/capwatch
 	$(BIN)/pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
 	touch $@
 
+# A monitoring box's install: `.[service]` alone, non-editable, in a clean venv, so a test can show that
+# `capwatch serve` and `capwatch plan` run with torch absent. The project itself is reinstalled every
+# time (it is what the test is about); its dependencies only when pyproject or the pins change.
+SERVICE_VENV := .venv-service
+$(SERVICE_VENV)/.deps: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(SERVICE_VENV)
+	$(SERVICE_VENV)/bin/pip install -q --upgrade pip
+	$(SERVICE_VENV)/bin/pip install -q -c constraints.txt ".[service]"
+	touch $@
+
+service-venv: $(SERVICE_VENV)/.deps
+	$(SERVICE_VENV)/bin/pip install -q --no-deps --force-reinstall .
+
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -34,5 +47,5 @@ system-deps:
 demo: setup
 	$(BIN)/capwatch demo --state-dir state
 
-test: $(VENV)/.test-deps system-deps
-	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 $(BIN)/python -m pytest
+test: $(VENV)/.test-deps system-deps service-venv
+	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_SERVICE_VENV=1 $(BIN)/python -m pytest

@@ -22,12 +22,12 @@ import sys
 import time
 
 from capwatch.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
-from dispatcher import sizing
-from service.advisor.budget import WorkspacePricing
-from service.advisor.history import SampleHistory
-from service.advisor.policy import AdvisorPolicy
-from service.advisor.recommend import GroupConfig, recommend
-from service.advisor.sample import GroupSample
+from capwatch.dispatcher import sizing
+from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.recommend import GroupConfig, recommend
+from capwatch.service.advisor.sample import GroupSample
 
 EP_SIZE = 8
 HIDDEN_SIZE, TOP_K = 7168, 8  # DeepSeek-V3

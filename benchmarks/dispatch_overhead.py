@@ -26,8 +26,8 @@ GOAL_RATIO = 1.02
 def _rank(rank: int, world_size: int, sizes: tuple[int, ...], iterations: int, warmup: int) -> dict:
     import torch
 
-    from dispatcher import DispatchCounters, InstrumentedDispatcher
-    from dispatcher.torch_backend import TorchA2ABackend
+    from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.torch_backend import TorchA2ABackend
 
     backend = TorchA2ABackend(NUM_EXPERTS, TOP_K)
     cap = max(sizes)
@@ -74,7 +74,7 @@ def _rank(rank: int, world_size: int, sizes: tuple[int, ...], iterations: int, w
 
 
 def run(quick: bool = False) -> dict:
-    from dispatcher.launch import spawn_ranks
+    from capwatch.dispatcher.launch import spawn_ranks
 
     iterations, warmup = (40, 5) if quick else (300, 20)
     results = spawn_ranks(WORLD_SIZE, _rank, TOKEN_SIZES, iterations, warmup, timeout_s=600)

@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from service.launch import REPO_ROOT, ServiceProcess, free_port
-from service.simulate import SimulatedRank
+from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
+from capwatch.service.simulate import SimulatedRank
 from benchmarks.standalone import standalone
 
 RANKS = 1024

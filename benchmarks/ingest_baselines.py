@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
 
-from telemetry.report import RankReport
+from capwatch.telemetry.report import RankReport
 
 ACK = b'{"accepted":true,"duplicate":false}'
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from dispatcher.models import model_geometry
-from dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
-from dispatcher.workspace_plan import largest_cap_within, plan_workspace
+from capwatch.dispatcher.models import model_geometry
+from capwatch.dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.dispatcher.workspace_plan import largest_cap_within, plan_workspace
 from benchmarks.timing import median_seconds
 
 CAPS = range(128, 32768 + 1, 128)

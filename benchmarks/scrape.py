@@ -21,11 +21,11 @@ EP_SIZE = 8
 def _busy_telemetry(cap: int):
     import torch
 
-    from dispatcher.counters import DispatchCounters
-    from telemetry.exporter import ExporterOptions
-    from telemetry.rank import RankTelemetry, rank_config
-    from telemetry.report import RankIdentity
-    from telemetry.reporter import new_boot_id
+    from capwatch.dispatcher.counters import DispatchCounters
+    from capwatch.telemetry.exporter import ExporterOptions
+    from capwatch.telemetry.rank import RankTelemetry, rank_config
+    from capwatch.telemetry.report import RankIdentity
+    from capwatch.telemetry.reporter import new_boot_id
 
     counters = DispatchCounters(cap, EP_SIZE)
     send = torch.arange(EP_SIZE, dtype=torch.int64)

@@ -35,12 +35,12 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
 
     import torch
 
-    from dispatcher import DispatchCounters, InstrumentedDispatcher
-    from dispatcher.torch_backend import TorchA2ABackend
-    from telemetry.exporter import ExporterOptions
-    from telemetry.rank import RankTelemetry, rank_config
-    from telemetry.report import RankIdentity
-    from telemetry.reporter import ReporterOptions, new_boot_id
+    from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.torch_backend import TorchA2ABackend
+    from capwatch.telemetry.exporter import ExporterOptions
+    from capwatch.telemetry.rank import RankTelemetry, rank_config
+    from capwatch.telemetry.report import RankIdentity
+    from capwatch.telemetry.reporter import ReporterOptions, new_boot_id
 
     backend = TorchA2ABackend(NUM_EXPERTS, TOP_K)
     counters = DispatchCounters(CAP, world_size)
@@ -98,7 +98,7 @@ def run(quick: bool = False, interval_s: float = AGGRESSIVE_INTERVAL_S) -> dict:
     import multiprocessing
     import os
 
-    from dispatcher.launch import spawn_ranks
+    from capwatch.dispatcher.launch import spawn_ranks
 
     blocks, steps_per_block = (6, 100) if quick else (20, 300)
     service = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)

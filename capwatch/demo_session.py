@@ -146,7 +146,7 @@ class EmbeddedService:
     """``capwatch serve`` (``service.launch.ServiceProcess``) with the demo's database and settings."""
 
     def __init__(self, state_dir: Path, port: int):
-        from service.launch import ServiceProcess
+        from capwatch.service.launch import ServiceProcess
 
         self.state_dir = state_dir
         self.database = state_dir / "demo.sqlite3"
@@ -195,7 +195,7 @@ class RankGroup:
 
     def _run(self) -> None:
         from capwatch.rank_process import run_rank
-        from dispatcher.launch import spawn_ranks
+        from capwatch.dispatcher.launch import spawn_ranks
 
         try:
             self.outcomes = spawn_ranks(self.ranks, run_rank, self.plan, self.progress, timeout_s=self.timeout_s)

@@ -74,7 +74,7 @@ def _expert_fn(plan: RankPlan, rank: int, ep_size: int):
     the slots that chose a local expert (so combine sums real per-token contributions)."""
     import torch
 
-    from dispatcher import local_expert_range
+    from capwatch.dispatcher import local_expert_range
 
     local = local_expert_range(rank, plan.num_experts, ep_size)
     projection = (torch.randn(plan.hidden_size, plan.hidden_size,
@@ -94,12 +94,12 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     is returned as ``{"overflow": message}`` after the final report went out."""
     import torch
 
-    from dispatcher import CapOverflowError, DispatchCounters, InstrumentedDispatcher
-    from dispatcher.torch_backend import TorchA2ABackend
-    from telemetry.exporter import ExporterOptions
-    from telemetry.rank import RankTelemetry, rank_config
-    from telemetry.report import RankIdentity
-    from telemetry.reporter import ReporterOptions, new_boot_id
+    from capwatch.dispatcher import CapOverflowError, DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.torch_backend import TorchA2ABackend
+    from capwatch.telemetry.exporter import ExporterOptions
+    from capwatch.telemetry.rank import RankTelemetry, rank_config
+    from capwatch.telemetry.report import RankIdentity
+    from capwatch.telemetry.reporter import ReporterOptions, new_boot_id
 
     backend = TorchA2ABackend(plan.num_experts, plan.top_k)
     counters = DispatchCounters(plan.cap, world_size, role="target")

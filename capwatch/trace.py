@@ -14,7 +14,7 @@ from typing import IO, Iterable
 
 from capwatch.cli import CommandError
 from capwatch.workload import Workload
-from dispatcher.sizing import MAX_EP_SIZE
+from capwatch.dispatcher.sizing import MAX_EP_SIZE
 
 MAX_TOKENS_PER_RANK = 1 << 20
 MAX_TRACE_STEPS = 10_000_000

@@ -1,4 +1,4 @@
 """Grafana dashboards and Prometheus rules for capwatch, generated as code and checked against a real Prometheus.
 
-``python -m dashboards.generate`` writes ``dashboards/grafana/*.json``; the rules live in ``dashboards/rules/``.
+``python -m capwatch.dashboards.generate`` writes ``dashboards/grafana/*.json``; the rules live in ``dashboards/rules/``.
 """

@@ -1,4 +1,4 @@
-"""Write the capwatch Grafana dashboards as JSON: ``python -m dashboards.generate [--check] [--out DIR]``.
+"""Write the capwatch Grafana dashboards as JSON: ``python -m capwatch.dashboards.generate [--check] [--out DIR]``.
 
 The JSON under ``dashboards/grafana/`` is committed so Grafana users can import or provision it without Python;
 ``--check`` (and the test suite) fails when it no longer matches what this script generates.
@@ -15,7 +15,7 @@ from pathlib import Path
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from dashboards import overview, rank_detail
+from capwatch.dashboards import overview, rank_detail
 
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
 DASHBOARDS: dict[str, Callable[[], dashboard_models.Dashboard]] = {
@@ -42,14 +42,14 @@ def stale_files(directory: Path = GRAFANA_DIR) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m capwatch.dashboards.generate", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=GRAFANA_DIR, help="directory to write (default: %(default)s)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the JSON there is stale")
     args = parser.parse_args(argv)
     if args.check:
         stale = stale_files(args.out)
         for file_name in stale:
-            print(f"stale: {args.out / file_name} (run python -m dashboards.generate)", file=sys.stderr)
+            print(f"stale: {args.out / file_name} (run python -m capwatch.dashboards.generate)", file=sys.stderr)
         return 1 if stale else 0
     args.out.mkdir(parents=True, exist_ok=True)
     for file_name, text in render_all().items():

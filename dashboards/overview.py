@@ -6,12 +6,12 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from dashboards import service_metrics as svc
-from dashboards.panels import (
+from capwatch.dashboards import service_metrics as svc
+from capwatch.dashboards.panels import (
     UTILIZATION_STEPS, Query, dashboard, number_panels, peak, rate, ranks, row, service, stat_panel, labels_table_panel,
     timeseries_panel,
 )
-from telemetry import catalogue as cat
+from capwatch.telemetry import catalogue as cat
 
 UID = "capwatch-ep-group"
 GROUP = "cluster, dispatcher"

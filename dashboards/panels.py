@@ -19,7 +19,7 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
-from telemetry.catalogue import INFO
+from capwatch.telemetry.catalogue import INFO
 
 DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["capwatch", "moe", "all-to-all"]

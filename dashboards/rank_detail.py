@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from dashboards.panels import (
+from capwatch.dashboards.panels import (
     UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, peak, rate, ranks, row, stat_panel, labels_table_panel,
     timeseries_panel,
 )
-from telemetry import catalogue as cat
+from capwatch.telemetry import catalogue as cat
 
 UID = "capwatch-ep-ranks"
 RANK = "cluster, dispatcher, ep_rank"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dispatcher.sizing import SizingError, check_positive as _positive
+from capwatch.dispatcher.sizing import SizingError, check_positive as _positive
 
 
 @dataclass(frozen=True)

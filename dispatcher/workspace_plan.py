@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from dispatcher.models import ModelGeometry
-from dispatcher.sizing import (
+from capwatch.dispatcher.models import ModelGeometry
+from capwatch.dispatcher.sizing import (
     INT32_MAX,
     LAYOUT_MOE_A2A,
     FlashInferVersion,

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO_ROOT))
 
 import torch  # noqa: E402
 
-from dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots  # noqa: E402
+from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots  # noqa: E402
 from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs  # noqa: E402
 from tests.dispatcher.moe import reference_outputs  # noqa: E402
 
@@ -75,7 +75,7 @@ def _init_group() -> None:
 
 
 def _torch_dispatcher(cap: int, policy: str = "raise") -> InstrumentedDispatcher:
-    from dispatcher.torch_backend import TorchA2ABackend
+    from capwatch.dispatcher.torch_backend import TorchA2ABackend
 
     backend = TorchA2ABackend(CASE.num_experts, CASE.top_k)
     return InstrumentedDispatcher(backend, DispatchCounters(cap, 1, device=backend.device), cap, overflow_policy=policy)
@@ -241,8 +241,8 @@ def check_flashinfer_moe_alltoall() -> str:
         from flashinfer.comm import MoeAlltoAll  # noqa: F401
     except ImportError as error:
         raise Skip(f"flashinfer.comm.MoeAlltoAll not importable ({error})")
-    from dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend, flashinfer_version
-    from dispatcher.sizing import workspace_layout
+    from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend, flashinfer_version
+    from capwatch.dispatcher.sizing import workspace_layout
 
     _init_group()
     inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
@@ -269,7 +269,7 @@ def check_flashinfer_moe_ep() -> str:
         raise Skip(f"flashinfer.moe_ep not importable ({error})")
     if not NVLinkOneSidedAlltoAll.is_platform_supported():
         raise Skip("NVLinkOneSidedAlltoAll.is_platform_supported() is False on this machine")
-    from dispatcher.flashinfer_backend import FlashInferMoeEpBackend
+    from capwatch.dispatcher.flashinfer_backend import FlashInferMoeEpBackend
 
     _init_group()
     inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))

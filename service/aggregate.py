@@ -12,9 +12,9 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from dispatcher.sizing import SizingError
-from service.advisor.budget import WorkspacePricing
-from service.store.rank_state import RankState
+from capwatch.dispatcher.sizing import SizingError
+from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.store.rank_state import RankState
 
 RankStatus = Literal["reporting", "stale", "missing"]
 Severity = Literal["critical", "warning", "info"]

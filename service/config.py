@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.policy import AdvisorPolicy
 
 
 class Settings(BaseSettings):

@@ -13,13 +13,13 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from pydantic.json_schema import models_json_schema
 
-from service.api.routes import advice, clusters, health, metrics, reports, web
-from service.config import Settings
-from service.metrics import build_metrics
-from service.prometheus_source import PrometheusSource, SourceUnavailable
-from service.store.sqlite import Store, StoreOptions
-from service.views import ClusterSource
-from telemetry.report import RankReport
+from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
+from capwatch.service.config import Settings
+from capwatch.service.metrics import build_metrics
+from capwatch.service.prometheus_source import PrometheusSource, SourceUnavailable
+from capwatch.service.store.sqlite import Store, StoreOptions
+from capwatch.service.views import ClusterSource
+from capwatch.telemetry.report import RankReport
 
 DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises
 raise / lower / hold on the per-rank token cap of MoE all-to-all dispatch

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from service.aggregate import FINDING_KINDS
-from service.config import Settings
-from service.views import cluster_advice, cluster_view
+from capwatch.service.aggregate import FINDING_KINDS
+from capwatch.service.config import Settings
+from capwatch.service.views import cluster_advice, cluster_view
 
 log = logging.getLogger(__name__)
 ACTIONS = ("raise", "lower", "hold", "insufficient_data")

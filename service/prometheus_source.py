@@ -21,12 +21,12 @@ from collections.abc import Callable
 
 import httpx
 
-from service.advisor.history import SampleHistory
-from service.advisor.sample import GroupSample
-from service.config import Settings
-from service.store.rank_state import RankState
-from service.store.sqlite import IntervalRow
-from telemetry import catalogue
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.sample import GroupSample
+from capwatch.service.config import Settings
+from capwatch.service.store.rank_state import RankState
+from capwatch.service.store.sqlite import IntervalRow
+from capwatch.telemetry import catalogue
 
 MAX_POINTS = 10_000  # Prometheus refuses more than 11,000 points per series in one range query
 

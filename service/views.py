@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from service.advisor.history import SampleHistory
-from service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
-from service.aggregate import ClusterView, pricing_of, rank_status, summarize_cluster
-from service.config import Settings
-from service.store.rank_state import RankState
-from service.store.sqlite import IntervalRow
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
+from capwatch.service.aggregate import ClusterView, pricing_of, rank_status, summarize_cluster
+from capwatch.service.config import Settings
+from capwatch.service.store.rank_state import RankState
+from capwatch.service.store.sqlite import IntervalRow
 
 
 class ClusterSource(Protocol):

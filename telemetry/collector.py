@@ -19,12 +19,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
-from telemetry import catalogue
-from telemetry.catalogue import MetricSpec
-from telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
-from telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak
-from telemetry.report import RankConfig, RankIdentity
-from telemetry.reporter import ReporterStats
+from capwatch.telemetry import catalogue
+from capwatch.telemetry.catalogue import MetricSpec
+from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
+from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak
+from capwatch.telemetry.report import RankConfig, RankIdentity
+from capwatch.telemetry.reporter import ReporterStats
 
 
 def _base_name(spec: MetricSpec) -> str:

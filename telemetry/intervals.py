@@ -14,8 +14,8 @@ import threading
 import time
 from itertools import accumulate
 
-from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, CounterSnapshot, DispatchCounters
-from telemetry.report import CumulativeCounters, Interval, OverflowCount
+from capwatch.dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, CounterSnapshot, DispatchCounters
+from capwatch.telemetry.report import CumulativeCounters, Interval, OverflowCount
 
 
 def zero_snapshot(cap: int, ep_size: int, role: str, taken_at: float) -> CounterSnapshot:

@@ -20,8 +20,8 @@ import math
 import threading
 from collections import deque
 
-from dispatcher.counters import CounterSnapshot
-from telemetry.intervals import interval_peak
+from capwatch.dispatcher.counters import CounterSnapshot
+from capwatch.telemetry.intervals import interval_peak
 
 DEFAULT_PEAK_WINDOW_S = 60.0
 PEAK_WINDOW_SLOTS = 12  # memory is bounded by this, however often scrapes come

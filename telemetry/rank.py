@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from dispatcher import sizing
-from dispatcher.counters import DispatchCounters
-from telemetry.collector import DispatchCollector
-from telemetry.exporter import ExporterOptions, RankExporter
-from telemetry.intervals import IntervalTracker
-from telemetry.peak_window import DEFAULT_PEAK_WINDOW_S
-from telemetry.report import RankConfig, RankIdentity
-from telemetry.reporter import RankReporter, ReporterOptions
+from capwatch.dispatcher import sizing
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.collector import DispatchCollector
+from capwatch.telemetry.exporter import ExporterOptions, RankExporter
+from capwatch.telemetry.intervals import IntervalTracker
+from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S
+from capwatch.telemetry.report import RankConfig, RankIdentity
+from capwatch.telemetry.reporter import RankReporter, ReporterOptions
 
 # Without a reporter the exporter still closes intervals (for the interval-peak gauges) this often.
 DEFAULT_INTERVAL_S = 5.0

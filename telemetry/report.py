@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
-from dispatcher.sizing import MAX_EP_SIZE, SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+from capwatch.dispatcher.sizing import MAX_EP_SIZE, SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
 
 SCHEMA_VERSION = 1
 
@@ -54,6 +54,28 @@ class RankIdentity(_Strict):
         return self
 
 
+class SGLangLimits(_Strict):
+    """What SGLang's start-up check needs to accept a cap, as SGLang resolved it on this rank.
+
+    sglang 0.5.23 ``arg_groups/moe_hook.py`` ``validate_flashinfer_a2a_token_budget`` refuses to start
+    when the cap is below ``_required_flashinfer_a2a_dispatch_tokens_per_rank``: the largest of the
+    prefill buffer (``max_prefill_buffer_tokens``) and the prefill CUDA-graph batch — both only when
+    ``disaggregation_mode != "decode"`` — and the largest decode/verify CUDA-graph batch times the
+    tokens each request dispatches per step (``_decode_graph_dispatch_tokens_per_rank``). The advisor
+    never recommends below that; the plugin and the log reader fill these fields the way SGLang does.
+    """
+
+    sglang_version: Annotated[str, Field(min_length=1, max_length=32)] | None = None
+    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
+    max_prefill_buffer_tokens: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
+    prefill_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
+    decode_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
+    tokens_per_request: Annotated[int, Field(ge=1, le=1024)] = 1
+    # Where the cap came from: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, or SGLang's default
+    # rule max(max_prefill_buffer_tokens, 4096) when the variable is unset.
+    cap_source: Literal["env", "default"] = "env"
+
+
 class RankConfig(_Strict):
     cap: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)]
     hidden_size: Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE)]
@@ -71,6 +93,8 @@ class RankConfig(_Strict):
     # Floor inputs for the advisor: the largest CUDA-graph decode batch and draft tokens per step.
     cuda_graph_max_batch_size: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)] | None = None
     speculative_tokens: Annotated[int, Field(ge=0, le=64)] = 0
+    # Set by the SGLang plugin: the inputs of SGLang's own start-up floor for the cap.
+    sglang: SGLangLimits | None = None
 
 
 class OverflowCount(_Strict):
@@ -99,6 +123,9 @@ class Interval(_Strict):
     forward_steps: Count
     dispatch_calls: Count
     peak_runtime_tokens: Count
+    # This rank's own largest local batch (tokens it dispatched in one step, not the group's R): the
+    # per-rank line that shows which rank drives the group's peak. None from ranks that predate it.
+    max_local_tokens: Count | None = None
     runtime_tokens_histogram: Annotated[list[tuple[Count, Count]], Field(max_length=MAX_CAP_TOKENS + 2)] = []
     overflow_events: Annotated[list[OverflowCount], Field(max_length=len(OVERFLOW_KINDS) * len(OVERFLOW_OUTCOMES))] = []
 

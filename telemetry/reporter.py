@@ -31,9 +31,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dispatcher.counters import DispatchCounters
-from telemetry.intervals import IntervalTracker, cumulative_counters, merge_intervals
-from telemetry.report import CumulativeCounters, Interval, RankConfig, RankIdentity, RankReport
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.intervals import IntervalTracker, cumulative_counters, merge_intervals
+from capwatch.telemetry.report import CumulativeCounters, Interval, RankConfig, RankIdentity, RankReport
 
 log = logging.getLogger(__name__)
 

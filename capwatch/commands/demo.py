@@ -56,7 +56,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from telemetry.report import MAX_CAP_TOKENS, RankIdentity
+    from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
 
     from capwatch.demo_session import DemoOptions, run_demo
 

@@ -55,7 +55,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _integer(flag: str, text: str, minimum: int = 1) -> int:
-    from dispatcher.sizing import SizingError
+    from capwatch.dispatcher.sizing import SizingError
 
     try:
         value = int(str(text).strip().replace("_", ""))
@@ -68,7 +68,7 @@ def _integer(flag: str, text: str, minimum: int = 1) -> int:
 
 def parse_caps(values: list[str]) -> list[int]:
     """``["1024", "2048,4096", "256:1024:256"]`` -> caps in the order given, duplicates dropped."""
-    from dispatcher.sizing import SizingError
+    from capwatch.dispatcher.sizing import SizingError
 
     caps: list[int] = []
     for value in values:
@@ -95,8 +95,8 @@ def parse_caps(values: list[str]) -> list[int]:
 
 
 def _geometry(args: argparse.Namespace):
-    from dispatcher.models import custom_geometry, model_geometry
-    from dispatcher.sizing import SizingError
+    from capwatch.dispatcher.models import custom_geometry, model_geometry
+    from capwatch.dispatcher.sizing import SizingError
 
     custom = {"--hidden-size": args.hidden_size, "--top-k": args.top_k, "--num-experts": args.num_experts}
     given = [flag for flag, value in custom.items() if value is not None]
@@ -115,9 +115,9 @@ def _geometry(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from dispatcher.byte_units import parse_byte_size
-    from dispatcher.sizing import SizingError
-    from dispatcher.workspace_plan import MODES, largest_cap_within, plan_workspace
+    from capwatch.dispatcher.byte_units import parse_byte_size
+    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.dispatcher.workspace_plan import MODES, largest_cap_within, plan_workspace
 
     if (args.cap is None) == (args.budget is None):
         raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
@@ -163,7 +163,7 @@ def _print_table(plans, geometry, title_note: str = "", budget: int | None = Non
     from rich.console import Console
     from rich.table import Table
 
-    from dispatcher.byte_units import format_bytes
+    from capwatch.dispatcher.byte_units import format_bytes
 
     first = plans[0]
     console = Console()

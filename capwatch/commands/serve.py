@@ -109,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
     from pydantic_settings import SettingsError
 
     from capwatch.cli import CommandError
-    from service.config import Settings
-    from service.main import create_app
+    from capwatch.service.config import Settings
+    from capwatch.service.main import create_app
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dispatcher.sizing import MAX_EP_SIZE, workspace_bytes_per_rank  # noqa: F401  (MAX_EP_SIZE re-exported for callers)
+from capwatch.dispatcher.sizing import MAX_EP_SIZE, workspace_bytes_per_rank  # noqa: F401  (MAX_EP_SIZE re-exported for callers)
 
 
 @dataclass(frozen=True)

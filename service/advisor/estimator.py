@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from service.advisor.history import SampleHistory
+from capwatch.service.advisor.history import SampleHistory
 
 
 @dataclass(frozen=True)

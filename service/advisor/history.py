@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from service.advisor.histogram import DecayingHistogram
-from service.advisor.overflow_bump import overflow_bump
-from service.advisor.sample import GroupSample
+from capwatch.service.advisor.histogram import DecayingHistogram
+from capwatch.service.advisor.overflow_bump import overflow_bump
+from capwatch.service.advisor.sample import GroupSample
 
 
 @dataclass

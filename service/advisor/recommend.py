@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from service.advisor.alignment import align_down, align_up
-from service.advisor.budget import WorkspacePricing, largest_cap_within
-from service.advisor.estimator import estimate
-from service.advisor.floor import floor_tokens
-from service.advisor.history import SampleHistory
-from service.advisor.hysteresis import worth_changing
-from service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.alignment import align_down, align_up
+from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
+from capwatch.service.advisor.estimator import estimate
+from capwatch.service.advisor.floor import floor_tokens
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.hysteresis import worth_changing
+from capwatch.service.advisor.policy import AdvisorPolicy
 
 ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 

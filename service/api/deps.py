@@ -10,9 +10,9 @@ from typing import Annotated
 
 from fastapi import Depends, HTTPException, Query, Request, status
 
-from service.config import Settings
-from service.metrics import ServiceMetrics
-from service.views import ClusterSource
+from capwatch.service.config import Settings
+from capwatch.service.metrics import ServiceMetrics
+from capwatch.service.views import ClusterSource
 
 
 async def get_settings(request: Request) -> Settings:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from telemetry.report import RankReport
+from capwatch.telemetry.report import RankReport
 
 
 @dataclass

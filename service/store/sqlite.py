@@ -22,13 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.advisor.history import SampleHistory
-from service.advisor.policy import AdvisorPolicy
-from service.advisor.sample import GroupSample, window_start
-from service.store.rank_state import RankState, apply_report
-from service.store.schema import (REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql,
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.sample import GroupSample, window_start
+from capwatch.service.store.rank_state import RankState, apply_report
+from capwatch.service.store.schema import (REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql,
                                    insert_reports_sql, upsert_windows_sql)
-from telemetry.report import RankReport
+from capwatch.telemetry.report import RankReport
 
 log = logging.getLogger(__name__)
 _STOP = object()

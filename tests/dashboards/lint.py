@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from dashboards import service_metrics
-from telemetry import catalogue
+from capwatch.dashboards import service_metrics
+from capwatch.telemetry import catalogue
 
 PROMTOOL = "promtool"
 RATE_FUNCTIONS = {"rate", "irate", "increase"}

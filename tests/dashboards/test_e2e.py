@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from dashboards import service_metrics
-from dispatcher import sizing
-from dispatcher.launch import spawn_ranks
-from service.launch import ServiceProcess
-from telemetry import catalogue
+from capwatch.dashboards import service_metrics
+from capwatch.dispatcher import sizing
+from capwatch.dispatcher.launch import spawn_ranks
+from capwatch.service.launch import ServiceProcess
+from capwatch.telemetry import catalogue
 from tests.dashboards import e2e_rank, lint
 from tests.dashboards.conftest import RULES_FILE
 from tests.support.prometheus import scrape_config, start_prometheus

@@ -7,13 +7,13 @@ import os
 import subprocess
 import sys
 
-from dashboards import generate
+from capwatch.dashboards import generate
 from tests.dashboards.conftest import GRAFANA_DIR, ROOT
 
 
 def test_committed_json_is_current():
     stale = generate.stale_files(GRAFANA_DIR)
-    assert not stale, f"stale dashboard JSON {stale}: run `python -m dashboards.generate` and commit the result"
+    assert not stale, f"stale dashboard JSON {stale}: run `python -m capwatch.dashboards.generate` and commit the result"
 
 
 def test_every_generated_dashboard_is_committed_and_nothing_else():
@@ -31,7 +31,7 @@ def test_stale_json_is_detected_and_regenerated(tmp_path):
     target.write_text(json.dumps(edited))
     assert generate.stale_files(tmp_path) == ["ep-group-overview.json"]
     check = subprocess.run(
-        [sys.executable, "-m", "dashboards.generate", "--check", "--out", str(tmp_path)],
+        [sys.executable, "-m", "capwatch.dashboards.generate", "--check", "--out", str(tmp_path)],
         capture_output=True, text=True, cwd=ROOT, env=env_path, timeout=60,
     )
     assert check.returncode == 1 and "stale" in check.stderr

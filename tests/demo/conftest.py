@@ -17,7 +17,7 @@ import pytest
 from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
 from capwatch.trace import write_trace
 from capwatch.workload import Workload
-from service.launch import free_port  # noqa: F401  (re-exported for the tests)
+from capwatch.service.launch import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def write_timed_trace(path: Path, token_counts: list[list[int]], seconds_per_ste
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """``capwatch serve`` on a free port, with the demo's compressed advisor clock."""
-    from service.launch import ServiceProcess
+    from capwatch.service.launch import ServiceProcess
 
     folder = tmp_path_factory.mktemp("service")
     process = ServiceProcess(folder / "capwatch.db", env=DEMO_ADVISOR_SETTINGS).start(timeout_s=60)

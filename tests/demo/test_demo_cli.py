@@ -176,7 +176,7 @@ def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
 
 def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
     from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
-    from service.launch import ServiceProcess
+    from capwatch.service.launch import ServiceProcess
 
     trace = write_timed_trace(tmp_path / "short.jsonl", [[10, 20], [30, 5], [7, 7]], seconds_per_step=0.1)
     with ServiceProcess(tmp_path / "protected.db", env={"CAPWATCH_TOKEN": "s3cret-token", **DEMO_ADVISOR_SETTINGS}) as service:

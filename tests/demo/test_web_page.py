@@ -126,7 +126,7 @@ def test_assets_are_served_from_the_package_only(service):
 
 
 def test_page_on_an_empty_service_says_what_to_do(tmp_path):
-    from service.launch import ServiceProcess
+    from capwatch.service.launch import ServiceProcess
 
     with ServiceProcess(tmp_path / "empty.db") as empty:
         dom = chromium(tmp_path, "--dump-dom", f"{empty.url}/")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dispatcher.backend import compute_target_rank_id, local_expert_range
+from capwatch.dispatcher.backend import compute_target_rank_id, local_expert_range
 
 INVALID_EXPERT_ID = -1
 

@@ -8,9 +8,9 @@ import sys
 
 import torch
 
-from dispatcher import CapOverflowError, DispatchCounters, DispatchPairingError, InstrumentedDispatcher
-from dispatcher.host_reads import HostReadError, forbid_host_reads
-from dispatcher.torch_backend import TorchA2ABackend
+from capwatch.dispatcher import CapOverflowError, DispatchCounters, DispatchPairingError, InstrumentedDispatcher
+from capwatch.dispatcher.host_reads import HostReadError, forbid_host_reads
+from capwatch.dispatcher.torch_backend import TorchA2ABackend
 
 from .moe import INVALID_EXPERT_ID, MoECase, expert_fn, make_inputs
 

@@ -7,8 +7,8 @@ import threading
 import pytest
 import torch
 
-from dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
-from dispatcher.host_reads import HostReadError, forbid_host_reads
+from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
+from capwatch.dispatcher.host_reads import HostReadError, forbid_host_reads
 
 
 def test_steps_fill_an_exact_histogram_and_the_max():

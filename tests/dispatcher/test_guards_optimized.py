@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dispatcher import CAP_ENV_VAR
+from capwatch.dispatcher import CAP_ENV_VAR
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-TORCH_FREE = ("dispatcher", "dispatcher.sizing", "dispatcher.vocabulary", "dispatcher.models",
-              "dispatcher.workspace_plan", "dispatcher.byte_units")
+TORCH_FREE = ("capwatch.dispatcher", "capwatch.dispatcher.sizing", "capwatch.dispatcher.vocabulary",
+              "capwatch.dispatcher.models", "capwatch.dispatcher.workspace_plan", "capwatch.dispatcher.byte_units")
 
 
 def _fresh_python(code: str) -> dict:
@@ -28,7 +28,7 @@ def test_torch_free_modules_leave_torch_unloaded():
     loaded = _fresh_python(
         "import importlib, json, sys\n"
         f"for name in {TORCH_FREE!r}: importlib.import_module(name)\n"
-        "from dispatcher import sizing\n"
+        "from capwatch.dispatcher import sizing\n"
         "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))"
     )
     assert loaded == []
@@ -37,10 +37,10 @@ def test_torch_free_modules_leave_torch_unloaded():
 def test_package_names_resolve_lazily_and_are_the_submodules_objects():
     resolved = _fresh_python(
         "import json, sys\n"
-        "import dispatcher\n"
+        "import capwatch.dispatcher as dispatcher\n"
         "before = 'torch' in sys.modules\n"
-        "from dispatcher import InstrumentedDispatcher, DispatchCounters, ROLES, CAP_ENV_VAR\n"
-        "import dispatcher.counters as counters, dispatcher.instrumented as instrumented\n"
+        "from capwatch.dispatcher import InstrumentedDispatcher, DispatchCounters, ROLES, CAP_ENV_VAR\n"
+        "import capwatch.dispatcher.counters as counters, capwatch.dispatcher.instrumented as instrumented\n"
         "print(json.dumps({'before': before, 'after': 'torch' in sys.modules,\n"
         "  'same': [InstrumentedDispatcher is instrumented.InstrumentedDispatcher,\n"
         "           DispatchCounters is counters.DispatchCounters, ROLES is counters.ROLES],\n"
@@ -52,7 +52,7 @@ def test_package_names_resolve_lazily_and_are_the_submodules_objects():
 
 
 def test_every_public_name_resolves_and_an_unknown_one_is_an_attribute_error():
-    import dispatcher
+    import capwatch.dispatcher as dispatcher
 
     for name in dispatcher.__all__:
         assert getattr(dispatcher, name) is not None

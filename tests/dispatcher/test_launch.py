@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dispatcher.launch import RankFailedError, spawn_ranks
+from capwatch.dispatcher.launch import RankFailedError, spawn_ranks
 
 from .rank_functions import exit_without_reporting, fail_on_rank_one, group_facts
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dispatcher.backend import (
+from capwatch.dispatcher.backend import (
     compute_target_rank_id, local_expert_range, padding_rows, plan_routes, validate_dispatch_inputs,
 )
 

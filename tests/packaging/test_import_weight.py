@@ -12,7 +12,7 @@ import pytest
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("module", ["telemetry.report", "service.main", "capwatch.commands.plan", "capwatch.cli"])
+@pytest.mark.parametrize("module", ["capwatch.telemetry.report", "capwatch.service.main", "capwatch.commands.plan", "capwatch.cli"])
 def test_module_imports_without_torch(module):
     probe = f"import sys, {module}; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True,

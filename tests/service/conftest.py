@@ -7,9 +7,9 @@ import pytest
 warnings.filterwarnings("ignore", message=".*httpx2.*")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from service.config import Settings  # noqa: E402
-from service.main import create_app, store_options  # noqa: E402
-from service.store.sqlite import Store  # noqa: E402
+from capwatch.service.config import Settings  # noqa: E402
+from capwatch.service.main import create_app, store_options  # noqa: E402
+from capwatch.service.store.sqlite import Store  # noqa: E402
 
 T0 = 1_700_000_000.0
 

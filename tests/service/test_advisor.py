@@ -6,15 +6,15 @@ import random
 
 import pytest
 
-from dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
-from service.advisor.budget import WorkspacePricing, largest_cap_within
-from service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
-from service.advisor.history import SampleHistory
-from service.advisor.hysteresis import worth_changing
-from service.advisor.overflow_bump import overflow_bump
-from service.advisor.policy import AdvisorPolicy
-from service.advisor.recommend import ENV_NAME, GroupConfig, recommend, whatif
-from service.advisor.sample import RankInterval, group_samples
+from capwatch.dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
+from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.hysteresis import worth_changing
+from capwatch.service.advisor.overflow_bump import overflow_bump
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.recommend import ENV_NAME, GroupConfig, recommend, whatif
+from capwatch.service.advisor.sample import RankInterval, group_samples
 
 WINDOW_S = 60.0
 DAY_S = 86_400.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from service.advisor.policy import AdvisorPolicy
-from service.advisor.recommend import recommend
-from service.simulate import SimulatedRank
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.recommend import recommend
+from capwatch.service.simulate import SimulatedRank
 from tests.service.conftest import T0
 from tests.service.test_advisor import WINDOW_S, group, history_from
 

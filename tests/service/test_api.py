@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.config import Settings
-from service.main import create_app
-from service.simulate import SimulatedRank
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
+from capwatch.service.simulate import SimulatedRank
 from tests.service.conftest import T0
 
 WINDOW_S = 60.0
@@ -214,12 +214,12 @@ def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(cl
 
 
 def test_rank_states_not_yet_checkpointed_are_replayed_from_the_reports(tmp_path, clock):
-    from service.store.sqlite import Store, StoreOptions
+    from capwatch.service.store.sqlite import Store, StoreOptions
 
     options = StoreOptions(checkpoint_interval_s=3600.0)
     first = Store(tmp_path / "c.db", options, clock)
     rank = SimulatedRank("c6", 0, 1, cap=512)
-    from telemetry.report import RankReport
+    from capwatch.telemetry.report import RankReport
     for index in range(3):
         first.ingest(RankReport.model_validate(rank.report(T0 + index, T0 + index + 1, [100 * (index + 1)]),
                                                strict=False))

@@ -9,8 +9,8 @@ import time
 
 import httpx
 
-from service.launch import REPO_ROOT, ServiceProcess, free_port
-from service.simulate import SimulatedRank
+from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
+from capwatch.service.simulate import SimulatedRank
 
 
 def capwatch(*args: str) -> subprocess.CompletedProcess:

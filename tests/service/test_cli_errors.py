@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from capwatch import cli
-from service.config import Settings
-from service.launch import REPO_ROOT, free_port
+from capwatch.service.config import Settings
+from capwatch.service.launch import REPO_ROOT, free_port
 
 
 def capwatch(cwd, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -93,7 +93,7 @@ def test_a_bug_is_not_dressed_up_as_a_usage_error(monkeypatch):
     monkeypatch.setattr(advise, "fetch_advice", broken)
     with pytest.raises(ValueError, match="a programming mistake"):
         cli.main(["advise"])
-    from dispatcher.sizing import SizingError
+    from capwatch.dispatcher.sizing import SizingError
 
     assert cli.usage_error(SizingError("--cap must be positive")) == "--cap must be positive"
     assert cli.usage_error(ValueError("bug")) is None and cli.usage_error(KeyError("bug")) is None

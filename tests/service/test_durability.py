@@ -10,13 +10,13 @@ import time
 import httpx
 import pytest
 
-from service.config import Settings
-from service.launch import ServiceProcess
-from service.main import store_options
-from service.simulate import SimulatedRank
-from service.store.sqlite import Store
-from service.views import cluster_advice
-from telemetry.report import RankReport
+from capwatch.service.config import Settings
+from capwatch.service.launch import ServiceProcess
+from capwatch.service.main import store_options
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import Store
+from capwatch.service.views import cluster_advice
+from capwatch.telemetry.report import RankReport
 
 EP_SIZE = 16
 REPORTS_PER_RANK = 100

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from service.api.routes.reports import clock_tolerance_s
-from service.simulate import SimulatedRank
+from capwatch.service.api.routes.reports import clock_tolerance_s
+from capwatch.service.simulate import SimulatedRank
 from tests.service.conftest import T0
 
 

@@ -13,11 +13,11 @@ from pathlib import Path
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from service.config import Settings
-from service.main import create_app, store_options
-from service.simulate import SimulatedRank
-from service.store.sqlite import Store
-from telemetry.report import RankReport
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app, store_options
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import Store
+from capwatch.telemetry.report import RankReport
 
 _directory = Path(tempfile.mkdtemp(prefix="capwatch-fuzz-"))
 _settings = Settings(db_path=_directory / "fuzz.db")

@@ -9,14 +9,14 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from dispatcher.counters import DispatchCounters
-from service.config import Settings
-from service.main import create_app
-from telemetry.collector import DispatchCollector
-from telemetry.exporter import ExporterOptions, RankExporter
-from telemetry.intervals import IntervalTracker
-from telemetry.rank import rank_config
-from telemetry.report import RankIdentity
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
+from capwatch.telemetry.collector import DispatchCollector
+from capwatch.telemetry.exporter import ExporterOptions, RankExporter
+from capwatch.telemetry.intervals import IntervalTracker
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import RankIdentity
 from tests.support.ports import free_port
 from tests.support.prometheus import scrape_config, start_prometheus
 

@@ -8,10 +8,10 @@ import json
 
 from fastapi.testclient import TestClient
 
-from service.config import Settings
-from service.main import create_app
-from service.simulate import SimulatedRank
-from service.store.sqlite import Store
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import Store
 from tests.service.conftest import T0
 
 

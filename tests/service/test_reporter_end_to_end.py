@@ -7,11 +7,11 @@ import time
 
 import httpx
 
-from dispatcher.counters import DispatchCounters
-from service.launch import ServiceProcess
-from telemetry.rank import rank_config
-from telemetry.report import RankIdentity
-from telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.service.launch import ServiceProcess
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 
 EP_SIZE = 2
 CAP = 512

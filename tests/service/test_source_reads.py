@@ -13,10 +13,10 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.config import Settings
-from service.main import create_app
-from service.prometheus_source import PrometheusSource
-from service.simulate import SimulatedRank
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
+from capwatch.service.prometheus_source import PrometheusSource
+from capwatch.service.simulate import SimulatedRank
 from tests.service.conftest import T0, FakeClock
 from tests.support.prometheus import scrape_config, start_prometheus
 

@@ -12,11 +12,11 @@ import threading
 import httpx
 import pytest
 
-from service.config import Settings
-from service.main import create_app
-from service.simulate import SimulatedRank
-from service.store.sqlite import Store, StoreOptions, StoreUnavailable
-from telemetry.report import RankReport
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import Store, StoreOptions, StoreUnavailable
+from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
 
 BOUND = 3

@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from service.simulate import SimulatedRank
-from service.store.sqlite import IngestResult, Store, StoreOptions, StoreUnavailable
-from telemetry.report import RankReport
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import IngestResult, Store, StoreOptions, StoreUnavailable
+from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
 
 ACCEPTED = IngestResult(accepted=True, duplicate=False)

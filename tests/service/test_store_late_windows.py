@@ -4,10 +4,10 @@ window not yet folded still counts."""
 
 from __future__ import annotations
 
-from service.advisor.sample import window_start
-from service.simulate import SimulatedRank
-from service.store.sqlite import Store, StoreOptions
-from telemetry.report import RankReport
+from capwatch.service.advisor.sample import window_start
+from capwatch.service.simulate import SimulatedRank
+from capwatch.service.store.sqlite import Store, StoreOptions
+from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
 
 OPTIONS = StoreOptions(window_s=60.0, fold_after_s=3600.0, maintenance_interval_s=3600.0)

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dispatcher.sizing import (
+from capwatch.dispatcher.sizing import (
     MOE_EP_QUANT_FORMATS,
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,

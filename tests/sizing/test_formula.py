@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.sizing import (
+from capwatch.dispatcher.sizing import (
     DEFAULT_FLASHINFER_VERSION,
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,

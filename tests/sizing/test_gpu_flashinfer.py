@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.sizing import (
+from capwatch.dispatcher.sizing import (
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
     hidden_bytes_per_token,

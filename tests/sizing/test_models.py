@@ -1,7 +1,7 @@
 import pytest
 
-from dispatcher.models import MODEL_ALIASES, MODEL_PRESETS, custom_geometry, known_model_names, model_geometry
-from dispatcher.sizing import SizingError
+from capwatch.dispatcher.models import MODEL_ALIASES, MODEL_PRESETS, custom_geometry, known_model_names, model_geometry
+from capwatch.dispatcher.sizing import SizingError
 
 # (hidden_size, routed experts, top-k) from each model's published config.json.
 PUBLISHED = {

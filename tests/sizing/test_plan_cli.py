@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dispatcher.models import model_geometry
-from dispatcher.workspace_plan import plan_workspace
+from capwatch.dispatcher.models import model_geometry
+from capwatch.dispatcher.workspace_plan import plan_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dispatcher.models import MODEL_PRESETS, custom_geometry, model_geometry
-from dispatcher.sizing import SizingError, align_up, dispatch_bytes_per_token, workspace_bytes_per_rank
-from dispatcher.workspace_plan import largest_cap_within, plan_workspace
+from capwatch.dispatcher.models import MODEL_PRESETS, custom_geometry, model_geometry
+from capwatch.dispatcher.sizing import SizingError, align_up, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.dispatcher.workspace_plan import largest_cap_within, plan_workspace
 
 DEEPSEEK = model_geometry("deepseek-v3")
 

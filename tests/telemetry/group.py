@@ -8,7 +8,7 @@ import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from dispatcher.launch import spawn_ranks
+from capwatch.dispatcher.launch import spawn_ranks
 
 from .rank_program import RankPlan, serve_rank
 

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from dispatcher import DispatchCounters, InstrumentedDispatcher
-from dispatcher.torch_backend import TorchA2ABackend
-from telemetry.exporter import ExporterOptions
-from telemetry.intervals import coherent
-from telemetry.rank import RankTelemetry, rank_config
-from telemetry.report import RankIdentity
-from telemetry.reporter import ReporterOptions, new_boot_id
+from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+from capwatch.dispatcher.torch_backend import TorchA2ABackend
+from capwatch.telemetry.exporter import ExporterOptions
+from capwatch.telemetry.intervals import coherent
+from capwatch.telemetry.rank import RankTelemetry, rank_config
+from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.reporter import ReporterOptions, new_boot_id
 
 from .workload import Workload
 

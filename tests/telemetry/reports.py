@@ -1,7 +1,7 @@
 """Valid report pieces for tests that need a RankReport without running a rank."""
 
-from telemetry.rank import rank_config
-from telemetry.report import CumulativeCounters, Interval, RankReport, RankIdentity
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import CumulativeCounters, Interval, RankReport, RankIdentity
 
 
 def make_report(*, counters: CumulativeCounters, interval: Interval, sequence: int = 0,

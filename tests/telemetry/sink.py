@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from pydantic import ValidationError
 
-from telemetry.report import RankReport
+from capwatch.telemetry.report import RankReport
 
 MAX_BODY_BYTES = 4 << 20
 

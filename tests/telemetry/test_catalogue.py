@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from telemetry import catalogue
+from capwatch.telemetry import catalogue
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
 

@@ -9,12 +9,12 @@ import torch
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.counters import DispatchCounters
-from telemetry import catalogue
-from telemetry.exporter import ExporterOptions
-from telemetry.rank import RankTelemetry, rank_config
-from telemetry.report import RankIdentity
-from telemetry.reporter import new_boot_id
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry import catalogue
+from capwatch.telemetry.exporter import ExporterOptions
+from capwatch.telemetry.rank import RankTelemetry, rank_config
+from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.reporter import new_boot_id
 from tests.support.ports import free_port_pair
 
 from .promtool import promtool_findings

@@ -6,8 +6,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from dispatcher.counters import DispatchCounters
-from telemetry.intervals import (
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.intervals import (
     IntervalTracker,
     coherent,
     cumulative_buckets,
@@ -15,7 +15,7 @@ from telemetry.intervals import (
     interval_between,
     merge_intervals,
 )
-from telemetry.report import RankReport
+from capwatch.telemetry.report import RankReport
 
 from .reports import make_report
 

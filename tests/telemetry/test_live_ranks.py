@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.launch import RankFailedError
-from telemetry.catalogue import runtime_token_buckets
+from capwatch.dispatcher.launch import RankFailedError
+from capwatch.telemetry.catalogue import runtime_token_buckets
 from tests.support.prometheus import scrape_config, start_prometheus
 
 from .group import RankGroup

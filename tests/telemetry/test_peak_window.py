@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.counters import DispatchCounters
-from telemetry.collector import DispatchCollector
-from telemetry.exporter import RankExporter
-from telemetry.intervals import IntervalTracker, coherent, zero_snapshot
-from telemetry.peak_window import TrailingPeak
-from telemetry.rank import rank_config
-from telemetry.report import RankIdentity
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.collector import DispatchCollector
+from capwatch.telemetry.exporter import RankExporter
+from capwatch.telemetry.intervals import IntervalTracker, coherent, zero_snapshot
+from capwatch.telemetry.peak_window import TrailingPeak
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import RankIdentity
 
 CAP = 100
 WINDOW_S = 60.0
@@ -123,8 +123,8 @@ def test_bad_window_is_refused(window_s, slots, message):
 
 
 def test_peak_between_agrees_with_the_interval_peak_of_the_full_histogram_delta():
-    from telemetry.intervals import histogram_delta, interval_peak
-    from telemetry.peak_window import peak_between
+    from capwatch.telemetry.intervals import histogram_delta, interval_peak
+    from capwatch.telemetry.peak_window import peak_between
 
     counters = DispatchCounters(CAP, 2)
     previous = coherent(counters.snapshot())
@@ -141,8 +141,8 @@ def test_a_snapshot_torn_between_histogram_and_max_keeps_the_exact_overflow_peak
     over-cap bin grow with the old max, the next one only the new max. The peak must still be exact."""
     from dataclasses import replace
 
-    from dispatcher.counters import DispatchCounters
-    from telemetry.peak_window import peak_between
+    from capwatch.dispatcher.counters import DispatchCounters
+    from capwatch.telemetry.peak_window import peak_between
 
     counters = DispatchCounters(cap=64, ep_size=2)
     counters.record_step(40)

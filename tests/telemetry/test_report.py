@@ -7,11 +7,11 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES, DispatchCounters
-from dispatcher.sizing import SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
-from telemetry.rank import rank_config
-from telemetry.report import MAX_TOP_K, OverflowKind, OverflowOutcome, PayloadFormat, RankIdentity, Role
-from telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
+from capwatch.dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES, DispatchCounters
+from capwatch.dispatcher.sizing import SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import MAX_TOP_K, OverflowKind, OverflowOutcome, PayloadFormat, RankIdentity, Role
+from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 
 from .sink import ReportSink
 

@@ -8,12 +8,12 @@ import torch
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from dispatcher.counters import DispatchCounters
-from telemetry.collector import DispatchCollector
-from telemetry.exporter import RankExporter
-from telemetry.report import RankIdentity
-from telemetry.rank import rank_config
-from telemetry.reporter import (
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.collector import DispatchCollector
+from capwatch.telemetry.exporter import RankExporter
+from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.reporter import (
     Delivery,
     HttpReportSender,
     RankReporter,
@@ -260,7 +260,7 @@ def test_bearer_token_is_sent_and_a_wrong_one_is_retried_logged_with_its_status_
     sink = ReportSink(bearer_token="s3cret").start()
     try:
         counters = DispatchCounters(CAP, EP_SIZE)
-        with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+        with caplog.at_level(logging.ERROR, logger="capwatch.telemetry.reporter"):
             wrong = make_reporter(sink, counters, bearer_token="nope").start()
             wait_for(lambda: wrong.stats().auth_failures >= 2)  # counted once the 401 is read, after the sink's
         stats = wrong.stats()
@@ -284,7 +284,7 @@ def test_a_report_refused_for_good_is_dropped_logged_with_its_status_and_counted
     counters = DispatchCounters(CAP, EP_SIZE)
     reporter = make_reporter(sink, counters, service_url=sink.url + "/not-capwatch")  # the sink answers 404
     dispatch(counters, 4)
-    with caplog.at_level(logging.ERROR, logger="telemetry.reporter"):
+    with caplog.at_level(logging.ERROR, logger="capwatch.telemetry.reporter"):
         assert reporter.flush_final("done", timeout_s=5) is False
     stats = reporter.stats()
     assert (stats.rejected, stats.pending, stats.send_failures, stats.auth_failures) == (1, 0, 0, 0)

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from service.advisor.recommend import Advice, WhatIf
-from service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
-from service.api.routes.clusters import ClusterName, not_found
-from service.views import cluster_advice, cluster_whatif
-from telemetry.report import MAX_CAP_TOKENS
+from capwatch.service.advisor.recommend import Advice, WhatIf
+from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.api.routes.clusters import ClusterName, not_found
+from capwatch.service.views import cluster_advice, cluster_whatif
+from capwatch.telemetry.report import MAX_CAP_TOKENS
 
 router = APIRouter(prefix="/v1/clusters", tags=["advice"])
 

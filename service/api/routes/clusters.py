@@ -7,10 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, status
 from pydantic import BaseModel
 
-from service.advisor.sample import RankInterval, group_samples
-from service.aggregate import ClusterView
-from service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
-from service.views import UnknownCluster, cluster_advice, cluster_view
+from capwatch.service.advisor.sample import RankInterval, group_samples
+from capwatch.service.aggregate import ClusterView
+from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.views import UnknownCluster, cluster_advice, cluster_view
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
 ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]

@@ -10,9 +10,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.api.deps import bearer_token_accepted, check_token
-from service.store.sqlite import StoreUnavailable
-from telemetry.report import RankReport
+from capwatch.service.api.deps import bearer_token_accepted, check_token
+from capwatch.service.store.sqlite import StoreUnavailable
+from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
 
