@@ -15,6 +15,7 @@ from pydantic.json_schema import models_json_schema
 
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
 from capwatch.service.config import Settings
+from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import build_metrics
 from capwatch.service.prometheus_source import PrometheusSource, SourceUnavailable
 from capwatch.service.store.sqlite import Store, StoreOptions
@@ -80,7 +81,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.store = store
     app.state.source = source
     app.state.clock = clock
-    app.state.metrics = build_metrics(registry, source, settings, clock)
+    app.state.digests = digests = ClusterDigests(source, settings, clock)
+    app.state.metrics = build_metrics(registry, digests)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.add_middleware(reports.ReportFastPath)  # the accepted-report path without the router's cost

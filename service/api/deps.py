@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Query, Request, status
 
 from capwatch.service.config import Settings
+from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import ServiceMetrics
 from capwatch.service.views import ClusterSource
 
@@ -31,10 +32,15 @@ async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
+async def get_digests(request: Request) -> ClusterDigests:
+    return request.app.state.digests
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SourceDep = Annotated[ClusterSource, Depends(get_source)]
 ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+DigestsDep = Annotated[ClusterDigests, Depends(get_digests)]
 RoleQuery = Annotated[str, Query(pattern="^(target|draft)$", description="Which dispatcher of the ranks.")]
 
 

@@ -210,6 +210,11 @@ def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(cl
     clock.now += settings.retention_s
     store.maintain()
     assert store.report_count() == 0
+    # Silent for longer than the retention: the ranks are pruned, not listed as missing forever ...
+    assert client.get("/v1/clusters/c5").status_code == 404 and client.get("/v1/clusters").json() == []
+    # ... while the group's folded history is kept: a rank that comes back gets its advice from it.
+    begin = clock.now - 30
+    assert post(client, ranks[0].report(begin, begin + 20, [])).status_code == 202
     assert client.get("/v1/clusters/c5/advice").json()["sample_count"] == 40
 
 
