@@ -423,8 +423,8 @@ class Store:
             self._refuse(gathered)
 
     def _refuse(self, batch: list[PendingReport]) -> None:
-        _resolve(batch, None, StoreUnavailable("the store is closed"))
         self._settled(len(batch))
+        _resolve(batch, None, StoreUnavailable("the store is closed"))
 
     def ingest(self, report: RankReport, received_unix_s: float | None = None) -> IngestResult:
         return self.submit(report, received_unix_s).result()
@@ -529,8 +529,8 @@ class Store:
             refusal = (StoreUnavailable(f"the report was not stored: {error}")
                        if isinstance(error, sqlite3.OperationalError)
                        else ReportNotStorable(f"the store cannot keep this report: {error}"))
-            _resolve(batch, None, refusal)
             self._settled(len(batch))
+            _resolve(batch, None, refusal)
             return
         middle = len(batch) // 2
         self._commit(connection, batch[:middle])
@@ -579,8 +579,8 @@ class Store:
         self._publish(touched)
         self._dirty.update(touched)
         self._last_report_id = last_report_id
+        self._settled(len(batch))  # before the waiters wake: an acknowledged report is no longer pending
         _resolve(batch, results, None)
-        self._settled(len(batch))
         return None
 
     def _copy_state(self, key: RankKey) -> RankState | None:

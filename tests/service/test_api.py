@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from capwatch.service.simulate import SimulatedRank
-from tests.service.conftest import T0
+from tests.service.conftest import JSON, T0
 
 WINDOW_S = 60.0
 
@@ -111,7 +111,7 @@ def test_a_rank_restart_resets_counters_without_double_counting(client):
 
 def test_write_endpoint_requires_the_token_when_set(tmp_path, clock):
     settings = Settings(db_path=tmp_path / "t.db", token="s3cret")
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         report = SimulatedRank("c1", 0, 1, cap=1024).report(T0, T0 + 10, [1])
         assert post(client, report).status_code == 401
         assert post(client, report, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -122,7 +122,7 @@ def test_write_endpoint_requires_the_token_when_set(tmp_path, clock):
 
 def test_body_limit_gives_413_and_stores_nothing(tmp_path, clock):
     settings = Settings(db_path=tmp_path / "t.db", max_body_bytes=2048)
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         rank = SimulatedRank("c1", 0, 1, cap=4096)
         big = rank.report(T0, T0 + 10, list(range(1, 400)))
         assert len(json.dumps(big)) > 2048
@@ -158,7 +158,7 @@ def test_consistency_findings(client, clock):
 def test_advice_whatif_history_and_metrics(tmp_path, clock):
     # A full-confidence history of 30 min instead of a day, so 33 windows are enough to lower.
     settings = Settings(db_path=tmp_path / "a.db", advisor={"full_confidence_history_s": 1800.0})
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         _advice_whatif_history_and_metrics(client, clock)
 
 

@@ -9,6 +9,7 @@ import time
 
 import httpx
 
+from tests.service.conftest import JSON
 from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
 from capwatch.service.simulate import SimulatedRank
 
@@ -19,7 +20,7 @@ def capwatch(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_advise_table_json_and_errors(tmp_path):
-    with ServiceProcess(tmp_path / "capwatch.db") as server, httpx.Client(base_url=server.url) as client:
+    with ServiceProcess(tmp_path / "capwatch.db") as server, httpx.Client(base_url=server.url, headers=JSON) as client:
         ranks = [SimulatedRank("cli", rank, 2, cap=256) for rank in range(2)]
         start = time.time() - 3600
         for window in range(30):

@@ -20,7 +20,7 @@ from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 
 _directory = Path(tempfile.mkdtemp(prefix="capwatch-fuzz-"))
-_settings = Settings(db_path=_directory / "fuzz.db")
+_settings = Settings(db_path=_directory / "fuzz.db", allowed_hosts=["testserver"])  # the ASGI client's Host
 _store = Store(_settings.db_path, store_options(_settings))
 atexit.register(lambda: (_store.close(), shutil.rmtree(_directory, ignore_errors=True)))
 # One known cluster with history, so the cluster routes run their real code, not only the 404.
