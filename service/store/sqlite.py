@@ -245,7 +245,8 @@ class Store:
         except sqlite3.DatabaseError as error:  # not a database at all (a damaged header)
             raise StoreDamaged(f"SQLite cannot read it ({error})") from None
         if problems != ["ok"]:
-            raise StoreDamaged(f"SQLite's integrity check fails ({'; '.join(problems)[:300]})")
+            summary = " ".join("; ".join(str(problem) for problem in problems).split())  # one line
+            raise StoreDamaged(f"SQLite's integrity check fails ({summary[:300]})")
 
     def _migrate(self, connection: sqlite3.Connection) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
