@@ -9,8 +9,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from capwatch.service.advisor.histogram import DecayingHistogram
-from capwatch.service.advisor.overflow_bump import overflow_bump
 from capwatch.service.advisor.sample import GroupSample
+
+
+def overflow_bump(peak_runtime_tokens: int, cap: int, factor: float = 1.2, min_tokens: int = 16) -> int:
+    """Overflow events are evidence that the need was ABOVE what was observed. Like VPA's OOM bump,
+    an overflowing window adds one extra sample at ``max(used * factor, used + min_tokens)`` with
+    ``used = max(cap, observed peak)``: computed from what was used, never from an earlier bump,
+    so bumps do not compound."""
+    used = max(cap, peak_runtime_tokens)
+    return max(int(-(-used * factor // 1)), used + min_tokens)
 
 
 @dataclass

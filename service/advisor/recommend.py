@@ -1,7 +1,15 @@
-"""The recommender: one visible chain of small pure pieces, like VPA's.
+"""The recommender: one visible chain of small pure stages, composed as VPA composes its estimators.
 
-    group samples -> decaying histogram (+ overflow bumps) -> estimate (target, bounds, confidence)
-      -> floor -> alignment -> memory budget -> hysteresis -> Advice (priced in bytes, explained)
+    group samples -> decaying histogram (+ overflow bumps)          history.py, histogram.py
+      -> gate             enough samples and covered time?         (here)
+      -> size_for_peaks   largest remembered peak + margin, bounds  estimator.py
+      -> raise_to_floor   never below the deployment's floor        floor.py
+      -> align            a multiple of the alignment               alignment.py
+      -> clamp_to_budget  within the workspace memory budget        (here, priced by budget.py)
+      -> decide           raise now, or a change worth a restart    hysteresis.py
+      -> Advice           priced in bytes, every stage's reasons in chain order
+
+Each stage returns its value and its reasons (``Stage``); ``recommend`` only composes them.
 """
 
 from __future__ import annotations
@@ -10,13 +18,14 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from capwatch.service.advisor.alignment import align_down, align_up
+from capwatch.service.advisor.alignment import align, align_down, align_up
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
-from capwatch.service.advisor.estimator import estimate
-from capwatch.service.advisor.floor import floor_tokens
+from capwatch.service.advisor.estimator import size_for_peaks
+from capwatch.service.advisor.floor import floor_tokens, raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import worth_changing
+from capwatch.service.advisor.hysteresis import decide
 from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.stage import Stage, gib
 
 ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -69,12 +78,36 @@ class WhatIf(BaseModel):
     within_budget: bool | None
 
 
-def _pct(rate: float) -> str:
-    return f"{rate:.2%}" if rate else "0%"
+def gate(history: SampleHistory, policy: AdvisorPolicy, overflow_now: float) -> tuple[bool, bool, str]:
+    """(advise at all, history still short, why not). An overflow is evidence enough, however short the history."""
+    covered_s = history.covered_s
+    short = history.sample_count < policy.min_samples or covered_s < policy.min_history_s
+    if history.sample_count == 0 or (short and history.overflow_windows == 0 and overflow_now == 0.0):
+        return False, short, (f"{history.sample_count} group samples covering {covered_s / 60:.0f} min; advice needs "
+                              f"at least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history")
+    return True, short, ""
 
 
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB"
+def clamp_to_budget(tokens: int, budget_cap: int | None, floor_cap: int | None, policy: AdvisorPolicy) -> Stage:
+    reasons = []
+    if budget_cap is not None and tokens > budget_cap:
+        reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
+                       f"{gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {tokens})")
+        tokens = budget_cap
+    if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
+        reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
+                       "the budget wins, expect overflows at full decode batches")
+    return Stage("budget", tokens, tuple(reasons))
+
+
+def bounds(lower_tokens: float, upper_tokens: float, recommended: int, floor_cap: int | None,
+           alignment: int) -> tuple[int, int]:
+    """[lower, upper] the current cap may sit in without a change (aligned; around the recommendation)."""
+    lower = align_down(lower_tokens, alignment) or alignment
+    upper = align_up(upper_tokens, alignment)
+    if floor_cap is not None:
+        lower = max(lower, floor_cap)
+    return min(lower, recommended), max(upper, recommended)
 
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
@@ -92,85 +125,41 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
                 budget_cap=budget_cap, sample_count=history.sample_count, overflow_windows=history.overflow_windows,
                 history_s=history.history_s, covered_history_s=covered_s,
                 max_peak_runtime_tokens=history.max_peak_runtime_tokens)
-
     overflow_now = history.usage.share_above(current) if not history.usage.is_empty() else 0.0
-    short = history.sample_count < policy.min_samples or covered_s < policy.min_history_s
-    if history.sample_count == 0 or (short and history.overflow_windows == 0 and overflow_now == 0.0):
+
+    advise, short, why_not = gate(history, policy, overflow_now)
+    if not advise:
         return Advice(
             action="insufficient_data", recommended_cap=None, target_cap=None, lower_bound=None, upper_bound=None,
             confidence=0.0, predicted_overflow_rate_current=overflow_now if history.sample_count else None,
             predicted_overflow_rate_recommended=None, workspace_bytes_per_rank_recommended=None,
             workspace_bytes_group_recommended=None, workspace_bytes_group_delta=None, env=None,
-            reasons=[f"{history.sample_count} group samples covering {covered_s / 60:.0f} min; advice needs at "
-                     f"least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history"],
-            **base)
+            reasons=[why_not], **base)
 
-    reasons: list[str] = []
-    found = estimate(history, policy.target_percentile, policy.lower_percentile, policy.safety_margin,
-                     policy.full_confidence_history_s)
-    reasons.append(
-        f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} tokens "
-        f"over {history.sample_count} windows ({covered_s / 3600:.1f} h covered); sizing for "
-        f"{'the largest remembered sample' if policy.target_percentile >= 1 else f'the p{policy.target_percentile * 100:g} sample'}"
-        f" plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens")
-    if history.overflow_windows:
-        reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
-                       f"{policy.bump_factor:g}x above what was used")
+    # The chain: each stage takes the previous stage's tokens.
+    peaks, found = size_for_peaks(history, policy)
+    floored = raise_to_floor(peaks.tokens, floor_cap, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment)
+    budgeted = clamp_to_budget(int(aligned.tokens), budget_cap, floor_cap, policy)
+    target_cap = int(budgeted.tokens)
+    lower_bound, upper_bound = bounds(found.lower_tokens, found.upper_tokens, target_cap, floor_cap, policy.alignment)
+    action, why = decide(current, target_cap, lower_bound, upper_bound, overflow_now, history.overflow_windows,
+                         floor_cap, short, covered_s, policy.change_min_history_s, policy.change_min_ratio)
+    stages = (peaks, floored, aligned, budgeted)
+    reasons = [reason for stage in stages for reason in stage.reasons] + [why]
 
-    target = found.target_tokens
-    if floor_cap is not None and target < floor_cap:
-        reasons.append(f"raised to the floor {floor_cap}: the largest CUDA-graph decode batch "
-                       f"{group.cuda_graph_max_batch_size} x (1 + {group.speculative_tokens} speculative tokens)")
-        target = floor_cap
-    target = max(target, policy.min_cap)
-    target_cap = min(align_up(target, policy.alignment), align_down(policy.max_cap, policy.alignment))
-    recommended = target_cap
-    if budget_cap is not None and recommended > budget_cap:
-        reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
-                       f"{_gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {recommended})")
-        recommended = budget_cap
-        target_cap = budget_cap
-    if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
-        reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
-                       "the budget wins, expect overflows at full decode batches")
-
-    lower_bound = align_down(found.lower_tokens, policy.alignment) or policy.alignment
-    upper_bound = align_up(found.upper_tokens, policy.alignment)
-    if floor_cap is not None:
-        lower_bound = max(lower_bound, floor_cap)
-    upper_bound = max(upper_bound, recommended)
-    lower_bound = min(lower_bound, recommended)
-
-    # A cap that is being exceeded, or that sits below the floor, fails dispatches: raise now,
-    # whatever the hysteresis says. Everything else waits for a change worth a restart.
-    if (overflow_now > 0.0 or history.overflow_windows > 0 and current < recommended) and recommended > current:
-        action = "raise"
-        reasons.append(f"{_pct(overflow_now)} of windows peaked above the current cap {current}")
-    elif floor_cap is not None and current < floor_cap and recommended > current:
-        action = "raise"
-        reasons.append(f"the current cap {current} is below the floor {floor_cap}")
-    elif short:
-        action = "hold" if recommended <= current else "raise"
-        reasons.append("history is still short: not lowering yet")
-    else:
-        change, why = worth_changing(current, recommended, lower_bound, upper_bound, covered_s,
-                                     policy.change_min_history_s, policy.change_min_ratio)
-        reasons.append(why)
-        action = ("raise" if recommended > current else "lower") if change else "hold"
-    if action == "hold":
-        recommended = current
-
+    recommended = current if action == "hold" else target_cap
     recommended_bytes = pricing.bytes_per_rank(recommended)
-    overflow_recommended = history.usage.share_above(recommended)
     if action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the workspace "
-            f"from {_gib(current_bytes)} to {_gib(recommended_bytes)} per rank "
-            f"({_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+            f"from {gib(current_bytes)} to {gib(recommended_bytes)} per rank "
+            f"({gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
     return Advice(
         action=action, recommended_cap=recommended, target_cap=target_cap, lower_bound=lower_bound,
         upper_bound=upper_bound, confidence=round(found.confidence, 4),
-        predicted_overflow_rate_current=overflow_now, predicted_overflow_rate_recommended=overflow_recommended,
+        predicted_overflow_rate_current=overflow_now,
+        predicted_overflow_rate_recommended=history.usage.share_above(recommended),
         workspace_bytes_per_rank_recommended=recommended_bytes,
         workspace_bytes_group_recommended=recommended_bytes * ep_size,
         workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
