@@ -21,11 +21,12 @@ from pydantic import BaseModel
 from capwatch.service.advisor.alignment import align, align_down, align_up
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
 from capwatch.service.advisor.estimator import size_for_peaks
-from capwatch.service.advisor.floor import floor_tokens, raise_to_floor
+from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import decide
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.stage import Stage, gib
+from capwatch.telemetry.report import SGLangLimits
 
 ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -38,6 +39,7 @@ class GroupConfig:
     pricing: WorkspacePricing
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
+    sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
 
 
 class Advice(BaseModel):
@@ -57,6 +59,7 @@ class Advice(BaseModel):
     workspace_bytes_group_delta: int | None
     ep_size: int
     floor_cap: int | None
+    floor_binds: str | None = None  # which term of the floor sets it
     budget_cap: int | None
     sample_count: int
     overflow_windows: int
@@ -115,14 +118,16 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     ep_size = pricing.ep_size
     current = group.cap
     current_bytes = pricing.bytes_per_rank(current)
-    floor_cap = floor_tokens(group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor = deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor_cap = None if floor is None else floor.tokens
     budget_cap = (largest_cap_within(policy.budget_bytes_per_rank, pricing, policy.alignment, policy.max_cap)
                   if policy.budget_bytes_per_rank is not None else None)
     # Covered time, not the span: gaps and a rank clock far in the past must not pass for history.
     covered_s = history.covered_s
     base = dict(current_cap=current, workspace_bytes_per_rank_current=current_bytes,
                 workspace_bytes_group_current=current_bytes * ep_size, ep_size=ep_size, floor_cap=floor_cap,
-                budget_cap=budget_cap, sample_count=history.sample_count, overflow_windows=history.overflow_windows,
+                floor_binds=None if floor is None else floor.binds, budget_cap=budget_cap,
+                sample_count=history.sample_count, overflow_windows=history.overflow_windows,
                 history_s=history.history_s, covered_history_s=covered_s,
                 max_peak_runtime_tokens=history.max_peak_runtime_tokens)
     overflow_now = history.usage.share_above(current) if not history.usage.is_empty() else 0.0
@@ -138,7 +143,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
 
     # The chain: each stage takes the previous stage's tokens.
     peaks, found = size_for_peaks(history, policy)
-    floored = raise_to_floor(peaks.tokens, floor_cap, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floored = raise_to_floor(peaks.tokens, floor)
     aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment)
     budgeted = clamp_to_budget(int(aligned.tokens), budget_cap, floor_cap, policy)
     target_cap = int(budgeted.tokens)
@@ -169,7 +174,8 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:
     pricing = group.pricing
     current_bytes = pricing.bytes_per_rank(group.cap)
-    floor_cap = floor_tokens(group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor = deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor_cap = None if floor is None else floor.tokens
     results = []
     for cap in caps:
         per_rank = pricing.bytes_per_rank(cap)
