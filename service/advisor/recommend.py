@@ -3,11 +3,13 @@
     group samples -> decaying histogram (+ overflow bumps)          history.py, histogram.py
       -> gate             enough samples and covered time?         (here)
       -> size_for_peaks   largest remembered peak + margin, bounds  estimator.py
-      -> raise_to_floor   never below the deployment's floor        floor.py
+      -> size_for_risk    smallest cap meeting the overflow target  tail.py (peaks over threshold, GPD)
+      -> size_for_trend   grown by the daily peaks' trend           trend.py (Mann-Kendall, Theil-Sen)
+      -> raise_to_floor   never below SGLang's start-up floor       floor.py
       -> align            a multiple of the alignment               alignment.py
       -> clamp_to_budget  within the workspace memory budget        (here, priced by budget.py)
       -> decide           raise now, or a change worth a restart    hysteresis.py
-      -> Advice           priced in bytes, every stage's reasons in chain order
+      -> Advice           priced in bytes and KV-cache tokens (kv.py), every stage's reasons in chain order
 
 Each stage returns its value and its reasons (``Stage``); ``recommend`` only composes them.
 """
@@ -24,8 +26,11 @@ from capwatch.service.advisor.estimator import size_for_peaks
 from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import decide
+from capwatch.service.advisor.kv import kv_tokens, kv_trade
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.stage import Stage, gib
+from capwatch.service.advisor.tail import size_for_risk, tail_model
+from capwatch.service.advisor.trend import size_for_trend
 from capwatch.telemetry.report import SGLangLimits
 
 ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
@@ -40,6 +45,7 @@ class GroupConfig:
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
+    kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (dispatcher/models.py)
 
 
 class Advice(BaseModel):
@@ -68,6 +74,16 @@ class Advice(BaseModel):
     max_peak_runtime_tokens: int
     env: str | None
     reasons: list[str]
+    # Risk (tail.py): expected overflowing windows per day, with the recommended cap's band.
+    predicted_overflow_windows_per_day_current: float | None = None
+    predicted_overflow_windows_per_day_recommended: float | None = None
+    predicted_overflow_windows_per_day_recommended_low: float | None = None
+    predicted_overflow_windows_per_day_recommended_high: float | None = None
+    tail_fit: bool = False  # a generalized Pareto tail was fitted (else the empirical histogram predicts)
+    trend_rate_per_day: float | None = None  # ln-growth of daily peaks per day (Theil-Sen), when measured
+    trend_significant: bool = False
+    kv_bytes_per_token: int | None = None
+    kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
 
 
 class WhatIf(BaseModel):
@@ -79,6 +95,18 @@ class WhatIf(BaseModel):
     aligned: bool
     below_floor: bool
     within_budget: bool | None
+    predicted_overflow_windows_per_day: float | None = None
+    predicted_overflow_windows_per_day_low: float | None = None
+    predicted_overflow_windows_per_day_high: float | None = None
+    kv_cache_tokens_per_rank_freed: int | None = None  # against the current cap (< 0: the cap costs KV room)
+
+
+class ClusterAdvice(Advice):
+    """What ``GET /v1/clusters/{cluster}/advice`` answers (and ``capwatch advise --json`` prints)."""
+
+    cluster: str
+    role: str
+    generated_unix_s: float
 
 
 def gate(history: SampleHistory, policy: AdvisorPolicy, overflow_now: float) -> tuple[bool, bool, str]:
@@ -129,7 +157,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
                 floor_binds=None if floor is None else floor.binds, budget_cap=budget_cap,
                 sample_count=history.sample_count, overflow_windows=history.overflow_windows,
                 history_s=history.history_s, covered_history_s=covered_s,
-                max_peak_runtime_tokens=history.max_peak_runtime_tokens)
+                max_peak_runtime_tokens=history.max_peak_runtime_tokens, kv_bytes_per_token=group.kv_bytes_per_token)
     overflow_now = history.usage.share_above(current) if not history.usage.is_empty() else 0.0
 
     advise, short, why_not = gate(history, policy, overflow_now)
@@ -142,15 +170,18 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
             reasons=[why_not], **base)
 
     # The chain: each stage takes the previous stage's tokens.
+    model = tail_model(history, policy)
     peaks, found = size_for_peaks(history, policy)
-    floored = raise_to_floor(peaks.tokens, floor)
+    risk = size_for_risk(history, model, peaks.tokens, policy)
+    trended, trend = size_for_trend(history, risk.tokens, policy)
+    floored = raise_to_floor(trended.tokens, floor)
     aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment)
     budgeted = clamp_to_budget(int(aligned.tokens), budget_cap, floor_cap, policy)
     target_cap = int(budgeted.tokens)
     lower_bound, upper_bound = bounds(found.lower_tokens, found.upper_tokens, target_cap, floor_cap, policy.alignment)
     action, why = decide(current, target_cap, lower_bound, upper_bound, overflow_now, history.overflow_windows,
                          floor_cap, short, covered_s, policy.change_min_history_s, policy.change_min_ratio)
-    stages = (peaks, floored, aligned, budgeted)
+    stages = (peaks, risk, trended, floored, aligned, budgeted)
     reasons = [reason for stage in stages for reason in stage.reasons] + [why]
 
     recommended = current if action == "hold" else target_cap
@@ -160,6 +191,10 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the workspace "
             f"from {gib(current_bytes)} to {gib(recommended_bytes)} per rank "
             f"({gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+    traded = kv_trade(action, current_bytes, recommended_bytes, group.kv_bytes_per_token)
+    if traded:
+        reasons.append(traded)
+    low, high = model.band(recommended)
     return Advice(
         action=action, recommended_cap=recommended, target_cap=target_cap, lower_bound=lower_bound,
         upper_bound=upper_bound, confidence=round(found.confidence, 4),
@@ -168,7 +203,20 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         workspace_bytes_per_rank_recommended=recommended_bytes,
         workspace_bytes_group_recommended=recommended_bytes * ep_size,
         workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-        env=f"{ENV_NAME}={recommended}", reasons=reasons, **base)
+        env=f"{ENV_NAME}={recommended}", reasons=reasons,
+        predicted_overflow_windows_per_day_current=_rounded(model.overflow_windows_per_day(current)),
+        predicted_overflow_windows_per_day_recommended=_rounded(model.overflow_windows_per_day(recommended)),
+        predicted_overflow_windows_per_day_recommended_low=_rounded(low),
+        predicted_overflow_windows_per_day_recommended_high=_rounded(high),
+        tail_fit=model.fit is not None, trend_rate_per_day=None if trend is None else round(trend.rate_per_day, 5),
+        trend_significant=trend is not None and trend.significant,
+        kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - recommended_bytes, group.kv_bytes_per_token),
+        **base)
+
+
+def _rounded(value: float) -> float:
+    """4 significant digits: a prediction is not more precise, and a folded history then gives the same advice."""
+    return float(f"{value:.4g}")
 
 
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:
@@ -176,9 +224,11 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
     current_bytes = pricing.bytes_per_rank(group.cap)
     floor = deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
     floor_cap = None if floor is None else floor.tokens
+    model = tail_model(history, policy) if history.sample_count else None
     results = []
     for cap in caps:
         per_rank = pricing.bytes_per_rank(cap)
+        band = model.band(cap) if model is not None else (None, None)
         results.append(WhatIf(
             cap=cap,
             predicted_overflow_rate=history.usage.share_above(cap) if history.sample_count else None,
@@ -188,5 +238,9 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
             aligned=cap % policy.alignment == 0,
             below_floor=floor_cap is not None and cap < floor_cap,
             within_budget=None if policy.budget_bytes_per_rank is None else per_rank <= policy.budget_bytes_per_rank,
+            predicted_overflow_windows_per_day=None if model is None else _rounded(model.overflow_windows_per_day(cap)),
+            predicted_overflow_windows_per_day_low=None if band[0] is None else _rounded(band[0]),
+            predicted_overflow_windows_per_day_high=None if band[1] is None else _rounded(band[1]),
+            kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - per_rank, group.kv_bytes_per_token),
         ))
     return results
