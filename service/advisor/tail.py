@@ -81,6 +81,7 @@ class TailModel:
     bootstrap: tuple[GeneralizedPareto, ...] = ()
     effective_exceedances: float = 0.0
     largest: int = 0
+    threshold_quantile: float = 0.90
 
     def share_above(self, cap: int) -> float:
         if self.fit is None or self.threshold is None or cap <= self.threshold:
@@ -107,11 +108,12 @@ class TailModel:
 
     def describe(self) -> str:
         if self.fit is None:
-            return (f"{self.effective_exceedances:.0f} effective windows above the p{100 * (1 - self.threshold_share or 0.9):g} "
-                    "threshold are too few for a tail fit: the empirical histogram predicts overflows")
+            return (f"{self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold are "
+                    "too few for a tail fit: the empirical histogram predicts overflows (its band's high end is "
+                    "distribution-free: 3 / windows seen above the largest sample)")
         kind = ("heavy (power-law)" if self.fit.shape > 0.05 else
                 "bounded" if self.fit.shape < -0.05 else "exponential")
-        return (f"generalized Pareto tail above {self.threshold} tokens ({self.effective_exceedances:.0f} effective "
+        return (f"generalized Pareto tail above {self.threshold} tokens ({self.effective_exceedances:.0f} "
                 f"windows): shape {self.fit.shape:+.2f} ({kind}), scale {self.fit.scale:.0f} tokens")
 
 
@@ -122,7 +124,7 @@ def fit_tail(histogram: DecayingHistogram, windows_per_day: float, sample_count:
     items = sorted(histogram.weights.items())
     total = sum(weight for _, weight in items)
     if total <= 0.0:
-        return TailModel(histogram, windows_per_day, 0.0)
+        return TailModel(histogram, windows_per_day, 0.0, threshold_quantile=threshold_quantile)
     effective_samples = float(max(1, sample_count))
     largest = bucket_range(items[-1][0])[1]
     threshold = histogram.percentile(threshold_quantile)
@@ -130,7 +132,7 @@ def fit_tail(histogram: DecayingHistogram, windows_per_day: float, sample_count:
     threshold_share = sum(weight for _, weight in above) / total
     effective_exceedances = threshold_share * effective_samples
     base = TailModel(histogram, windows_per_day, effective_samples, threshold, threshold_share,
-                     None, (), effective_exceedances, largest)
+                     None, (), effective_exceedances, largest, threshold_quantile)
     if effective_exceedances < min_exceedances or len(above) < 2:
         return base
     excesses = [(bucket_range(index)[0] + bucket_range(index)[1]) / 2.0 - threshold for index, _ in above]
@@ -148,7 +150,7 @@ def fit_tail(histogram: DecayingHistogram, windows_per_day: float, sample_count:
         if refit is not None:
             fits.append(refit)
     return TailModel(histogram, windows_per_day, effective_samples, threshold, threshold_share, fit,
-                     tuple(fits), effective_exceedances, largest)
+                     tuple(fits), effective_exceedances, largest, threshold_quantile)
 
 
 def windows_per_day(history: SampleHistory) -> float:
