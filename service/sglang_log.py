@@ -50,17 +50,20 @@ _PREFIX = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:\.\d{1,6})?((?: [A-Z_]+\d+)*)\]
 # the milliseconds (SGLANG_LOG_MS) and the rank parts. Ray actors' output carries
 # "(SchedulerActor pid=N, ip=A) " first (SGLang's log_parser allows it): a slower pattern, used only
 # for a run of lines where the fast one missed some.
-_DECODE = re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)([^\]\n]*)\] "
+_DECODE = re.compile(r"\n\[(\d{4}-\d\d-\d\d \d\d:\d\d)(:\d\d)([^\]\n]*)\] "
                      r"Decode batch[^,\n]*, #running-req: (\d+), ")
-_DECODE_ANY = re.compile(r"\n(?:\(\w+ pid=\d+(?:,\s*ip=[\d.]+)?\)\s*)?\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)"
+_DECODE_ANY = re.compile(r"\n(?:\(\w+ pid=\d+(?:,\s*ip=[\d.]+)?\)\s*)?\[(\d{4}-\d\d-\d\d \d\d:\d\d)(:\d\d)"
                          r"([^\]\n]*)\] Decode batch(?: \[\d+\])?, #running-req: (\d+), ")
 _STAMP = re.compile(_PREFIX)
 _OVERFLOW = re.compile(r"FlashInfer A2A runtime token geometry exceeds its fixed workspace: "
                        r"runtime_max_tokens_per_rank=(\d+) > max_num_tokens=(\d+)")
 _DP = re.compile(r" DP(\d+)")
 _OPEN_WINDOWS = 4
-_STAMP_OF = itemgetter(0)
-_RUNNING_OF = itemgetter(2)
+# Groups of decode matches (minute, :second, prefix, running): by minute when a window holds whole
+# minutes (the default 60 s), else by second.
+_MINUTE_OF = itemgetter(0)
+_SECOND_OF = itemgetter(0, 1)
+_RUNNING_OF = itemgetter(3)
 
 
 class LogError(ValueError):
@@ -129,6 +132,8 @@ class LogReader:
         self.half_life_s = half_life_s
         self.bump = (bump_factor, bump_min_tokens)
         self.cap_of = cap
+        self._by_minute = window_s % 60 == 0
+        self._group_key = _MINUTE_OF if self._by_minute else _SECOND_OF
         self.read = LogRead([])
         self._segment: Segment | None = None
         self._cap = 0
@@ -184,11 +189,11 @@ class LogReader:
         windows = self._windows
         closed_before = self._closed_before
         late = 0
-        # Lines of one second share a stamp: group them (C-level), then one max per group.
-        for stamp, group in groupby(matches, _STAMP_OF):
-            index = stamps.get(stamp)
+        # Lines of one minute (or second) fall in one window: group them (C-level), one max per group.
+        for key, group in groupby(matches, self._group_key):
+            index = stamps.get(key)
             if index is None:
-                index = self._window_index(stamp)
+                index = self._window_index(key if self._by_minute else key[0] + key[1], key)
             items = list(group)
             if index <= closed_before:
                 late += len(items)
@@ -203,18 +208,20 @@ class LogReader:
             peak = max(requests)
             if peak > window.peak_running_requests:
                 window.peak_running_requests = peak
-                window.hottest_dp_rank = self._dp(items[requests.index(peak)][1])
+                window.hottest_dp_rank = self._dp(items[requests.index(peak)][2])
         read.unusable_lines += late
         segment.decode_lines += len(matches) - late
         read.decode_lines += len(matches) - late
         if matches:
-            self._last_stamp_window = self._window_index(matches[-1][0])
-            self._last_dp = self._dp(matches[-1][1])
+            self._last_stamp_window = self._window_index(matches[-1][0] + matches[-1][1])
+            self._last_dp = self._dp(matches[-1][2])
 
-    def _window_index(self, stamp: str) -> int:
+    def _window_index(self, stamp: str, key: object = None) -> int:
+        """The window of 'YYYY-MM-DD HH:MM[:SS]' (a minute key counts from its start), cached under ``key``."""
         if len(self._stamps) > 8192:
             self._stamps.clear()
-        index = self._stamps[stamp] = int(_unix_s(stamp) // self.window_s)
+        index = self._stamps[stamp if key is None else key] = int(
+            _unix_s(stamp if len(stamp) == 19 else stamp + ":00") // self.window_s)
         return index
 
     def _dp(self, prefix: str) -> int:
