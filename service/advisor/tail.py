@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from capwatch.service.advisor.histogram import DecayingHistogram, bucket_range
 from capwatch.service.advisor.history import SampleHistory
@@ -25,7 +25,8 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.stage import Stage
 
 SECONDS_PER_DAY = 86_400.0
-_MAX_SHAPE = 0.45  # PWM needs shape < 0.5 (a finite variance); heavier tails are clamped, and say so
+_MAX_SHAPE = 0.2  # a prior: traffic is bounded (max running requests, KV room); shapes above 0.2 come from mixtures
+# (bursts on a diurnal base) whose power-law extrapolation would size for bursts never seen
 _MIN_SHAPE = -1.0  # below -1 the law is J-shaped at its end point: not a traffic tail
 _BAND = (0.10, 0.90)  # the band is the 10th..90th percentile of the bootstrap
 
@@ -82,6 +83,7 @@ class TailModel:
     effective_exceedances: float = 0.0
     largest: int = 0
     threshold_quantile: float = 0.90
+    rejected_fit: GeneralizedPareto | None = None  # a fit that disagreed with the data at every threshold
 
     def share_above(self, cap: int) -> float:
         if self.fit is None or self.threshold is None or cap <= self.threshold:
@@ -107,6 +109,10 @@ class TailModel:
         return min(low, point), max(high, point)
 
     def describe(self) -> str:
+        if self.fit is None and self.rejected_fit is not None:
+            return (f"no generalized Pareto fit agrees with the data (up to the p{100 * self.threshold_quantile:g} "
+                    f"threshold, each expects more than {_MAX_EXPECTED_ABOVE_LARGEST:g} windows above the largest "
+                    "sample, where none were seen): the empirical histogram predicts overflows")
         if self.fit is None:
             return (f"{self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold are "
                     "too few for a tail fit: the empirical histogram predicts overflows (its band's high end is "
@@ -161,9 +167,32 @@ def windows_per_day(history: SampleHistory) -> float:
     return min(full, history.sample_count * SECONDS_PER_DAY / max(history.history_s, history.window_s))
 
 
+# Thresholds tried in turn (from the policy's up): the lowest whose fit agrees with the data is kept.
+_HIGHER_THRESHOLDS = (0.95, 0.98, 0.99, 0.995)
+_MAX_EXPECTED_ABOVE_LARGEST = 3.0  # Poisson: P(none seen | 3 expected) = 5 %
+
+
+def expected_above_largest(model: TailModel) -> float:
+    """How many windows the fit says should have peaked above the largest one remembered (none did)."""
+    return model.share_above(model.largest) * model.effective_samples
+
+
 def tail_model(history: SampleHistory, policy: AdvisorPolicy) -> TailModel:
-    return fit_tail(history.usage, windows_per_day(history), history.sample_count,
-                    policy.tail_threshold_quantile, policy.tail_min_exceedances)
+    """Peaks over the lowest threshold whose fit is consistent with what was seen: a fit that expects
+    more than 3 windows above the largest sample, where there were none, is rejected at 5 % (a mixture,
+    e.g. diurnal peaks plus bursts, fitted too low), and a higher threshold is tried. None consistent:
+    the empirical histogram (and the peaks stage's margin) answers."""
+    per_day = windows_per_day(history)
+    rejected = None
+    for quantile in (policy.tail_threshold_quantile,
+                     *(q for q in _HIGHER_THRESHOLDS if q > policy.tail_threshold_quantile)):
+        model = fit_tail(history.usage, per_day, history.sample_count, quantile, policy.tail_min_exceedances)
+        if model.fit is None:
+            return rejected or model
+        if expected_above_largest(model) <= _MAX_EXPECTED_ABOVE_LARGEST:
+            return model
+        rejected = replace(model, fit=None, bootstrap=(), rejected_fit=model.fit)
+    return rejected
 
 
 def smallest_cap_meeting(model: TailModel, target_per_day: float, start: int, alignment: int, max_cap: int) -> int:
