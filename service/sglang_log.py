@@ -35,7 +35,8 @@ from capwatch.service.advisor.sample import GroupSample
 from capwatch.service.sglang_args import ServerConfig, UnreadableArgs, parse_args_dict, server_config
 
 if TYPE_CHECKING:
-    from capwatch.service.advisor.recommend import ClusterAdvice
+    from capwatch.service.advisor.policy import AdvisorPolicy
+    from capwatch.service.advisor.recommend import ClusterAdvice, GroupConfig, WhatIf
     from capwatch.service.config import Settings
 
 DECODE_MARK = "] Decode batch"
@@ -362,6 +363,13 @@ class OfflineAdvice:
     read: LogRead
     segment: Segment
     model: str
+    group: "GroupConfig"
+    policy: "AdvisorPolicy"
+
+    def whatif(self, caps: list[int]) -> list["WhatIf"]:
+        from capwatch.service.advisor.recommend import whatif
+
+        return whatif(self.segment.history, self.group, caps, self.policy)
 
 
 def advise_from_sglang_logs(paths: list[str], *, cap: int | None = None, model: str | None = None,
@@ -401,13 +409,14 @@ def advise_from_sglang_logs(paths: list[str], *, cap: int | None = None, model: 
     limits = config.limits.model_copy(update={"cap_source": "default" if cap is None and segment.cap_seen is None
                                               else "env"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
-    advice = recommend(segment.history, GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv),
-                       policy)
+    group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv)
+    advice = recommend(segment.history, group, policy)
     reasons = [_describe_read(read, segment, current, cap, config)] + advice.reasons
     name_of_cluster = cluster or _cluster_name(paths[0])
     generated = (segment.history.last_sample_s or 0.0) + settings.window_s
     return OfflineAdvice(ClusterAdvice(**{**advice.model_dump(), "reasons": reasons}, cluster=name_of_cluster,
-                                       role="target", generated_unix_s=generated), read, segment, geometry.name)
+                                       role="target", generated_unix_s=generated), read, segment, geometry.name,
+                         group, policy)
 
 
 def _cluster_name(path: str) -> str:

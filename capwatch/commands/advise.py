@@ -24,6 +24,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--role", default="target", choices=("target", "draft"), help="which dispatcher")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the service")
+    parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",
+                        help="instead of the advice, price these caps: predicted overflowing windows per day (with "
+                             "its band), workspace bytes, KV-cache tokens (the /whatif curve)")
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
                          help="SGLang server log(s), plain or .gz, oldest first (e.g. rotated server.log.2 server.log.1 "
@@ -113,7 +116,8 @@ def render(advices: list[dict]) -> None:
             console.print(f"  - {reason}", highlight=False)
 
 
-def advise_from_logs(paths: list[str], cap: int | None, model: str | None, cluster: str | None) -> dict:
+def advise_from_logs(paths: list[str], cap: int | None, model: str | None, cluster: str | None,
+                     whatif: list[int] | None = None) -> dict | list[dict]:
     import os
     import sys
 
@@ -144,23 +148,71 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
         raise CommandError(str(error)) from None
     except OSError as error:
         raise CommandError(f"cannot read the log: {error}") from None
+    if whatif:
+        return [row.model_dump(mode="json") for row in result.whatif(whatif)]
     return result.advice.model_dump(mode="json")
+
+
+def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], timeout: float) -> list[dict]:
+    import httpx
+
+    from capwatch.cli import CommandError
+
+    if cluster is None:
+        raise CommandError("--whatif asks about one EP group: pass --cluster NAME")
+    base = url.rstrip("/")
+    try:
+        with httpx.Client(base_url=base, timeout=timeout) as client:
+            response = client.get(f"/v1/clusters/{cluster}/whatif", params={"role": role, "cap": caps})
+            if response.status_code in (404, 422):
+                raise CommandError(str(response.json().get("detail", response.text))[:300])
+            response.raise_for_status()
+            return response.json()
+    except httpx.TransportError as error:
+        raise CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
+                           "`capwatch serve` or pass --url") from None
+
+
+def render_whatif(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="capwatch what-if: predicted overflows and cost per cap")
+    for column in ("cap", "overflow windows/day", "band", "workspace/rank", "group change", "KV tokens/rank freed",
+                   "below floor"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        per_day = row.get("predicted_overflow_windows_per_day")
+        low, high = row.get("predicted_overflow_windows_per_day_low"), row.get("predicted_overflow_windows_per_day_high")
+        delta = row["workspace_bytes_group_delta"]
+        freed = row.get("kv_cache_tokens_per_rank_freed")
+        table.add_row(str(row["cap"]), "-" if per_day is None else f"{per_day:.3g}",
+                      "-" if low is None else f"{low:.2g}..{high:.2g}", _gib(row["workspace_bytes_per_rank"]),
+                      f"{'+' if delta >= 0 else '-'}{_gib(abs(delta))}", "-" if freed is None else f"{freed:,}",
+                      "yes" if row["below_floor"] else "no")
+    Console().print(table)
 
 
 def run(args: argparse.Namespace) -> int:
     import json
 
     if args.sglang_log:
-        advice = advise_from_logs(args.sglang_log, args.cap, args.model, args.cluster)
+        answer = advise_from_logs(args.sglang_log, args.cap, args.model, args.cluster, args.whatif)
         if args.json:
-            print(json.dumps(advice, indent=2))
+            print(json.dumps(answer, indent=2))
+        elif args.whatif:
+            render_whatif(answer)
         else:
-            render([advice])
+            render([answer])
         return 0
     if args.cap is not None or args.model is not None:
         from capwatch.cli import CommandError
 
         raise CommandError("--cap and --model go with --sglang-log (a service knows its ranks' cap and model)")
+    if args.whatif:
+        rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
+        print(json.dumps(rows, indent=2)) if args.json else render_whatif(rows)
+        return 0
     advices = fetch_advice(args.url, args.cluster, args.role, args.timeout)
     if args.json:
         print(json.dumps(advices[0] if args.cluster else advices, indent=2))

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from capwatch.service.advisor.recommend import ClusterAdvice
 from capwatch.service.sglang_args import parse_args_dict, server_config
@@ -240,3 +241,32 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, content, message):
     assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout
     missing = run_cli("--sglang-log", str(tmp_path / "nope.log"))
     assert missing.returncode == 2 and "is not a readable file" in missing.stderr
+
+
+def test_cli_whatif_prices_caps_with_predicted_overflows_per_day(tmp_path):
+    lines = [args_line(disaggregation_mode="decode")] + decode_lines(180, lambda m, s, d: 200 + (m % 40) * 5 + d)
+    path = write(tmp_path / "decode.log", lines)
+    result = run_cli("--sglang-log", path, "--whatif", "128", "256", "512", "1024", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["cap"] for row in rows] == [128, 256, 512, 1024]
+    per_day = [row["predicted_overflow_windows_per_day"] for row in rows]
+    assert per_day[0] == pytest.approx(1440.0) and per_day == sorted(per_day, reverse=True)  # 128: every window
+    assert rows[0]["below_floor"] and not rows[1]["below_floor"]  # PD decode: floor = decode graph 256 x 1
+    assert all(row["predicted_overflow_windows_per_day_low"] <= row["predicted_overflow_windows_per_day"]
+               <= row["predicted_overflow_windows_per_day_high"] for row in rows)
+
+
+@settings(max_examples=60, deadline=None)
+@given(noise=st.lists(st.text(min_size=0, max_size=80), max_size=30), seed=st.integers(0, 1000))
+def test_any_mix_of_lines_is_read_without_error_and_every_line_is_counted(noise, seed):
+    rng = random.Random(seed)
+    lines = [args_line()] + decode_lines(3, lambda m, s, d: rng.randint(0, 50))
+    for text in noise:
+        lines.insert(rng.randrange(1, len(lines) + 1), text.replace("\n", " ").replace("\r", " "))
+    reader = LogReader(60.0, 86_400.0, 1.2, 16, cap=lambda config: 4096)
+    reader.feed("\n".join(lines) + "\n")
+    log = reader.finish()
+    assert log.lines == len(lines)
+    assert log.decode_lines + log.args_lines + log.overflow_lines + log.unusable_lines + log.skipped_lines == log.lines
+    assert log.decode_lines == 3 * 30 * DP
