@@ -6,7 +6,8 @@ import pytest
 
 from capwatch.dispatcher.launch import RankFailedError, spawn_ranks
 
-from .rank_functions import exit_without_reporting, fail_on_rank_one, group_facts
+from .rank_functions import (crash_while_peer_waits, exit_without_reporting, fail_on_rank_one, group_facts,
+                             peer_fails_first)
 
 
 def test_a_child_exception_is_raised_with_its_traceback():
@@ -15,6 +16,21 @@ def test_a_child_exception_is_raised_with_its_traceback():
     assert caught.value.rank == 1
     assert "ValueError: boom from rank one" in str(caught.value)
     assert "fail_on_rank_one" in caught.value.detail
+
+
+def test_the_root_cause_is_reported_even_when_a_peer_failure_arrives_first():
+    with pytest.raises(RankFailedError) as caught:
+        spawn_ranks(2, peer_fails_first, timeout_s=60)
+    assert caught.value.rank == 1
+    assert "ValueError: the root cause, on rank one" in caught.value.detail
+    assert [other.rank for other in caught.value.others] == [0]  # the peer's lost connection, as a consequence
+    assert "rank 0:" in str(caught.value)
+
+
+def test_a_silent_death_is_blamed_over_the_peer_it_leaves_waiting():
+    with pytest.raises(RankFailedError, match="exit code 9") as caught:
+        spawn_ranks(2, crash_while_peer_waits, timeout_s=60)
+    assert caught.value.rank == 1
 
 
 def test_a_child_that_dies_silently_reports_its_exit_code():
