@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
+import pkgutil
 import sys
 import time
 from pathlib import Path
@@ -53,7 +53,14 @@ def main(run_dir: Path, rank: int) -> None:
         tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True,
         moe_runner_backend="flashinfer_cutlass", **plan.get("server_args", {}),
     )
+    if plan.get("hide_hook_target"):  # a release where the target moved: the plugin must stand aside
+        module, _, name = plan["hide_hook_target"].rpartition(".")
+        delattr(pkgutil.resolve_name(module), name)
     publish(server_args, role="scheduler", ranks=SpawnRanks(world_rank=rank, dp_rank=None, gpu_id=rank))
+    from sglang.srt.arg_groups import moe_hook
+
+    moe_hook.validate_flashinfer_a2a_token_budget(server_args)  # SGLang's start-up floor
+    required_cap = moe_hook._required_flashinfer_a2a_dispatch_tokens_per_rank(server_args)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{plan['master_port']}", rank=rank,
                             world_size=world)
 
@@ -79,7 +86,7 @@ def main(run_dir: Path, rank: int) -> None:
     moe_flags.speculative_context = False
 
     generator = torch.Generator().manual_seed(1000 + rank)
-    record = {"outputs": [], "topk_ids": [], "workspace_size": target[0].workspace_size}
+    record = {"outputs": [], "topk_ids": [], "workspace_size": target[0].workspace_size, "required_cap": required_cap}
 
     def run_layers(layers, local_tokens: int) -> None:
         for layer in layers:
