@@ -184,7 +184,8 @@ def _derived_recv_counts(expert_ids: torch.Tensor, invalid_expert_id: int) -> to
 
 
 class FlashInferMoeAlltoAllBackend(A2ABackend):
-    """``flashinfer.comm.MoeAlltoAll`` behind the A2ABackend contract."""
+    """``flashinfer.comm.MoeAlltoAll`` behind the A2ABackend contract: a new one (the constructor) or
+    one an engine already made (:meth:`adopt`, no second workspace)."""
 
     def __init__(
         self,
@@ -197,45 +198,67 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
         gpus_per_node: int | None = None,
         counters_source: str = "workspace",
     ):
-        super().__init__()
         import torch.distributed as dist
         from flashinfer.comm import Mapping, MoeAlltoAll, moe_a2a_get_workspace_size_per_rank
         from flashinfer.comm.comm_backend import TorchDistBackend
         from flashinfer.comm.mnnvl import MnnvlConfig
 
-        if counters_source not in COUNTER_SOURCES:
-            raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
-        self.ep_rank, self.ep_size = dist.get_rank(group), dist.get_world_size(group)
-        self.num_experts, self.top_k = num_experts, top_k
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        _check_counters_source(counters_source)
+        ep_rank, ep_size = dist.get_rank(group), dist.get_world_size(group)
         mapping = Mapping(
-            world_size=self.ep_size, rank=self.ep_rank,
-            gpus_per_node=gpus_per_node or torch.cuda.device_count(), moe_ep_size=self.ep_size,
+            world_size=ep_size, rank=ep_rank,
+            gpus_per_node=gpus_per_node or torch.cuda.device_count(), moe_ep_size=ep_size,
         )
         workspace_bytes = moe_a2a_get_workspace_size_per_rank(
-            self.ep_size, max_num_tokens, dispatch_bytes_per_token, combine_bytes_per_token
+            ep_size, max_num_tokens, dispatch_bytes_per_token, combine_bytes_per_token
         )
         with warnings.catch_warnings():  # deprecated since 0.7.1 in favour of moe_ep; still the 0.6.x API
             warnings.simplefilter("ignore", DeprecationWarning)
-            self.alltoall = MoeAlltoAll(
+            alltoall = MoeAlltoAll(
                 mapping, max_num_tokens, top_k, num_experts, workspace_size_per_rank=workspace_bytes,
                 mnnvl_config=MnnvlConfig(comm_backend=TorchDistBackend(group)),
             )
+        self._attach(alltoall, counters_source)
+
+    @classmethod
+    def adopt(cls, alltoall, counters_source: str = "workspace") -> "FlashInferMoeAlltoAllBackend":
+        """Wrap an existing ``MoeAlltoAll`` (e.g. SGLang's ``FlashinferDispatcher.moe_a2a``): its
+        workspace, its geometry; nothing is allocated but two ``[ep_size]`` count vectors."""
+        _check_counters_source(counters_source)
+        backend = cls.__new__(cls)
+        backend._attach(alltoall, counters_source)
+        return backend
+
+    def _attach(self, alltoall, counters_source: str) -> None:
+        A2ABackend.__init__(self)
+        self.alltoall = alltoall
+        self.ep_rank, self.ep_size = int(alltoall.ep_rank), int(alltoall.ep_size)
+        self.num_experts, self.top_k = int(alltoall.num_experts), int(alltoall.top_k)
+        self.max_num_tokens = int(alltoall.max_num_tokens)
+        self.device = alltoall.workspace.device
         self.counters_source = counters_source
-        index = getattr(type(self.alltoall), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
+        index = getattr(type(alltoall), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
         # metainfo is a CPU tensor: reading it here is no device sync, and it never changes.
-        self.metainfo = [int(v) for v in self.alltoall.metainfo.tolist()]
-        self._views = _CounterViews(self.alltoall.workspace[self.ep_rank], self.metainfo, index, self.ep_size, False)
+        self.metainfo = [int(v) for v in alltoall.metainfo.tolist()]
+        self._views = _CounterViews(alltoall.workspace[self.ep_rank], self.metainfo, index, self.ep_size, False)
         self._derived_send = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
         self._derived_recv = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._combine_options: dict = {}
+        # The one attribute view a dispatch reads (a property would cost a call per dispatch).
+        self._send_counts = self._views.send if counters_source == "workspace" else self._derived_send
+        self._recv_counts = self._views.recv() if counters_source == "workspace" else self._derived_recv
+
+    @property
+    def workspace(self) -> torch.Tensor:
+        return self.alltoall.workspace
 
     @property
     def send_counts(self) -> torch.Tensor:
-        return self._views.send if self.counters_source == "workspace" else self._derived_send
+        return self._send_counts
 
     @property
     def recv_counts(self) -> torch.Tensor:
-        return self._views.recv() if self.counters_source == "workspace" else self._derived_recv
+        return self._recv_counts
 
     def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id, expert_id_payload_index):
@@ -252,8 +275,21 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
             self._derived_recv.copy_(_derived_recv_counts(received[expert_id_payload_index], invalid_token_expert_id))
         return received
 
+    def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, **options) -> torch.Tensor:
+        """The contract's combine; ``options`` (``payload_in_workspace``, ...) go to MoeAlltoAll.combine."""
+        self._combine_options = options
+        try:
+            return super().combine(payload, runtime_max_tokens_per_rank)
+        finally:
+            self._combine_options = {}
+
     def _combine(self, payload, runtime_max_tokens_per_rank):
-        return self.alltoall.combine(payload, runtime_max_tokens_per_rank)
+        return self.alltoall.combine(payload, runtime_max_tokens_per_rank, **self._combine_options)
+
+
+def _check_counters_source(counters_source: str) -> None:
+    if counters_source not in COUNTER_SOURCES:
+        raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
 
 
 # --- the moe_ep API (0.7.2+) -----------------------------------------------------------------------

@@ -158,6 +158,14 @@ class InstrumentedDispatcher:
 
     # --- the plain pair --------------------------------------------------------------------
 
+    def guard(self, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
+        """The cap guards alone, for an engine that computes R itself and asserts on it before it
+        dispatches (SGLang): an overflow is counted (the step too), announced, then raised."""
+        if local_tokens > runtime_max_tokens_per_rank or runtime_max_tokens_per_rank > self.cap:
+            self._record_step(runtime_max_tokens_per_rank)  # an overflowing step still lands in the histogram
+            self._check_local(runtime_max_tokens_per_rank, local_tokens)
+            self._overflow("runtime_over_cap", "raised", runtime_max_tokens_per_rank, local_tokens)
+
     def dispatch(
         self,
         token_selected_experts: torch.Tensor,
@@ -167,19 +175,22 @@ class InstrumentedDispatcher:
         expert_id_payload_index: int | None = None,
     ) -> list[torch.Tensor]:
         """Guarded ``backend.dispatch``; ``R > cap`` always raises here (chunking needs :meth:`run`)."""
-        runtime_tokens, local_tokens = runtime_max_tokens_per_rank, token_selected_experts.shape[0]
-        if local_tokens > runtime_tokens or runtime_tokens > self.cap:
-            self._record_step(runtime_tokens)  # an overflowing step still lands in the histogram
-            self._check_local(runtime_tokens, local_tokens)
-            self._overflow("runtime_over_cap", "raised", runtime_tokens, local_tokens)
-        received = self.backend.dispatch(
+        runtime_tokens = runtime_max_tokens_per_rank
+        if token_selected_experts.shape[0] > runtime_tokens or runtime_tokens > self.cap:
+            self.guard(runtime_tokens, token_selected_experts.shape[0])
+        backend, counters = self.backend, self.counters
+        received = backend.dispatch(
             token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
         )
-        self._record_step(runtime_tokens)
-        self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
+        if self.step_leader:
+            counters.record_step(runtime_tokens)
+        counters.record_dispatch(backend.send_counts, backend.recv_counts)
         return received
 
-    def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int) -> torch.Tensor:
+    def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, **options) -> torch.Tensor:
+        """``backend.combine``; ``options`` are the backend's own (FlashInfer's ``payload_in_workspace``)."""
+        if options:
+            return self.backend.combine(payload, runtime_max_tokens_per_rank, **options)
         return self.backend.combine(payload, runtime_max_tokens_per_rank)
 
     # --- one whole MoE communication step, chunked if the policy says so ----------------------

@@ -10,6 +10,7 @@ so that every exported series and report schema keeps one fixed shape.
 
 from __future__ import annotations
 
-ROLES = ("target", "draft")
+# sp_prefill: SGLang's sequence-parallel prefill A2A, its own workspace and counters.
+ROLES = ("target", "draft", "sp_prefill")
 OVERFLOW_KINDS = ("runtime_over_cap", "local_over_runtime")
 OVERFLOW_OUTCOMES = ("raised", "chunked")

@@ -1,0 +1,136 @@
+"""One scheduler process: the counters of each role, its exporter, its reports.
+
+Roles follow SGLang's workspace namespaces: DECODE -> ``target``, SPECULATIVE (a draft model's
+layers) -> ``draft``, SP_PREFILL -> ``sp_prefill``. Each role has one ``DispatchCounters`` shared by
+all its layers; the lowest layer id is the step leader. A role's telemetry (reporter, collector)
+starts at its first dispatch, when every layer and workspace of the model is known; the exporter
+serves from the first moment (base port + local GPU index) with the plugin's own info metric.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
+from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
+from capwatch.dispatcher.instrumented import InstrumentedDispatcher
+from capwatch.sglang_plugin.adopted import InstrumentedMoeAlltoAll
+from capwatch.sglang_plugin.settings import PluginSettings
+from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
+from capwatch.telemetry.exporter import RankExporter
+from capwatch.telemetry.rank import RankTelemetry, rank_config
+from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits
+from capwatch.telemetry.reporter import new_boot_id
+
+logger = logging.getLogger("capwatch.sglang")
+
+NAMESPACE_ROLES = {"DECODE": "target", "SPECULATIVE": "draft", "SP_PREFILL": "sp_prefill"}
+BACKEND_NAME = "sglang-flashinfer"
+
+
+@dataclass
+class RoleWatch:
+    """One role of one scheduler: shared counters, its layers' wrappers, its distinct workspaces."""
+
+    role: str
+    counters: DispatchCounters
+    geometry: dict
+    layers: list[tuple[float, InstrumentedDispatcher]] = field(default_factory=list)
+    workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr -> bytes: each counted once
+    telemetry: RankTelemetry | None = None
+
+    def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher) -> None:
+        self.layers.append((math.inf if layer_id is None else layer_id, instrumented))
+        leader = min(range(len(self.layers)), key=lambda index: self.layers[index][0])  # first of equals
+        for index, (_, each) in enumerate(self.layers):
+            each.step_leader = index == leader
+
+
+class SchedulerSession:
+    def __init__(self, settings: PluginSettings, versions: dict[str, str | None], limits: SGLangLimits | None,
+                 local_gpu_index: int, state: str = "enabled", reason: str = ""):
+        self.settings = settings
+        self.versions = versions
+        self.limits = limits
+        self.boot_id = new_boot_id()
+        self.roles: dict[str, RoleWatch] = {}
+        self.status = PluginStatusCollector(state, reason, versions)
+        self.role_series = RolesCollector()
+        self.exporter = RankExporter(self.status, self.role_series)
+        self.exporter.serve(settings.exporter(local_gpu_index))
+        logger.info("capwatch: %s; /metrics on %s", state if not reason else f"{state} ({reason})", self.exporter.url)
+
+    # --- adoption, at FlashinferDispatcher construction ------------------------------------------
+
+    def adopt(self, dispatcher, layer_id: int | None) -> None:
+        """Wrap the dispatcher's MoeAlltoAll objects in place (no second workspace)."""
+        namespace = dispatcher.decode_a2a_namespace.name
+        dispatcher.moe_a2a = self._wrap(dispatcher, dispatcher.moe_a2a, NAMESPACE_ROLES[namespace], layer_id)
+        if dispatcher.sp_prefill_moe_a2a is not None:
+            dispatcher.sp_prefill_moe_a2a = self._wrap(dispatcher, dispatcher.sp_prefill_moe_a2a, "sp_prefill",
+                                                       layer_id)
+
+    def _wrap(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedMoeAlltoAll:
+        backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
+        watch = self.roles.get(role)
+        if watch is None:
+            counters = DispatchCounters(dispatcher.max_num_tokens, backend.ep_size, backend.device, role=role)
+            geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
+                            hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+                            num_experts=dispatcher.num_experts)
+            watch = self.roles[role] = RoleWatch(role, counters, geometry)
+        watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
+        instrumented = InstrumentedDispatcher(backend, watch.counters, dispatcher.max_num_tokens)
+        watch.add_layer(layer_id, instrumented)
+        if watch.telemetry is not None:
+            instrumented.on_overflow.append(watch.telemetry.on_overflow)
+        return InstrumentedMoeAlltoAll(alltoall, instrumented)
+
+    # --- telemetry, from a role's first dispatch ------------------------------------------------------
+
+    def start_role(self, watch: RoleWatch) -> RankTelemetry:
+        geometry = watch.geometry
+        identity = RankIdentity(cluster=self.settings.cluster, ep_rank=geometry["ep_rank"],
+                                ep_size=geometry["ep_size"], role=watch.role, boot_id=self.boot_id,
+                                host=socket.gethostname())
+        telemetry = RankTelemetry(watch.counters, identity, self.config(watch), exporter=None,
+                                  reporter=self.settings.reporter(),
+                                  final_report_timeout_s=self.settings.final_report_timeout_s).start()
+        for _, instrumented in watch.layers:
+            instrumented.on_overflow.append(telemetry.on_overflow)
+        self.role_series.collectors.append(telemetry.collector)
+        watch.telemetry = telemetry
+        return telemetry
+
+    def config(self, watch: RoleWatch) -> RankConfig:
+        geometry = watch.geometry
+        limits = self.limits
+        base = rank_config(
+            cap=geometry["cap"], ep_size=geometry["ep_size"], hidden_size=geometry["hidden_size"],
+            top_k=geometry["top_k"], num_experts=geometry["num_experts"], backend=BACKEND_NAME,
+            flashinfer_version=self.versions["flashinfer"],
+            allocated_workspace_bytes=sum(watch.workspaces.values()),
+            cuda_graph_max_batch_size=(limits.decode_cuda_graph_max_batch_size or None) if limits else None,
+            speculative_tokens=(limits.tokens_per_request - 1) if limits else 0,
+        )
+        # rank_config() takes no SGLang limits yet: validate the whole config again with them.
+        return RankConfig.model_validate({**base.model_dump(), "sglang": limits.model_dump() if limits else None})
+
+    # --- capture, shutdown ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def capturing(self) -> Iterator[None]:
+        """Snapshots of every role pause while SGLang captures CUDA graphs."""
+        with pause_snapshots(*(watch.counters for watch in self.roles.values())):
+            yield
+
+    def close(self, reason: str = "shutdown") -> None:
+        for watch in self.roles.values():
+            if watch.telemetry is not None:
+                watch.telemetry.close(reason, self.settings.final_report_timeout_s)
+        self.exporter.close()

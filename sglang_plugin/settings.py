@@ -1,0 +1,74 @@
+"""The plugin's configuration: ``CAPWATCH_*`` environment variables, read once per process."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from capwatch.telemetry.exporter import ExporterOptions
+from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.reporter import ReporterOptions
+
+PREFIX = "CAPWATCH_"
+
+
+class SettingsError(ValueError):
+    """A CAPWATCH_* variable that cannot be used; the message names it and says what it takes."""
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    service_url: str | None = None  # CAPWATCH_SERVICE_URL; unset: export /metrics only, no reports
+    cluster: str = "default"  # CAPWATCH_CLUSTER
+    token: str | None = None  # CAPWATCH_TOKEN: the service's bearer token
+    metrics_base_port: int = 9400  # CAPWATCH_METRICS_BASE_PORT: each scheduler serves base + local GPU index
+    metrics_host: str = "127.0.0.1"  # CAPWATCH_METRICS_HOST
+    report_interval_s: float = 5.0  # CAPWATCH_REPORT_INTERVAL_S
+    final_report_timeout_s: float = 2.0  # CAPWATCH_FINAL_REPORT_TIMEOUT_S: the bounded wait before a rank dies
+
+    def exporter(self, local_gpu_index: int) -> ExporterOptions:
+        return ExporterOptions(base_port=self.metrics_base_port, local_rank=local_gpu_index, host=self.metrics_host)
+
+    def reporter(self) -> ReporterOptions | None:
+        if self.service_url is None:
+            return None
+        return ReporterOptions(self.service_url, interval_s=self.report_interval_s, bearer_token=self.token)
+
+
+def _number(environ: Mapping[str, str], name: str, kind: type, default):
+    raw = environ.get(PREFIX + name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return kind(raw)
+    except ValueError:
+        raise SettingsError(f"{PREFIX}{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
+
+
+def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
+    """Settings from the environment, each checked by the part that uses it (one rule, one place)."""
+    settings = PluginSettings(
+        service_url=environ.get(PREFIX + "SERVICE_URL") or None,
+        cluster=environ.get(PREFIX + "CLUSTER") or PluginSettings.cluster,
+        token=environ.get(PREFIX + "TOKEN") or None,
+        metrics_base_port=_number(environ, "METRICS_BASE_PORT", int, PluginSettings.metrics_base_port),
+        metrics_host=environ.get(PREFIX + "METRICS_HOST") or PluginSettings.metrics_host,
+        report_interval_s=_number(environ, "REPORT_INTERVAL_S", float, PluginSettings.report_interval_s),
+        final_report_timeout_s=_number(environ, "FINAL_REPORT_TIMEOUT_S", float,
+                                       PluginSettings.final_report_timeout_s),
+    )
+    checks = (
+        ("CLUSTER", lambda: RankIdentity(cluster=settings.cluster, ep_rank=0, ep_size=1, boot_id="check")),
+        ("METRICS_BASE_PORT / CAPWATCH_METRICS_HOST", lambda: settings.exporter(0)),
+        ("SERVICE_URL / CAPWATCH_REPORT_INTERVAL_S", settings.reporter),
+    )
+    for names, check in checks:
+        try:
+            check()
+        except ValueError as error:
+            first = str(error).splitlines()[0]
+            raise SettingsError(f"{PREFIX}{names}: {first}") from None
+    if not settings.final_report_timeout_s > 0:
+        raise SettingsError(f"{PREFIX}FINAL_REPORT_TIMEOUT_S must be > 0, got {settings.final_report_timeout_s}")
+    return settings

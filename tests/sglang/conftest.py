@@ -1,0 +1,26 @@
+"""The SGLang plugin against the released sglang 0.5.23 code, on CPU, in its own venv (.venv-sglang).
+
+Skipped when that venv is absent, unless ``CAPWATCH_REQUIRE_SGLANG_VENV=1`` (``make test``), where a
+missing venv is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.sglang.ranks import sglang_missing
+
+_missing = sglang_missing()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _missing is None:
+        return
+    if os.environ.get("CAPWATCH_REQUIRE_SGLANG_VENV") == "1":
+        raise pytest.UsageError(f"CAPWATCH_REQUIRE_SGLANG_VENV=1 but {_missing}")
+    skip = pytest.mark.skip(reason=_missing)
+    for item in items:
+        if "tests/sglang" in str(item.fspath):
+            item.add_marker(skip)

@@ -1,0 +1,124 @@
+"""Launch SGLang scheduler ranks (``rank_program.py``) with the sglang venv's python, scrape them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.ports import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SGLANG_VENV = REPO_ROOT / ".venv-sglang"
+START_TIMEOUT_S = 240  # importing sglang takes ~15 s a process on a quiet machine, much more on a busy one
+EXIT_TIMEOUT_S = 60
+
+# A tiny MoE (Qwen2-MoE shape): what ServerArgs reads from the model folder, nothing to download.
+MODEL = {"hidden_size": 64, "top_k": 2, "num_experts": 8}
+MODEL_CONFIG = {
+    "architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe", "hidden_size": MODEL["hidden_size"],
+    "intermediate_size": 128, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 0,
+    "num_experts": MODEL["num_experts"], "num_experts_per_tok": MODEL["top_k"], "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6, "torch_dtype": "bfloat16", "decoder_sparse_step": 1, "norm_topk_prob": True,
+}
+
+
+def sglang_python() -> Path:
+    return Path(os.environ.get("CAPWATCH_SGLANG_PYTHON", SGLANG_VENV / "bin" / "python"))
+
+
+def sglang_missing() -> str | None:
+    """Why the SGLang tests cannot run here, or None."""
+    python = sglang_python()
+    if not python.exists():
+        return f"no sglang test venv at {python.parent.parent} (make test builds it)"
+    # find_spec, not import: importing sglang takes seconds.
+    check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sglang') and u.find_spec('capwatch') else 1)"
+    if subprocess.run([str(python), "-c", check], capture_output=True, timeout=60).returncode != 0:
+        return f"{python} has no sglang or no capwatch installed"
+    return None
+
+
+@dataclass
+class RankRun:
+    """One group of ranks: the plan, the processes, their logs and records."""
+
+    run_dir: Path
+    world: int
+    env: dict[str, str]
+    optimize: bool = False
+    metrics_base_port: int = 0
+    processes: list[subprocess.Popen] = field(default_factory=list)
+
+    def start(self, plan: dict) -> "RankRun":
+        model_dir = self.run_dir / "model"
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
+        full_plan = {"world": self.world, "master_port": free_port(), "model_dir": str(model_dir), "model": MODEL,
+                     **plan}
+        (self.run_dir / "plan.json").write_text(json.dumps(full_plan))
+        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        flags = ["-O"] if self.optimize else []
+        for rank in range(self.world):
+            log = open(self.run_dir / f"rank-{rank}.log", "wb")
+            self.processes.append(subprocess.Popen(
+                [str(sglang_python()), *flags, "-m", "tests.sglang.rank_program", str(self.run_dir), str(rank)],
+                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            log.close()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not all((self.run_dir / f"ready-{rank}").exists() for rank in range(self.world)):
+            failed = [rank for rank, process in enumerate(self.processes) if process.poll() is not None]
+            if failed or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"ranks {failed or 'all'} did not get ready:\n{self.logs()}")
+            time.sleep(0.2)
+
+    def release(self) -> list[int]:
+        (self.run_dir / "release").write_text("")
+        return self.wait_exit()
+
+    def wait_exit(self) -> list[int]:
+        codes = []
+        for process in self.processes:
+            try:
+                codes.append(process.wait(timeout=EXIT_TIMEOUT_S))
+            except subprocess.TimeoutExpired:
+                self.kill()
+                raise AssertionError(f"a rank did not exit:\n{self.logs()}") from None
+        return codes
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+
+    def log(self, rank: int) -> str:
+        return (self.run_dir / f"rank-{rank}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- rank {rank} ---\n{self.log(rank)[-3000:]}" for rank in range(self.world))
+
+    def record(self, rank: int) -> dict:
+        return torch.load(self.run_dir / f"rank-{rank}.pt")
+
+    def metrics(self, rank: int) -> dict[tuple[str, tuple], float]:
+        """Every sample of the rank's /metrics: (name, sorted labels) -> value."""
+        url = f"http://127.0.0.1:{self.metrics_base_port + rank}/metrics"
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(url, timeout=10) as response:
+            text = response.read().decode()
+        return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+                for family in text_string_to_metric_families(text) for sample in family.samples}
