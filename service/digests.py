@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,15 +89,30 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
     return RoleDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
 
 
+# A read recomputes changed groups for at most this long, stalest first; the rest are served as last
+# computed (seconds old) and caught up by the next reads. Bounds a read's cost when thousands of groups
+# report all the time, not only when few change.
+RECOMPUTE_BUDGET_S = 0.05
+
+
+@dataclass
+class _Cached:
+    key: tuple
+    digest: RoleDigest | None
+    computed: float  # time.perf_counter() when computed
+
+
 class ClusterDigests:
     """The digests of every group, reused while the group's data and rank states are unchanged."""
 
-    def __init__(self, source: ClusterSource, settings: Settings, clock: Callable[[], float]):
+    def __init__(self, source: ClusterSource, settings: Settings, clock: Callable[[], float],
+                 recompute_budget_s: float = RECOMPUTE_BUDGET_S):
         self.source = source
         self.settings = settings
         self.clock = clock
+        self.recompute_budget_s = recompute_budget_s
         self._generation = getattr(source, "generation", None)
-        self._cache: dict[tuple[str, str], tuple[tuple, RoleDigest | None]] = {}
+        self._cache: dict[tuple[str, str], _Cached] = {}
         self._lock = threading.Lock()
 
     def _key(self, cluster: str, states: list[RankState], now_s: float) -> tuple | None:
@@ -106,13 +122,10 @@ class ClusterDigests:
         return (self._generation(cluster),
                 tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) for state in states))
 
-    def digest(self, cluster: str, role: str, states: list[RankState], now_s: float) -> RoleDigest | None:
+    def _compute(self, cluster: str, role: str, states: list[RankState], now_s: float,
+                 key: tuple | None) -> RoleDigest | None:
         """The group's digest for ``role``; None when it has no such ranks. An error computing it is the
-        group's own: logged, and shown as that group's error."""
-        key = self._key(cluster, states, now_s)
-        cached = self._cache.get((cluster, role))
-        if key is not None and cached is not None and cached[0] == key:
-            return cached[1]
+        group's own: logged, and the group left out of this answer."""
         try:
             digest = _compute(self.source, cluster, role, states, now_s, self.settings)
         except Exception:  # a bug must not take the other groups down with it
@@ -120,13 +133,14 @@ class ClusterDigests:
             return None
         if key is not None:
             with self._lock:
-                self._cache[(cluster, role)] = (key, digest)
+                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter())
         return digest
 
     def every_group(self, all_roles: bool) -> list[RoleDigest]:
         """One digest per group (its first role, target first), or per group and role."""
         now = self.clock()
-        digests = []
+        started = time.perf_counter()
+        entries = []  # (cluster, role, states, key, cached)
         clusters = self.source.clusters()
         for cluster in clusters:
             try:
@@ -134,13 +148,23 @@ class ClusterDigests:
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
+            key = self._key(cluster, states, now)
             roles = role_order(states)
             for role in roles if all_roles else roles[:1]:
-                digest = self.digest(cluster, role, states, now)
-                if digest is not None:
-                    digests.append(digest)
-        if len(self._cache) > 2 * len(clusters) + 16:  # forget groups that were pruned
+                entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
+        digests: dict[tuple[str, str], RoleDigest | None] = {
+            (cluster, role): cached.digest for cluster, role, _, key, cached in entries
+            if key is not None and cached is not None and cached.key == key}
+        changed = [entry for entry in entries if (entry[0], entry[1]) not in digests]
+        changed.sort(key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
+        deadline = started + self.recompute_budget_s
+        for cluster, role, states, key, cached in changed:
+            if cached is not None and time.perf_counter() > deadline:
+                digests[(cluster, role)] = cached.digest  # as last computed; a later read catches up
+            else:
+                digests[(cluster, role)] = self._compute(cluster, role, states, now, key)
+        if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
             known = set(clusters)
             with self._lock:
                 self._cache = {key: value for key, value in self._cache.items() if key[0] in known}
-        return digests
+        return [digest for digest in (digests[(entry[0], entry[1])] for entry in entries) if digest is not None]

@@ -8,7 +8,7 @@ import hmac
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Query, Request, status
+from fastapi import Depends, Query, Request
 
 from capwatch.service.config import Settings
 from capwatch.service.digests import ClusterDigests
@@ -51,13 +51,3 @@ def bearer_token_accepted(authorization: str, settings: Settings) -> bool:
     scheme, _, supplied = authorization.partition(" ")
     expected = settings.token.get_secret_value()
     return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), expected.encode())
-
-
-def check_token(request: Request, settings: Settings, metrics: ServiceMetrics) -> None:
-    """Write endpoints: when a token is configured, ``Authorization: Bearer <token>`` is required."""
-    if not bearer_token_accepted(request.headers.get("authorization", ""), settings):
-        metrics.reports_rejected.labels("unauthorized").inc()
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "this endpoint needs 'Authorization: Bearer <token>' with the service's CAPWATCH_TOKEN",
-            headers={"WWW-Authenticate": "Bearer"})

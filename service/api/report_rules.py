@@ -1,7 +1,8 @@
 """The rules a report must pass before it is stored, in the order they apply — the one place both
 ways in read them: the ASGI fast path (``ReportFastPath``) and the router's ``post_report``.
 
-1. the bearer token, when the service has one (401);
+1. the bearer token, when the service has one (401), and no foreign ``Origin`` (403: a browser
+   names the page that sends a request; ranks send none);
 2. ``Content-Type: application/json`` (415: a cross-origin page can post ``text/plain`` without
    a preflight, never ``application/json``);
 3. the declared size (413), then the body itself: at most ``max_body_bytes`` (413), received within
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ValidationError
@@ -63,11 +65,21 @@ def is_json(content_type: str) -> bool:
     return content_type.split(";", 1)[0].strip().lower() == "application/json"
 
 
+def origin_refusal(origin: str | None, host: str | None) -> Refusal | None:
+    """A browser sends ``Origin`` with a POST: only the service's own page (same scheme-less host and
+    port as the request's ``Host``) may write; ranks send no ``Origin`` at all."""
+    if origin is None:
+        return None
+    if origin != "null" and host is not None and urlsplit(origin).netloc.lower() == host.strip().lower():
+        return None
+    return Refusal(403, "unauthorized", f"reports come from ranks, not from web pages (Origin {origin[:100]!r})")
+
+
 def header_refusal(authorization: str, content_type: str | None, declared_length: str | None,
-                   settings: Settings) -> Refusal | None:
+                   settings: Settings, origin: str | None = None, host: str | None = None) -> Refusal | None:
     """Rules 1-3 as far as the headers tell (``authorization`` is the one header: two are refused
     before any route, see ``capwatch.service.api.guard``)."""
-    refusal = token_refusal(authorization, settings)
+    refusal = token_refusal(authorization, settings) or origin_refusal(origin, host)
     if refusal is not None:
         return refusal
     if content_type is None or not is_json(content_type):

@@ -181,3 +181,41 @@ def test_random_schema_valid_reports_never_break_the_read_side_of_another_cluste
             for path in ("", "/advice", "/history", "/whatif?cap=1024"):
                 response = client.get(f"/v1/clusters/{entry['cluster']}{path}")
                 assert response.status_code in (200, 409), (path, response.text)
+
+
+@pytest.mark.parametrize("way", [DECLARED, CHUNKED])
+def test_a_post_from_a_foreign_origin_is_refused_and_the_own_origin_is_not(client, store, way):
+    body = json.dumps(report("o1")).encode()
+    foreign = send(client, body, way, Origin="http://127.0.0.1:9999")
+    assert foreign.status_code == 403 and "web pages" in foreign.json()["detail"]
+    assert store.report_count() == 0
+    assert send(client, body, way, Origin="http://localhost").status_code == 202  # the service's own page
+
+
+@hypothesis_settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(body=st.one_of(
+    st.binary(max_size=300),
+    st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
+                 lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                 max_leaves=20).map(lambda value: json.dumps(value).encode()),
+    st.builds(lambda path, value: _mutated(path, value),
+              st.sampled_from([("config", "cap"), ("identity", "cluster"), ("interval", "forward_steps"),
+                               ("counters", "overflow_events"), ("sequence",), ("config", "sglang")]),
+              st.one_of(st.integers(-2, 1 << 64), st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2)))))
+def test_fuzzed_bodies_get_the_same_answer_both_ways_in(client, body):
+    declared, chunked = send(client, body, DECLARED), send(client, body, CHUNKED)
+    if declared.status_code == 202:  # stored by the first: the second is its duplicate
+        assert chunked.status_code == 200
+        return
+    assert declared.status_code < 500 and declared.status_code == chunked.status_code
+    if declared.status_code == 422:
+        assert declared.json() == chunked.json()
+
+
+def _mutated(path: tuple, value) -> bytes:
+    body = report("fz")
+    node = body
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return json.dumps(body).encode()

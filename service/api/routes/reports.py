@@ -20,6 +20,8 @@ from capwatch.service.store.sqlite import ReportNotStorable, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
+# The request headers the rules read (raw ASGI name -> name).
+_WANTED = {name.encode(): name for name in ("authorization", "content-type", "content-length", "origin", "host")}
 
 
 class IngestResponse(BaseModel):
@@ -35,7 +37,7 @@ async def answer(state, headers: dict[str, str], receive: Receive, started: floa
     """Every rule, then the store: the status, body and extra headers of the answer. Both ways in."""
     settings, metrics = state.settings, state.metrics
     refusal = header_refusal(headers.get("authorization", ""), headers.get("content-type"),
-                             headers.get("content-length"), settings)
+                             headers.get("content-length"), settings, headers.get("origin"), headers.get("host"))
     if refusal is None:
         read = await state.body_gate.read(receive)
         if isinstance(read, Refusal):
@@ -86,6 +88,7 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
                  "acknowledged and ignored."),
     responses={200: {"model": IngestResponse, "description": "Duplicate: already stored"},
                401: {"model": RejectedReport, "description": "Missing or wrong bearer token (when the service has one)"},
+               403: {"model": RejectedReport, "description": "Sent by a web page of another origin"},
                408: {"model": RejectedReport, "description": "The body did not arrive within body_timeout_s"},
                413: {"model": RejectedReport, "description": "Body too large"},
                415: {"model": RejectedReport, "description": "Not application/json"},
@@ -99,13 +102,12 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
 )
 async def post_report(request: Request) -> Response:
     started = time.perf_counter()
-    headers = {name: request.headers.get(name) for name in ("authorization", "content-type", "content-length")}
+    headers = {name: request.headers.get(name) for name in _WANTED.values()}
     status_code, body, extra = await answer(request.app.state, {k: v for k, v in headers.items() if v is not None},
                                             request.receive, started)
     return Response(body, status_code=status_code, media_type="application/json", headers=extra)
 
 
-_WANTED = {b"authorization": "authorization", b"content-type": "content-type", b"content-length": "content-length"}
 
 
 class ReportFastPath:
