@@ -187,7 +187,7 @@ def render_whatif(rows: list[dict]) -> None:
         delta = row["workspace_bytes_group_delta"]
         freed = row.get("kv_cache_tokens_per_rank_freed")
         table.add_row(str(row["cap"]), "-" if per_day is None else f"{per_day:.3g}",
-                      "-" if low is None else f"{low:.2g}..{high:.2g}", _gib(row["workspace_bytes_per_rank"]),
+                      "-" if low is None else f"{low:.3g}..{high:.3g}", _gib(row["workspace_bytes_per_rank"]),
                       f"{'+' if delta >= 0 else '-'}{_gib(abs(delta))}", "-" if freed is None else f"{freed:,}",
                       "yes" if row["below_floor"] else "no")
     Console().print(table)
