@@ -52,21 +52,11 @@ class Rank:
 
 
 def prefix(rank: Rank) -> str:
-    # configure_scheduler_process: the order DP, PP, ATTN_CP, MOE_DP, TP, EP
-    text = ""
-    if rank.dp is not None:
-        text += f" DP{rank.dp}"
-    if rank.pp is not None:
-        text += f" PP{rank.pp}"
-    if rank.attn_cp is not None:
-        text += f" ATTN_CP{rank.attn_cp}"
-    if rank.moe_dp is not None:
-        text += f" MOE_DP{rank.moe_dp}"
-    if rank.tp is not None:
-        text += f" TP{rank.tp}"
-    if rank.ep is not None:
-        text += f" EP{rank.ep}"
-    return text
+    """configure_scheduler_process's `prefix += f" DP{shown_dp}"` ... in its order: DP, PP, ATTN_CP, MOE_DP, TP, EP
+    (each written only when SGLang shows it: here, when set)."""
+    parts = (("DP", rank.dp), ("PP", rank.pp), ("ATTN_CP", rank.attn_cp), ("MOE_DP", rank.moe_dp),
+             ("TP", rank.tp), ("EP", rank.ep))
+    return "".join(f" {name}{value}" for name, value in parts if value is not None)
 
 
 def stamp(unix_s: float, log_ms: bool = False) -> str:
