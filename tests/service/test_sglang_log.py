@@ -205,6 +205,9 @@ def test_args_rules_max_running_requests_and_disabled_graphs():
     # a value whose repr is not a literal does not make the line unreadable
     text = sg.args_message(sg.server_args()).replace("'dtype': 'auto'", "'dtype': <DType.auto: 'auto'>")
     assert server_config(parse_args_dict(text)).tp_size == 8
+    text = sg.args_message(sg.server_args(watchdog_timeout=float("inf"), mem_fraction_static=float("nan")))
+    assert "inf" in text and server_config(parse_args_dict(text)).ep_size == 8
+    assert len(parse_args_dict(sg.args_message(sg.server_args()))) >= 542  # every field SGLang declares
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
