@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
                          help="SGLang server log(s), plain or .gz, oldest first (e.g. rotated server.log.2 server.log.1 "
-                              "server.log); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them")
+                              "server.log); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; --cluster names "
+                              "the advice (default: the first file's name)")
     offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's overflow "
                                                          "assertions show, else SGLang's default rule)")
     offline.add_argument("--model", help="model preset that prices the workspace (default: the log's model_path)")

@@ -14,7 +14,7 @@ from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.service.advisor.tail import fit_pwm, tail_model
 from capwatch.service.advisor.trend import daily_trend, mann_kendall_p
-from tests.service.test_advisor import PRICING, group
+from tests.service.test_advisor import group
 
 POLICY = AdvisorPolicy()
 T0 = 1_700_006_400.0  # a UTC midnight

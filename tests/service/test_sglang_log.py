@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from capwatch.service.advisor.recommend import ClusterAdvice
 from capwatch.service.sglang_args import parse_args_dict, server_config
-from capwatch.service.sglang_log import LogError, LogReader, _OPEN_WINDOWS, advise_from_sglang_logs, read_logs
+from capwatch.service.sglang_log import _OPEN_WINDOWS, LogReader, advise_from_sglang_logs, read_logs
 from tests.support import sglang_logs as sg
 
 T0 = 1_764_504_000.0  # 2025-11-30 12:00:00 UTC, a window start
