@@ -226,10 +226,11 @@ def size_for_risk(history: SampleHistory, model: TailModel, peaks_tokens: float,
     if model.fit is None:
         return Stage("risk", peaks_tokens, (model.describe() + "; the margin above the largest sample stands",))
     remembered = history.estimator_histogram().percentile(1.0)
-    cap = smallest_cap_meeting(model, target, max(remembered, policy.min_cap), policy.alignment, policy.max_cap)
+    start = max(remembered * (1.0 + policy.risk_min_margin), policy.min_cap)
+    cap = smallest_cap_meeting(model, target, int(math.ceil(start)), policy.alignment, policy.max_cap)
     low, high = model.band(cap)
     return Stage("risk", cap, (
-        f"{model.describe()}; {cap} is the smallest aligned cap at or above the remembered peaks "
-        f"({remembered}) whose predicted overflows, {model.overflow_windows_per_day(cap):.3g} windows per day "
+        f"{model.describe()}; {cap} is the smallest aligned cap at least {policy.risk_min_margin:.0%} above the "
+        f"remembered peaks ({remembered}) whose predicted overflows, {model.overflow_windows_per_day(cap):.3g} windows per day "
         f"(band {low:.2g}..{high:.2g}), meet the target of {target:.3g} per day "
         f"(one in {1 / target:.0f} days)",))
