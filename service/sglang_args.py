@@ -27,8 +27,9 @@ from capwatch.telemetry.report import SGLangLimits
 SGLANG_DEFAULT_MIN_CAP = 4096  # overrides.py flashinfer_a2a_max_dispatch_tokens_per_rank
 DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
 
-# Values whose repr is not a literal (an enum, an object): read as None, the rest of the dict stays readable.
-_NON_LITERAL = re.compile(r"<[^<>]*>")
+# Values whose repr is not a literal (an enum or object's <...>, a float's inf or nan): read as None, so the
+# rest of the dict stays readable. Applied only when the plain literal_eval fails.
+_NON_LITERAL = re.compile(r"<[^<>]*>|(?<![\w'\".])-?(?:inf|nan)(?![\w'\"])")
 
 
 class UnreadableArgs(ValueError):

@@ -24,7 +24,7 @@ import calendar
 import gzip
 import io
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter

@@ -30,7 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
                          help="SGLang server log(s), plain or .gz, oldest first (e.g. rotated server.log.2 server.log.1 "
-                              "server.log); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them")
+                              "server.log); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; --cluster names "
+                              "the advice (default: the first file's name)")
     offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's overflow "
                                                          "assertions show, else SGLang's default rule)")
     offline.add_argument("--model", help="model preset that prices the workspace (default: the log's model_path)")
@@ -187,7 +188,7 @@ def render_whatif(rows: list[dict]) -> None:
         delta = row["workspace_bytes_group_delta"]
         freed = row.get("kv_cache_tokens_per_rank_freed")
         table.add_row(str(row["cap"]), "-" if per_day is None else f"{per_day:.3g}",
-                      "-" if low is None else f"{low:.2g}..{high:.2g}", _gib(row["workspace_bytes_per_rank"]),
+                      "-" if low is None else f"{low:.3g}..{high:.3g}", _gib(row["workspace_bytes_per_rank"]),
                       f"{'+' if delta >= 0 else '-'}{_gib(abs(delta))}", "-" if freed is None else f"{freed:,}",
                       "yes" if row["below_floor"] else "no")
     Console().print(table)

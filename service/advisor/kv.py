@@ -26,3 +26,15 @@ def kv_trade(action: str, current_bytes: int, recommended_bytes: int, kv_bytes_p
                 f"({kv_bytes_per_token:,} bytes per token)")
     return (f"the workspace of {gib(current_bytes)} per rank holds the room of "
             f"{current_bytes // kv_bytes_per_token:,} KV-cache tokens per rank ({kv_bytes_per_token:,} bytes per token)")
+
+
+def kv_bytes_per_token_of(hidden_size: int | None, top_k: int | None, num_experts: int | None,
+                          kv_cache_dtype: str | None = None) -> int | None:
+    """KV bytes per token for a rank's reported MoE geometry, when it matches one preset (ranks report
+    geometry, not a model name); None otherwise."""
+    from capwatch.dispatcher.models import preset_for_geometry
+
+    if not (hidden_size and top_k and num_experts):
+        return None
+    preset = preset_for_geometry(hidden_size, top_k, num_experts)
+    return None if preset is None or preset.kv_cache is None else preset.kv_cache.bytes_per_token(kv_cache_dtype)

@@ -29,6 +29,9 @@ class AdvisorPolicy(BaseModel):
     # (the band's high end) is at most this. 1/30: at most one overflowing window a month.
     target_overflow_windows_per_day: float = Field(
         1.0 / 30.0, gt=0, description="Risk target: expected overflowing windows per day at the recommended cap.")
+    risk_min_margin: float = Field(
+        0.05, ge=0, le=1, description="The risk-sized cap stays this far above the largest remembered sample: what "
+                                      "lies between samples (a log shows one decode step in 40) is unseen.")
     tail_threshold_quantile: float = Field(0.90, gt=0.5, lt=1, description="Peaks above this quantile are the tail.")
     tail_min_exceedances: int = Field(30, ge=5, description="Fewer windows above the threshold: no tail fit.")
     # Trend (trend.py): size for the daily peak expected this far ahead when growth is significant.

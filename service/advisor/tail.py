@@ -60,9 +60,11 @@ def fit_pwm(excesses: list[float], weights: list[float] | None = None) -> Genera
         below += weight
     a0, a1 = a0 / total, a1 / total
     spread = a0 - 2.0 * a1
-    if a0 <= 0.0 or a1 <= 0.0 or spread <= 0.0:
+    if a0 <= 0.0 or a1 <= 0.0:
         return None
-    shape = 2.0 - a0 / spread
+    # spread <= 0: mass piles up at the top (shape below -1, an end point just above the data): the
+    # clamped shape -1 is a uniform excess up to 2 x the mean excess, above the data's end.
+    shape = 2.0 - a0 / spread if spread > 0.0 else _MIN_SHAPE
     shape = min(max(shape, _MIN_SHAPE), _MAX_SHAPE)
     # scale from the mean excess with the (possibly clamped) shape: E[Y] = scale / (1 - shape)
     return GeneralizedPareto(shape, a0 * (1.0 - shape))
@@ -84,6 +86,7 @@ class TailModel:
     largest: int = 0
     threshold_quantile: float = 0.90
     rejected_fit: GeneralizedPareto | None = None  # a fit that disagreed with the data at every threshold
+    no_spread: bool = False  # enough windows above the threshold, but all in one bucket: nothing to fit
 
     def share_above(self, cap: int) -> float:
         if self.fit is None or self.threshold is None or cap <= self.threshold:
@@ -113,6 +116,9 @@ class TailModel:
             return (f"no generalized Pareto fit agrees with the data (up to the p{100 * self.threshold_quantile:g} "
                     f"threshold, each expects more than {_MAX_EXPECTED_ABOVE_LARGEST:g} windows above the largest "
                     "sample, where none were seen): the empirical histogram predicts overflows")
+        if self.fit is None and self.no_spread:
+            return (f"the {self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold "
+                    "all lie within one histogram bucket (no tail to fit): the empirical histogram predicts overflows")
         if self.fit is None:
             return (f"{self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold are "
                     "too few for a tail fit: the empirical histogram predicts overflows (its band's high end is "
@@ -139,13 +145,15 @@ def fit_tail(histogram: DecayingHistogram, windows_per_day: float, sample_count:
     effective_exceedances = threshold_share * effective_samples
     base = TailModel(histogram, windows_per_day, effective_samples, threshold, threshold_share,
                      None, (), effective_exceedances, largest, threshold_quantile)
-    if effective_exceedances < min_exceedances or len(above) < 2:
+    if effective_exceedances < min_exceedances:
         return base
+    if len(above) < 2:
+        return replace(base, no_spread=True)
     excesses = [(bucket_range(index)[0] + bucket_range(index)[1]) / 2.0 - threshold for index, _ in above]
     weights = [weight for _, weight in above]
     fit = fit_pwm(excesses, weights)
     if fit is None:
-        return base
+        return replace(base, no_spread=True)
     # Seeded by the history itself: the same history always gives the same band.
     rng = random.Random(sample_count * 1_000_003 + len(above))
     draws = int(min(max_bootstrap_exceedances, max(effective_exceedances, 2)))
@@ -218,10 +226,11 @@ def size_for_risk(history: SampleHistory, model: TailModel, peaks_tokens: float,
     if model.fit is None:
         return Stage("risk", peaks_tokens, (model.describe() + "; the margin above the largest sample stands",))
     remembered = history.estimator_histogram().percentile(1.0)
-    cap = smallest_cap_meeting(model, target, max(remembered, policy.min_cap), policy.alignment, policy.max_cap)
+    start = max(remembered * (1.0 + policy.risk_min_margin), policy.min_cap)
+    cap = smallest_cap_meeting(model, target, int(math.ceil(start)), policy.alignment, policy.max_cap)
     low, high = model.band(cap)
     return Stage("risk", cap, (
-        f"{model.describe()}; {cap} is the smallest aligned cap at or above the remembered peaks "
-        f"({remembered}) whose predicted overflows, {model.overflow_windows_per_day(cap):.3g} windows per day "
+        f"{model.describe()}; {cap} is the smallest aligned cap at least {policy.risk_min_margin:.0%} above the "
+        f"remembered peaks ({remembered}) whose predicted overflows, {model.overflow_windows_per_day(cap):.3g} windows per day "
         f"(band {low:.2g}..{high:.2g}), meet the target of {target:.3g} per day "
         f"(one in {1 / target:.0f} days)",))

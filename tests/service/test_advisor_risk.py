@@ -14,7 +14,7 @@ from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.service.advisor.tail import fit_pwm, tail_model
 from capwatch.service.advisor.trend import daily_trend, mann_kendall_p
-from tests.service.test_advisor import PRICING, group
+from tests.service.test_advisor import group
 
 POLICY = AdvisorPolicy()
 T0 = 1_700_006_400.0  # a UTC midnight
@@ -166,3 +166,11 @@ def test_every_advice_states_the_kv_tokens_its_bytes_buy_or_cost():
     assert any("costs" in reason and "KV-cache tokens" in reason for reason in raised.reasons)
     held = recommend(history_of([900] * 100), group(1024, kv_bytes_per_token=kv), POLICY)
     assert held.action == "hold" and any("holds the room of" in reason for reason in held.reasons)
+
+
+def test_a_ranks_reported_geometry_finds_its_kv_cost():
+    from capwatch.service.advisor.kv import kv_bytes_per_token_of
+
+    assert kv_bytes_per_token_of(7168, 8, 256) == 70_272  # DeepSeek-V3 / R1: the same MLA cache
+    assert kv_bytes_per_token_of(4096, 8, 128) == 2 * 4 * 128 * 94 * 2  # Qwen3-235B-A22B
+    assert kv_bytes_per_token_of(1234, 8, 256) is None and kv_bytes_per_token_of(None, 8, 256) is None

@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 
 from capwatch.service.advisor.recommend import ClusterAdvice
 from capwatch.service.sglang_args import parse_args_dict, server_config
-from capwatch.service.sglang_log import LogError, LogReader, _OPEN_WINDOWS, advise_from_sglang_logs, read_logs
+from capwatch.service.sglang_log import _OPEN_WINDOWS, LogReader, advise_from_sglang_logs, read_logs
 from tests.support import sglang_logs as sg
 
 T0 = 1_764_504_000.0  # 2025-11-30 12:00:00 UTC, a window start
@@ -205,6 +205,9 @@ def test_args_rules_max_running_requests_and_disabled_graphs():
     # a value whose repr is not a literal does not make the line unreadable
     text = sg.args_message(sg.server_args()).replace("'dtype': 'auto'", "'dtype': <DType.auto: 'auto'>")
     assert server_config(parse_args_dict(text)).tp_size == 8
+    text = sg.args_message(sg.server_args(watchdog_timeout=float("inf"), mem_fraction_static=float("nan")))
+    assert "inf" in text and server_config(parse_args_dict(text)).ep_size == 8
+    assert len(parse_args_dict(sg.args_message(sg.server_args()))) >= 542  # every field SGLang declares
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -270,3 +273,39 @@ def test_any_mix_of_lines_is_read_without_error_and_every_line_is_counted(noise,
     assert log.lines == len(lines)
     assert log.decode_lines + log.args_lines + log.overflow_lines + log.unusable_lines + log.skipped_lines == log.lines
     assert log.decode_lines == 3 * 30 * DP
+
+
+def test_a_large_log_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    import os
+    import pty
+
+    from capwatch.commands.advise import PROGRESS_MIN_BYTES
+
+    block = "\n".join(decode_lines(10, lambda m, s, d: 30 + d)) + "\n"
+    path = tmp_path / "big.log"
+    with open(path, "w") as handle:
+        handle.write(args_line() + "\n")
+        # the same ten minutes again and again: the copies come too late for their windows (counted as
+        # unusable); what is tested is the bar
+        for _ in range(PROGRESS_MIN_BYTES // len(block) + 2):
+            handle.write(block)
+    leader, follower = pty.openpty()
+    try:
+        result = subprocess.run([sys.executable, "-m", "capwatch", "advise", "--sglang-log", str(path), "--json"],
+                                stdout=subprocess.PIPE, stderr=follower, timeout=300)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert result.returncode == 0 and json.loads(result.stdout)["cluster"] == "big"
+    assert b"reading SGLang logs" in shown  # the bar, on the terminal
+    piped = run_cli("--sglang-log", str(path), "--json")
+    assert piped.returncode == 0 and "reading SGLang logs" not in piped.stderr

@@ -17,8 +17,11 @@ a cross-check for the tests) is ``SGLANG_DECODE_PATTERN``.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 
 # sglang 0.5.23 python/sglang/srt/debug_utils/log_parser.py, _PATTERN_DECODE (Apache License 2.0).
 SGLANG_DECODE_PATTERN = (
@@ -52,21 +55,11 @@ class Rank:
 
 
 def prefix(rank: Rank) -> str:
-    # configure_scheduler_process: the order DP, PP, ATTN_CP, MOE_DP, TP, EP
-    text = ""
-    if rank.dp is not None:
-        text += f" DP{rank.dp}"
-    if rank.pp is not None:
-        text += f" PP{rank.pp}"
-    if rank.attn_cp is not None:
-        text += f" ATTN_CP{rank.attn_cp}"
-    if rank.moe_dp is not None:
-        text += f" MOE_DP{rank.moe_dp}"
-    if rank.tp is not None:
-        text += f" TP{rank.tp}"
-    if rank.ep is not None:
-        text += f" EP{rank.ep}"
-    return text
+    """configure_scheduler_process's `prefix += f" DP{shown_dp}"` ... in its order: DP, PP, ATTN_CP, MOE_DP, TP, EP
+    (each written only when SGLang shows it: here, when set)."""
+    parts = (("DP", rank.dp), ("PP", rank.pp), ("ATTN_CP", rank.attn_cp), ("MOE_DP", rank.moe_dp),
+             ("TP", rank.tp), ("EP", rank.ep))
+    return "".join(f" {name}{value}" for name, value in parts if value is not None)
 
 
 def stamp(unix_s: float, log_ms: bool = False) -> str:
@@ -158,13 +151,15 @@ def server_args(*, model_path: str = "deepseek-ai/DeepSeek-V3", tp_size: int = 8
                 speculative_algorithm: str | None = None, speculative_num_draft_tokens: int | None = None,
                 speculative_num_steps: int | None = None, max_running_requests: int | None = None,
                 decode_log_interval: int = 40, kv_cache_dtype: str = "auto", **extra) -> dict:
-    """A resolved_dict() as 0.5.23 logs it: flat fields, cuda_graph_config as a nested dict
-    (_plain of the CudaGraphConfig dataclass), plus a sample of the other fields."""
+    """A resolved_dict() as 0.5.23 logs it: all 542 fields (their declared defaults, read from the wheel:
+    data/sglang-0.5.23-server-args-defaults.json), the resolved values given here on top, and
+    cuda_graph_config as a nested dict (_plain of the CudaGraphConfig dataclass)."""
     def phase(backend: str, max_bs: int | None) -> dict:
         return {"backend": backend, "max_bs": max_bs, "bs": None, "tc_compiler": "eager", "max_context_size": None,
                 "full_prefill_max_req": None, "full_prefill_prefix_chunk_tokens": None, "max_seq_len": None}
 
-    args = {
+    args = dict(_declared_defaults())
+    args.update({
         "model_path": model_path, "tokenizer_path": model_path, "tokenizer_mode": "auto", "skip_tokenizer_init": False,
         "load_format": "auto", "trust_remote_code": True, "context_length": None, "host": "127.0.0.1", "port": 30000,
         "dtype": "auto", "kv_cache_dtype": kv_cache_dtype, "mem_fraction_static": 0.82,
@@ -183,6 +178,12 @@ def server_args(*, model_path: str = "deepseek-ai/DeepSeek-V3", tp_size: int = 8
         "decode_log_interval": decode_log_interval, "enable_metrics": False, "log_level": "info",
         "watchdog_timeout": 300.0, "random_seed": 42, "served_model_name": model_path, "api_key": None,
         "json_model_override_args": "{}", "lora_paths": None, "cuda_graph_prefill_max_context": None,
-    }
+    })
     args.update(extra)
     return args
+
+
+@lru_cache(maxsize=1)
+def _declared_defaults() -> dict:
+    path = Path(__file__).with_name("data") / "sglang-0.5.23-server-args-defaults.json"
+    return json.loads(path.read_text())["fields"]
