@@ -30,6 +30,11 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     raise AssertionError(f"no sample {name}{labels} in:\n{text[:2000]}")
 
 
+def assert_quiet(stderr: str) -> None:
+    """No warning a user cannot act on (torch once printed "Failed to initialize NumPy" per process)."""
+    assert "NumPy" not in stderr and "Warning" not in stderr and "warn" not in stderr.lower(), stderr
+
+
 def test_demo_json_with_embedded_service_and_hold(tmp_path):
     """Two ranks replay a paced 12 s trace; the demo starts its own service, prints only the advice
     JSON, then holds: the page, the service's gauges and each rank's exporter (on B + r) answer."""
@@ -94,6 +99,7 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service, 
     assert f"{ENV_VAR}=384" in result.stderr  # the dispatcher's suggested cap, aligned to 128
     assert "[target dispatcher, EP rank 0/2]" in result.stderr  # the whole message, not eaten as markup
     assert "Traceback" not in result.stderr
+    assert_quiet(result.stderr)
     view = get_json(f"{service}/v1/clusters/overflowing")
     assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1]
     for rank in view["ranks"]:
@@ -223,3 +229,4 @@ def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
         view = get_json(f"{service.url}/v1/clusters/protected")
     assert all(rank["forward_steps_total"] == 3 and rank["final"] for rank in view["ranks"])
     assert "s3cret-token" not in process.stdout + process.stderr
+    assert_quiet(process.stderr)
