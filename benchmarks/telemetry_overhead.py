@@ -98,7 +98,7 @@ def run(quick: bool = False, interval_s: float = AGGRESSIVE_INTERVAL_S) -> dict:
     import multiprocessing
     import os
 
-    from capwatch.dispatcher.launch import spawn_ranks
+    from capwatch.demo.ranks import spawn_ranks
 
     blocks, steps_per_block = (6, 100) if quick else (20, 300)
     service = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from capwatch.dispatcher.launch import RankFailedError, spawn_ranks
+from capwatch.demo.ranks import RankFailedError, spawn_ranks
 
 from .rank_functions import (crash_while_peer_waits, exit_without_reporting, fail_on_rank_one, group_facts,
                              peer_fails_first)
