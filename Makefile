@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # compile FlashInfer's own workspace-layout C++ for the sizing cross-check.
 SYSTEM_TOOLS := promtool prometheus chromium g++
 
-.PHONY: setup system-deps service-venv demo test
+.PHONY: setup system-deps service-venv sglang-venv demo test
 
 $(BIN)/capwatch: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,28 @@ $(SERVICE_VENV)/.deps: pyproject.toml constraints.txt
 service-venv: $(SERVICE_VENV)/.deps
 	$(SERVICE_VENV)/bin/pip install -q --no-deps --force-reinstall .
 
+# The SGLang plugin's tests run the released sglang 0.5.23 code on CPU in a venv of their own. sglang
+# pins torch==2.14.1: that CUDA build (on this machine's disk) runs on the CPU, and it comes with the
+# torchvision whose operators match (PyPI's torchvision fails to import beside the CPU torch 2.13 wheel).
+# torch first, so nothing below can pull another; sglang --no-deps (its GPU kernel packages are of no
+# use on CPU), then what its imports need; capwatch last, for its sglang.srt.plugins entry point.
+SGLANG_VENV := .venv-sglang
+SGLANG_PINS := tests/sglang/constraints.txt
+SGLANG_IMPORTS := flashinfer-python transformers orjson psutil pybase64 msgspec pyzmq aiohttp ipython \
+	sentencepiece compressed-tensors gguf setproctitle openai partial-json-parser uvicorn fastapi \
+	prometheus-client httpx
+$(SGLANG_VENV)/.deps: $(SGLANG_PINS)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_PINS) torch torchvision
+	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23
+	# pip lists the sglang requirements left out (above) as conflicts; it still exits 0.
+	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_PINS) $(SGLANG_IMPORTS)
+	touch $@
+
+sglang-venv: $(SGLANG_VENV)/.deps
+	$(SGLANG_VENV)/bin/pip install -q --no-deps -e .
+
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -47,5 +69,5 @@ system-deps:
 demo: setup
 	$(BIN)/capwatch demo --state-dir state
 
-test: $(VENV)/.test-deps system-deps service-venv
-	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_SERVICE_VENV=1 $(BIN)/python -m pytest
+test: $(VENV)/.test-deps system-deps service-venv sglang-venv
+	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_SERVICE_VENV=1 CAPWATCH_REQUIRE_SGLANG_VENV=1 $(BIN)/python -m pytest

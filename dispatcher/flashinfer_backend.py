@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .backend import A2ABackend, plan_routes
+from .backend import A2ABackend, DispatchPairingError, plan_routes
 
 # Metainfo indices where FlashInfer does not export them (0.6.x - 0.7.2.post1 order).
 LEGACY_METAINFO_INDEX = {"FLAG_VAL_OFFSET_INDEX": 0, "SEND_COUNTERS_OFFSET_INDEX": 2, "RECV_COUNTERS_OFFSET_INDEX": 3}
@@ -227,10 +227,12 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
         _check_counters_source(counters_source)
         backend = cls.__new__(cls)
         backend._attach(alltoall, counters_source)
+        backend._adopted = True
         return backend
 
     def _attach(self, alltoall, counters_source: str) -> None:
         A2ABackend.__init__(self)
+        self._adopted = False
         self.alltoall = alltoall
         self.ep_rank, self.ep_size = int(alltoall.ep_rank), int(alltoall.ep_size)
         self.num_experts, self.top_k = int(alltoall.num_experts), int(alltoall.top_k)
@@ -259,6 +261,21 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
     @property
     def recv_counts(self) -> torch.Tensor:
         return self._recv_counts
+
+    def dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                 invalid_token_expert_id=None, expert_id_payload_index=None):
+        """The contract's dispatch. An adopted MoeAlltoAll keeps its engine's inputs as they are: the
+        engine and FlashInfer validate them (SGLang passes R = 0 for a step idle on every rank, which
+        the contract's check refuses), so only the pairing is kept - and the hot path saves the check."""
+        if not self._adopted:
+            return super().dispatch(token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                                    invalid_token_expert_id, expert_id_payload_index)
+        if self._dispatched_runtime_tokens is not None:
+            raise DispatchPairingError("dispatch called twice without combine: call combine() first")
+        received = self._dispatch(token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                                  invalid_token_expert_id, expert_id_payload_index)
+        self._dispatched_runtime_tokens = runtime_max_tokens_per_rank
+        return received
 
     def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id, expert_id_payload_index):

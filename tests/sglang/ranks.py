@@ -56,6 +56,7 @@ class RankRun:
     env: dict[str, str]
     optimize: bool = False
     metrics_base_port: int = 0
+    program: str = "tests.sglang.rank_program"  # a module run as ``python -m PROGRAM RUN_DIR RANK``
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     def start(self, plan: dict) -> "RankRun":
@@ -71,7 +72,7 @@ class RankRun:
         for rank in range(self.world):
             log = open(self.run_dir / f"rank-{rank}.log", "wb")
             self.processes.append(subprocess.Popen(
-                [str(sglang_python()), *flags, "-m", "tests.sglang.rank_program", str(self.run_dir), str(rank)],
+                [str(sglang_python()), *flags, "-m", self.program, str(self.run_dir), str(rank)],
                 cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
             log.close()
         return self
@@ -89,11 +90,12 @@ class RankRun:
         (self.run_dir / "release").write_text("")
         return self.wait_exit()
 
-    def wait_exit(self) -> list[int]:
+    def wait_exit(self, timeout_s: float = EXIT_TIMEOUT_S) -> list[int]:
         codes = []
+        deadline = time.monotonic() + timeout_s
         for process in self.processes:
             try:
-                codes.append(process.wait(timeout=EXIT_TIMEOUT_S))
+                codes.append(process.wait(timeout=max(1.0, deadline - time.monotonic())))
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise AssertionError(f"a rank did not exit:\n{self.logs()}") from None

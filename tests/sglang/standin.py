@@ -48,11 +48,13 @@ class TorchMoeAlltoAll:
             }
         self.workspace = entry["workspace"]
         self._backend = entry["backend"]
-        self._layout = None  # known at the first dispatch (needs the payload sizes)
-        # FlashInfer's metainfo: the offsets of the flag, counters, ... (capwatch's layout of 0.7.2).
-        self.metainfo = torch.tensor([0, 4, 8, 8 + 4 * self.ep_size], dtype=torch.int64)
-        self._send_words = self.workspace[self.ep_rank, 8 : 8 + 4 * self.ep_size].view(torch.int32)
-        self._recv_words = self.workspace[self.ep_rank, 8 + 4 * self.ep_size : 8 + 8 * self.ep_size].view(torch.int32)
+        # FlashInfer's metainfo (byte offsets of the flag, the counters, ...) by capwatch's layout of 0.7.2;
+        # the counter offsets do not depend on the payload sizes.
+        layout = sizing.workspace_layout(self.ep_size, max_num_tokens, 1, 1, eplb_stats_num_experts, FLASHINFER_VERSION)
+        self.metainfo = torch.tensor(layout.metainfo, dtype=torch.int64)
+        send, recv = layout.send_counters_offset, layout.recv_counters_offset
+        self._send_words = self.workspace[self.ep_rank, send : send + 4 * self.ep_size].view(torch.int32)
+        self._recv_words = self.workspace[self.ep_rank, recv : recv + 4 * self.ep_size].view(torch.int32)
         self._combine_payload = None
         self._runtime_tokens = None
 
@@ -61,10 +63,15 @@ class TorchMoeAlltoAll:
                  active_rank_mask=None):
         assert self._runtime_tokens is None, "dispatch called twice without combine"
         assert runtime_max_tokens_per_rank <= self.max_num_tokens, "runtime_max_tokens_per_rank exceeds max_num_tokens"
-        received = self._backend.dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
-                                          invalid_token_expert_id, expert_id_payload_index)
-        self._send_words.copy_(self._backend.send_counts)
-        self._recv_words.copy_(self._backend.recv_counts)
+        if runtime_max_tokens_per_rank == 0:  # idle on every rank (R is group-wide): nothing travels
+            received = [payload.new_empty(self.ep_size, 0, payload.shape[1]) for payload in input_payloads]
+            self._send_words.zero_()
+            self._recv_words.zero_()
+        else:
+            received = self._backend.dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                                              invalid_token_expert_id, expert_id_payload_index)
+            self._send_words.copy_(self._backend.send_counts)
+            self._recv_words.copy_(self._backend.recv_counts)
         self._runtime_tokens = runtime_max_tokens_per_rank
         return received
 
@@ -78,7 +85,10 @@ class TorchMoeAlltoAll:
         assert self._runtime_tokens is not None, "combine called before successful dispatch"
         if payload_in_workspace:
             payload = self._combine_payload.view(self.ep_size, runtime_max_tokens_per_rank, -1)
-        output = self._backend.combine(payload, runtime_max_tokens_per_rank)
+        if runtime_max_tokens_per_rank == 0:
+            output = payload.new_empty(0, payload.shape[-1])
+        else:
+            output = self._backend.combine(payload, runtime_max_tokens_per_rank)
         self._runtime_tokens = self._combine_payload = None
         return output
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from capwatch.service.launch import ServiceProcess
-from tests.sglang.ranks import MODEL, RankRun
+from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
 from tests.support.ports import free_port
 
 CLUSTER = "sglang-e2e"
@@ -188,7 +188,7 @@ def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, serv
     run = launch(tmp_path, 2, OVERFLOW_PLAN, optimize=optimize, env={
         "CAPWATCH_CLUSTER": cluster, "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "60",
         "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(OVERFLOW_CAP)})
-    codes = run.wait_exit()
+    codes = run.wait_exit(START_TIMEOUT_S)  # they start, dispatch, overflow and die
     assert all(code != 0 for code in codes), run.logs()
     for rank in range(run.world):
         log = run.log(rank)
