@@ -26,7 +26,7 @@ WINDOWS = 3
 
 
 def _fill(store, clusters: int, start: float) -> list:
-    from capwatch.service.simulate import SimulatedRank
+    from tests.support.simulate import SimulatedRank
     from capwatch.telemetry.report import RankReport
 
     groups = []

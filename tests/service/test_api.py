@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from tests.service.conftest import JSON, T0
 
 WINDOW_S = 60.0

@@ -10,8 +10,8 @@ import time
 import httpx
 
 from tests.service.conftest import JSON
-from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
-from capwatch.service.simulate import SimulatedRank
+from tests.support.service import REPO_ROOT, ServiceProcess, free_port
+from tests.support.simulate import SimulatedRank
 
 
 def capwatch(*args: str) -> subprocess.CompletedProcess:

@@ -15,8 +15,8 @@ from html.parser import HTMLParser
 
 import pytest
 
-from capwatch.service.launch import ServiceProcess, free_port
-from capwatch.service.simulate import SimulatedRank
+from tests.support.service import ServiceProcess, free_port
+from tests.support.simulate import SimulatedRank
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -12,9 +12,9 @@ import pytest
 
 from tests.service.conftest import JSON
 from capwatch.service.config import Settings
-from capwatch.service.launch import ServiceProcess
+from tests.support.service import ServiceProcess
 from capwatch.service.main import store_options
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.service.views import cluster_advice
 from capwatch.telemetry.report import RankReport

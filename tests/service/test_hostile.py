@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 
 from capwatch.dispatcher.sizing import SUPPORTED_FLASHINFER_VERSIONS
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import ReportNotStorable
 from capwatch.telemetry.report import MAX_COUNT, RankReport
 from tests.service.conftest import JSON, T0

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 

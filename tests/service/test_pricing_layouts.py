@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.telemetry.rank import rank_config
 from tests.service.conftest import T0
 

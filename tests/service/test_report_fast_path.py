@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from tests.service.conftest import JSON, T0
 

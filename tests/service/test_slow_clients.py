@@ -12,7 +12,7 @@ import time
 import uvicorn
 
 from capwatch.service.config import Settings
-from capwatch.service.launch import free_port
+from tests.support.service import free_port
 from capwatch.service.main import create_app
 
 HELD = 4

@@ -16,7 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from capwatch.service.prometheus_source import PrometheusSource
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from tests.service.conftest import JSON, T0, FakeClock
 from tests.support.prometheus import scrape_config, start_prometheus
 

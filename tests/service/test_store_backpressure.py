@@ -14,7 +14,7 @@ import pytest
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store, StoreOptions, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import JSON, T0, FakeClock

@@ -15,8 +15,8 @@ from fastapi.testclient import TestClient
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
-from capwatch.service.launch import free_port
-from capwatch.service.simulate import SimulatedRank
+from tests.support.service import free_port
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.schema import SCHEMA_V1, SCHEMA_VERSION
 from capwatch.service.store.sqlite import Store, StoreDamaged
 from capwatch.telemetry.report import RankReport
