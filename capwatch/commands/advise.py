@@ -130,8 +130,8 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
     try:
         from capwatch.service.sglang_log import LogError, advise_from_sglang_logs
     except ImportError as error:
-        raise CommandError(f"advice from logs needs the service extra ({error.name} is missing): "
-                           "pip install 'a2a-capwatch[service]'") from None
+        raise CommandError(f"advice from logs needs {error.name}, which this install lacks: "
+                           "pip install --force-reinstall a2a-capwatch") from None
     total = sum(os.path.getsize(path) for path in paths)
     try:
         if sys.stderr.isatty() and total >= PROGRESS_MIN_BYTES:
