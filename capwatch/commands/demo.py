@@ -7,6 +7,7 @@ from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
 from capwatch.cli import CommandError
+from capwatch.dispatcher.vocabulary import OVERFLOW_POLICIES
 
 
 def register(subparsers) -> None:
@@ -33,7 +34,7 @@ def register(subparsers) -> None:
     parser.add_argument("--steps", type=step_count,
                         help=f"decode steps, at most {MAX_TRACE_STEPS:,} (default: {DEFAULT_STEPS} generated; with "
                              "--trace, the first N steps)")
-    parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default=DEFAULT_POLICY,
+    parser.add_argument("--overflow-policy", choices=OVERFLOW_POLICIES, default=DEFAULT_POLICY,
                         help="past the cap: raise ends the demo with the dispatcher's error (exit 1); chunk splits "
                              f"the dispatch into rounds (default: {DEFAULT_POLICY})")
     parser.add_argument("--model", default=DEFAULT_MODEL,

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from capwatch.demo.ranks import RankFailedError, spawn_ranks
+from capwatch.demo.ranks import RankFailedError, RankFailure, root_cause, spawn_ranks
 
 from .rank_functions import (crash_while_peer_waits, exit_without_reporting, fail_on_rank_one, group_facts,
                              peer_fails_first)
@@ -45,3 +47,16 @@ def test_bad_world_size_is_refused():
 
 
 # spawn_ranks returning each rank's result in rank order is checked by test_multirank.
+
+
+@given(st.lists(st.tuples(st.integers(0, 63), st.sampled_from(["raised", "peer", "died"])), min_size=1, max_size=8,
+                unique_by=lambda failure: failure[0]))
+def test_the_blame_goes_to_a_ranks_own_error_then_a_silent_death_then_the_first_report(noticed):
+    failures = [RankFailure(rank, kind, f"Traceback ...\n{kind} on rank {rank}") for rank, kind in noticed]
+    error = root_cause(failures)
+    kinds = [kind for _, kind in noticed]
+    expected = next(kind for kind in ("raised", "died", "peer") if kind in kinds)
+    first_of_kind = next(rank for rank, kind in noticed if kind == expected)
+    assert error.rank == first_of_kind
+    assert sorted(other.rank for other in error.others) == sorted(rank for rank, _ in noticed if rank != first_of_kind)
+    assert all(f"rank {other.rank}: {other.kind} on rank {other.rank}" in str(error) for other in error.others)
