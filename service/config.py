@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     prometheus_url: str | None = Field(None, description="Read ranks from this Prometheus instead of reports.")
     prometheus_timeout_s: float = Field(10.0, gt=0, le=3600)
     prometheus_cache_s: float = Field(
-        15.0, ge=0, description="Reuse a group's sample history read from Prometheus this long (at most one "
+        15.0, ge=0, le=86_400, description="Reuse a group's sample history read from Prometheus this long (at most one "
                                 "window), so repeated scrapes and requests don't repeat its range queries.")
     advisor: AdvisorPolicy = AdvisorPolicy()
 

@@ -136,6 +136,13 @@ class ClusterDigests:
                 self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter())
         return digest
 
+    def warm(self) -> None:
+        """Compute every group's digests (at start, so the first read finds them)."""
+        try:
+            self.every_group(all_roles=True)
+        except Exception:
+            log.exception("cannot compute the groups' digests at start; reads will")
+
     def every_group(self, all_roles: bool) -> list[RoleDigest]:
         """One digest per group (its first role, target first), or per group and role."""
         now = self.clock()

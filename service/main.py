@@ -3,6 +3,7 @@ passed in, so tests and benchmarks build as many independent apps as they like."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -72,6 +73,8 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if store is not None:  # the groups' digests, computed once in the background: the first read is fast
+            threading.Thread(target=digests.warm, name="capwatch-digests-warm-up", daemon=True).start()
         yield
         if owned_store is not None:
             owned_store.close()  # drains the writer: every acknowledged report is already committed

@@ -7,6 +7,7 @@ cross-field checks below reject anything that cannot come from a real rank.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
@@ -139,10 +140,23 @@ class RankConfig(_Strict):
 
     @model_validator(mode="after")
     def _routing_in_release(self) -> "RankConfig":
-        version = FlashInferVersion.parse(self.flashinfer_version)
-        check_routing(self.top_k, self.num_experts, 1, version)
-        hidden_bytes_per_token(self.hidden_size, self.payload_format)
+        refusal = _routing_refusal(self.top_k, self.num_experts, self.hidden_size, self.payload_format,
+                                   self.flashinfer_version)
+        if refusal is not None:
+            raise ValueError(refusal)
         return self
+
+
+@functools.lru_cache(maxsize=4096)
+def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_format: str,
+                     flashinfer_version: str | None) -> str | None:
+    # Cached: every report of a rank repeats its config, and this ran for each one.
+    try:
+        check_routing(top_k, num_experts, 1, FlashInferVersion.parse(flashinfer_version))
+        hidden_bytes_per_token(hidden_size, payload_format)
+    except SizingError as error:
+        return str(error)
+    return None
 
 
 class OverflowCount(_Strict):
@@ -230,9 +244,19 @@ class RankReport(_Strict):
 def check_priceable(config: RankConfig, ep_size: int) -> None:
     """The config prices in a group of ``ep_size`` ranks (the release's rank limit, experts per rank):
     every accepted report can be priced and advised. Raises ``ValueError`` saying what FlashInfer refuses."""
+    refusal = _pricing_refusal(config, ep_size)
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pricing_refusal(config: RankConfig, ep_size: int) -> str | None:
+    # Cached by value (the model is frozen, so hashable): a rank sends the same config in every report,
+    # and pricing it was most of a report's validation time.
     try:
         plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
                        config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
                        bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
     except SizingError as error:
-        raise ValueError(f"config with identity.ep_size {ep_size}: {error}") from None
+        return f"config with identity.ep_size {ep_size}: {error}"
+    return None

@@ -237,3 +237,18 @@ def test_rank_states_not_yet_checkpointed_are_replayed_from_the_reports(tmp_path
     finally:
         second.close()
         first.close()
+
+
+def test_a_ranks_own_largest_local_batch_is_kept_and_shown(client, clock):
+    rank = SimulatedRank("local", 0, 2, cap=1024)
+    body = rank.report(T0, T0 + 10, [100, 300])
+    body["interval"]["max_local_tokens"] = 250  # this rank's own batch; R = 300 is the group's
+    assert post(client, body).status_code == 202
+    view = client.get("/v1/clusters/local").json()
+    assert view["ranks"][0]["last_max_local_tokens"] == 250 and view["ranks"][0]["max_local_tokens"] == 250
+    history = client.get("/v1/clusters/local/history", params={"since_s": T0 - 1, "until_s": T0 + 100}).json()
+    assert history["ranks"][0]["points"][0]["max_local_tokens"] == 250
+    body = rank.report(T0 + 10, T0 + 20, [100])
+    body["interval"]["max_local_tokens"] = 101  # more than R: impossible
+    response = post(client, body)
+    assert response.status_code == 422 and "max_local_tokens" in response.text

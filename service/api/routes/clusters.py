@@ -26,6 +26,7 @@ class HistoryPoint(BaseModel):
     utilization: float
     forward_steps: int
     overflow_events: int
+    max_local_tokens: int | None = None  # the rank's own largest local batch (None: the rank does not report it)
 
 
 class RankSeries(BaseModel):
@@ -99,7 +100,7 @@ def get_history(
         by_rank.setdefault(row.ep_rank, []).append(HistoryPoint(
             interval_end_unix_s=row.interval_end_unix_s, peak_runtime_tokens=row.peak_runtime_tokens, cap=row.cap,
             utilization=row.peak_runtime_tokens / row.cap, forward_steps=row.forward_steps,
-            overflow_events=row.overflow_events))
+            overflow_events=row.overflow_events, max_local_tokens=row.max_local_tokens))
     samples = group_samples((RankInterval(row.ep_rank, row.interval_end_unix_s, row.peak_runtime_tokens, row.cap,
                                           row.overflow_events) for row in rows if row.forward_steps > 0),
                             settings.window_s)
