@@ -152,9 +152,9 @@ class InstrumentedDispatcher:
         if local_tokens > runtime_tokens:
             self._overflow("local_over_runtime", "raised", runtime_tokens, local_tokens)
 
-    def _record_step(self, runtime_tokens: int) -> None:
+    def _record_step(self, runtime_tokens: int, local_tokens: int) -> None:
         if self.step_leader:
-            self.counters.record_step(runtime_tokens)
+            self.counters.record_step(runtime_tokens, local_tokens)
 
     # --- the plain pair --------------------------------------------------------------------
 
@@ -162,7 +162,7 @@ class InstrumentedDispatcher:
         """The cap guards alone, for an engine that computes R itself and asserts on it before it
         dispatches (SGLang): an overflow is counted (the step too), announced, then raised."""
         if local_tokens > runtime_max_tokens_per_rank or runtime_max_tokens_per_rank > self.cap:
-            self._record_step(runtime_max_tokens_per_rank)  # an overflowing step still lands in the histogram
+            self._record_step(runtime_max_tokens_per_rank, local_tokens)  # an overflowing step still lands in the histogram
             self._check_local(runtime_max_tokens_per_rank, local_tokens)
             self._overflow("runtime_over_cap", "raised", runtime_max_tokens_per_rank, local_tokens)
 
@@ -183,7 +183,7 @@ class InstrumentedDispatcher:
             token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
         )
         if self.step_leader:
-            counters.record_step(runtime_tokens)
+            counters.record_step(runtime_tokens, token_selected_experts.shape[0])
         counters.record_dispatch(backend.send_counts, backend.recv_counts)
         return received
 
@@ -211,7 +211,7 @@ class InstrumentedDispatcher:
                                      invalid_token_expert_id, expert_id_payload_index)
             return self.combine(expert_fn(received), runtime_tokens)
 
-        self._record_step(runtime_tokens)
+        self._record_step(runtime_tokens, local_tokens)
         self._check_local(runtime_tokens, local_tokens)
         rounds = -(-runtime_tokens // self.cap)
         self._overflow("runtime_over_cap", "chunked", runtime_tokens, local_tokens, rounds=rounds)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.kv import kv_bytes_per_token_of
 from capwatch.service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
 from capwatch.service.aggregate import ClusterView, pricing_of, rank_status, summarize_cluster
 from capwatch.service.config import Settings
@@ -65,10 +67,15 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
     ep_size = max(state.ep_size for state in live)
     graph_batches = [state.config.cuda_graph_max_batch_size for state in live]
     graph_batches = [batch for batch in graph_batches if batch is not None]
+    config = widest.config
     return GroupConfig(
         cap=widest.cap, pricing=pricing_of(widest, ep_size),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
-        speculative_tokens=max(state.config.speculative_tokens for state in live))
+        speculative_tokens=max(state.config.speculative_tokens for state in live),
+        sglang=merged_sglang_limits(state.config.sglang for state in live),
+        # A config rebuilt from Prometheus may lack the geometry (model_construct): then no KV price.
+        kv_bytes_per_token=kv_bytes_per_token_of(getattr(config, "hidden_size", None), getattr(config, "top_k", None),
+                                                 getattr(config, "num_experts", None)))
 
 
 def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,

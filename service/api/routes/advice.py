@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from capwatch.service.advisor.recommend import Advice, WhatIf
+from capwatch.service.advisor.recommend import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.views import AdviceUnavailable, cluster_advice, cluster_whatif
@@ -21,12 +21,6 @@ UNAVAILABLE = {409: {"description": "The cluster's ranks report configurations t
 
 def unavailable(error: AdviceUnavailable) -> HTTPException:
     return HTTPException(status.HTTP_409_CONFLICT, str(error))
-
-
-class ClusterAdvice(Advice):
-    cluster: str
-    role: str
-    generated_unix_s: float
 
 
 @router.get("/{cluster}/advice", response_model=ClusterAdvice, summary="Raise, lower or hold the cap, and why",
