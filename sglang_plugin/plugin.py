@@ -77,7 +77,9 @@ def _serve_status(settings: PluginSettings, versions, local_gpu_index: int, reas
 
 
 def register_hooks(session: SchedulerSession) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    source = HookSource(plugin_name="capwatch", dist_name="a2a-capwatch")  # outside load_plugins' own context
 
     module = compat.pkgutil.resolve_name(compat.DISPATCHER_MODULE)
     init_signature = inspect.signature(compat.pkgutil.resolve_name(compat.DISPATCHER_INIT))
@@ -127,9 +129,9 @@ def register_hooks(session: SchedulerSession) -> None:
         with session.capturing():
             return original(*args, **kwargs)
 
-    HookRegistry.register(compat.DISPATCHER_INIT, around_init, HookType.AROUND)
-    HookRegistry.register(compat.DISPATCH, around_dispatch, HookType.AROUND)
+    HookRegistry.register(compat.DISPATCHER_INIT, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(compat.DISPATCH, around_dispatch, HookType.AROUND, source=source)
     for target in compat.CAPTURE_TARGETS:
-        HookRegistry.register(target, around_capture, HookType.AROUND)
+        HookRegistry.register(target, around_capture, HookType.AROUND, source=source)
     HookRegistry.apply_hooks()
 
