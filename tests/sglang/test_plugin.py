@@ -155,8 +155,9 @@ def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
     assert "capwatch: enabled" in run.log(0)
 
 
-@pytest.mark.xfail(strict=True, reason="the advisor reads RankConfig.sglang in the advisor branch of issue 11")
 def test_advice_floor_is_sglangs_own_start_up_rule(enabled_run, service):
+    """The advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
+    ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server."""
     run, _, _ = enabled_run
     advice = get_json(f"{service.url}/v1/clusters/{CLUSTER}/advice")
     assert advice["floor_cap"] == run.record(0)["required_cap"]
