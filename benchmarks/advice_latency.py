@@ -20,9 +20,9 @@ from pathlib import Path
 import httpx
 
 from capwatch.service.config import Settings
-from capwatch.service.launch import ServiceProcess
+from capwatch.demo.service import ServiceProcess
 from capwatch.service.main import store_options
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.service.views import cluster_advice
 from capwatch.telemetry.report import RankReport

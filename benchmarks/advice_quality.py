@@ -11,7 +11,13 @@ Columns: ``cap`` each policy's setting after training; ``overflow_steps`` steps 
 with R above it; ``workspace_gib_per_rank`` FlashInfer's workspace at that cap; ``workspace_vs_static``
 against 4096. Traces: a diurnal ramp with bursts, more and larger bursts, a hot rank, speculative
 decoding with 3 draft tokens, a rare large burst that the test day exceeds, and traffic that grows by
-25 % on the test day. ``python -m benchmarks advice_quality [--quick] [--json]``.
+25 % on the test day.
+
+``multi_day`` (benchmarks/advice_suites.py): a week of one-minute windows at SGLang's real clock per suite
+(growth, daily bursts, speculative decoding, a unified server whose floor binds, a PD decode server, a hot
+DP rank, a regime change), scored on day 8: overflowing windows and bytes against the oracle (the smallest
+aligned cap with no overflow that day, never below SGLang's floor), static 4096 / KRR / VPA / capwatch.
+Goal: zero day-8 overflows at <= 1.25x the oracle's bytes. ``python -m benchmarks advice_quality [--quick] [--json]``.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import GroupConfig, recommend
 from capwatch.service.advisor.sample import GroupSample
+from benchmarks.advice_suites import run_suites
 
 EP_SIZE = 8
 HIDDEN_SIZE, TOP_K = 7168, 8  # DeepSeek-V3
@@ -134,6 +141,7 @@ def run(quick: bool = False) -> dict:
         }
         for policy, totals in summary.items()
     }
+    multi_day = run_suites(quick)
     columns = ("trace", "policy", "cap", "action", "train_peak_r", "test_peak_r", "overflow_steps",
                "overflow_step_rate", "workspace_gib_per_rank", "workspace_vs_static")
     return {
@@ -141,10 +149,12 @@ def run(quick: bool = False) -> dict:
         "traces": len(results),
         "test_steps_per_trace": next(iter(scenarios(quick).values()))[1].steps,
         "policies": policies,
+        "multi_day": {key: value for key, value in multi_day.items() if key != "rows"},
         "seconds": round(time.perf_counter() - started, 2),
         "tables": {
             "per trace (fit on 3 days, then the next day)":
                 [{column: row[column] for column in columns} for rows in results.values() for row in rows],
+            "multi-day suites (fit on 7 days, scored on day 8)": multi_day["rows"],
         },
     }
 

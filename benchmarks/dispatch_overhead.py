@@ -74,7 +74,7 @@ def _rank(rank: int, world_size: int, sizes: tuple[int, ...], iterations: int, w
 
 
 def run(quick: bool = False) -> dict:
-    from capwatch.dispatcher.launch import spawn_ranks
+    from capwatch.demo.ranks import spawn_ranks
 
     iterations, warmup = (40, 5) if quick else (300, 20)
     results = spawn_ranks(WORLD_SIZE, _rank, TOKEN_SIZES, iterations, warmup, timeout_s=600)

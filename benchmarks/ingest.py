@@ -24,8 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
-from capwatch.service.simulate import SimulatedRank
+from tests.support.service import REPO_ROOT, ServiceProcess, free_port
+from tests.support.simulate import SimulatedRank
 from benchmarks.standalone import standalone
 
 RANKS = 1024

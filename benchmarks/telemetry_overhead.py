@@ -31,10 +31,9 @@ AGGRESSIVE_INTERVAL_S = 0.05  # both the scrape and the report period while "on"
 
 def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_block: int, ports,
           interval_s: float) -> dict:
-    import socket
-
     import torch
 
+    from capwatch.demo.ports import free_port
     from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
     from capwatch.dispatcher.torch_backend import TorchA2ABackend
     from capwatch.telemetry.exporter import ExporterOptions
@@ -50,9 +49,7 @@ def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_b
     payloads = [torch.randn(TOKENS, HIDDEN, generator=generator).to(torch.bfloat16), ids]
     config = rank_config(cap=CAP, ep_size=world_size, hidden_size=HIDDEN, top_k=TOP_K, num_experts=NUM_EXPERTS,
                          backend="torch-gloo")
-    with socket.socket() as probe:  # one port for the whole run, re-bound by every "on" block
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()  # one port for the whole run, re-bound by every "on" block
     ports.put((rank, port))
 
     def step() -> None:
@@ -98,7 +95,7 @@ def run(quick: bool = False, interval_s: float = AGGRESSIVE_INTERVAL_S) -> dict:
     import multiprocessing
     import os
 
-    from capwatch.dispatcher.launch import spawn_ranks
+    from capwatch.demo.ranks import spawn_ranks
 
     blocks, steps_per_block = (6, 100) if quick else (20, 300)
     service = ThreadingHTTPServer(("127.0.0.1", 0), _Accept)

@@ -3,6 +3,7 @@ receives, and every overflow by kind and outcome."""
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 from capwatch.dashboards.panels import (
@@ -31,19 +32,33 @@ def build() -> dashboard_models.Dashboard:
         detail
         .with_row(row("Utilization"))
         .with_panel(timeseries_panel(
-            "Peak utilization per rank",
-            "Largest R / cap of each rank over the trailing peak window, every step counted whatever the scrape "
-            "interval (above 1 means overflow).",
-            "percentunit",
-            [Query(peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name), RANK_LEGEND)],
-            width=18, min_value=0, thresholds=UTILIZATION_STEPS))
+            "Local batch per rank vs the group's R",
+            "Each rank's own largest local batch (the tokens it dispatched in one step) over the trailing peak "
+            "window, one line per rank, against the group's R (the largest local batch of any rank, which every "
+            "rank dispatches with) and the cap. The rank whose line reaches R drives the group's peak.",
+            "short",
+            [Query(peak(cat.LOCAL_TOKENS_WINDOW_MAX.name), "rank {{ep_rank}} local batch"),
+             Query(f"max by (cluster, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_MAX.name)})",
+                   "group R {{cluster}} {{dispatcher}}"),
+             Query(f"max by (cluster, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{cluster}} {{dispatcher}}")],
+            width=18, min_value=0))
         .with_panel(stat_panel(
-            "Busiest selected rank",
-            "The highest peak utilization among the selected ranks in the trailing peak window.",
+            "Rank driving the peak",
+            "The selected rank with the largest own local batch in the trailing peak window: the one that sets "
+            "the group's R.",
+            "short",
+            [Query(f"topk by (cluster, dispatcher) (1, {peak(cat.LOCAL_TOKENS_WINDOW_MAX.name)})",
+                   "{{cluster}} {{dispatcher}} rank {{ep_rank}}")],
+            width=6, height=8)
+            .text_mode(common_models.BigValueTextMode.VALUE_AND_NAME))
+        .with_panel(timeseries_panel(
+            "Group peak utilization",
+            "Largest R / cap over the trailing peak window, every step counted whatever the scrape interval (above "
+            "1 means overflow). R is one value for the whole group: every rank dispatches with it.",
             "percentunit",
             [Query(f"max by (cluster, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})",
-                   "{{cluster}} {{dispatcher}}")],
-            width=6, height=8, thresholds=UTILIZATION_STEPS))
+                   "group {{cluster}} {{dispatcher}}")],
+            width=24, min_value=0, thresholds=UTILIZATION_STEPS))
         .with_panel(timeseries_panel(
             "Peak R per rank vs cap",
             "Largest R over the trailing peak window and since start, against the cap each rank's workspace is "

@@ -39,3 +39,9 @@ def format_bytes(count: int) -> str:
         if abs(count) >= scale:
             return f"{count / scale:.2f} {unit}"
     return f"{count} B"
+
+
+def format_gib(count: int, digits: int = 2) -> str:
+    """Fixed GiB, as workspace sizes are compared side by side: 471859200 -> '0.44 GiB'. The one
+    GiB format of the CLI, the advice's reasons and the findings."""
+    return f"{count / BYTE_UNITS['gib']:.{digits}f} GiB"

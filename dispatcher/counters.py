@@ -42,6 +42,7 @@ class Field(IntEnum):
     # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
     OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 7
     CHUNKED_ROUNDS = 8
+    MAX_LOCAL_TOKENS = 9  # this rank's own largest local batch (tokens it dispatched in one step)
 
 
 def overflow_field(kind: str, outcome: str) -> Field:
@@ -72,6 +73,11 @@ class CounterSnapshot:
     # Sum of R over all forward steps, exact for R > cap too: the histogram's _sum. Last, with a
     # default, so that constructors written before it keep working.
     runtime_tokens_sum: int = 0
+    # This rank's own local batch per step (the tokens it dispatched, not the group's R), binned like
+    # the R histogram (last bin: above the cap), and its running max. Empty when steps were recorded
+    # without their local batch.
+    local_tokens_histogram: tuple[int, ...] = ()
+    max_local_tokens: int = 0
 
     @property
     def overflow_events_total(self) -> int:
@@ -83,8 +89,9 @@ class DispatchCounters:
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
     a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
-    the steps where R sets a new max) and a dispatch one ``_foreach_add_``. The snapshot's token
-    totals are the sums of the per-rank counts."""
+    the steps where R sets a new max), one ``add_`` for its local batch's bin (plus a ``clamp_``
+    when that sets a new max) and a dispatch one ``_foreach_add_``. The snapshot's token totals
+    are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -101,13 +108,17 @@ class DispatchCounters:
         sent_offset = num_fields
         received_offset = sent_offset + ep_size
         histogram_offset = received_offset + ep_size
-        self._state = torch.zeros(histogram_offset + cap + 2, **options)
+        local_offset = histogram_offset + cap + 2
+        self._state = torch.zeros(local_offset + cap + 2, **options)
         self.values = self._state[:num_fields]
         self.tokens_sent_per_rank = self._state[sent_offset:received_offset]
         self.tokens_received_per_rank = self._state[received_offset:histogram_offset]
-        self.runtime_tokens_histogram = self._state[histogram_offset:]
+        self.runtime_tokens_histogram = self._state[histogram_offset:local_offset]
+        self.local_tokens_histogram = self._state[local_offset:]
         self._max_runtime_tokens = self._state[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1]
+        self._max_local_tokens = self._state[Field.MAX_LOCAL_TOKENS : Field.MAX_LOCAL_TOKENS + 1]
         self._histogram_offset = histogram_offset
+        self._local_offset = local_offset
 
         self._one = torch.ones(1, **options)
         # What one dispatch adds to: its call count and the per-rank token counts. The totals are
@@ -129,7 +140,9 @@ class DispatchCounters:
         )
         self._runtime_tokens_sum = self._state[Field.RUNTIME_TOKENS_SUM : Field.RUNTIME_TOKENS_SUM + 1]
         self._step_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._local_bin_views: dict[int, torch.Tensor] = {}
         self._host_max_runtime_tokens = 0
+        self._host_max_local_tokens = 0
 
         # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
         self._snapshot_lock = threading.Lock()
@@ -144,8 +157,11 @@ class DispatchCounters:
 
     # --- hot path: in-place, fixed shapes, no host reads ------------------------------------
 
-    def record_step(self, runtime_tokens: int) -> None:
-        """One forward step whose dispatches ran with runtime_max_tokens_per_rank R."""
+    def record_step(self, runtime_tokens: int, local_tokens: int | None = None) -> None:
+        """One forward step whose dispatches ran with runtime_max_tokens_per_rank R and this rank's
+        local batch of ``local_tokens`` (a host int: the token tensor's shape, never a device read)."""
+        if local_tokens is not None:
+            self._record_local(local_tokens)
         bin_ = min(runtime_tokens, self.cap + 1)
         views = self._step_views.get(bin_)
         if views is None:  # views, made once per bin: no kernel, so capture-safe
@@ -155,6 +171,18 @@ class DispatchCounters:
         if bin_ > self.cap:  # the value row said 0 tokens: add the exact R
             self._runtime_tokens_sum.add_(runtime_tokens)
         self._raise_max(runtime_tokens)
+
+    def _record_local(self, local_tokens: int) -> None:
+        bin_ = min(local_tokens, self.cap + 1)
+        view = self._local_bin_views.get(bin_)
+        if view is None:  # a view, made once per bin: no kernel, so capture-safe
+            view = self._local_bin_views[bin_] = self._state[self._local_offset + bin_ : self._local_offset + bin_ + 1]
+        view.add_(1)
+        # As for R: the host knows when the max can grow, so the clamp runs only then.
+        if local_tokens > self._host_max_local_tokens:
+            self._max_local_tokens.clamp_(min=local_tokens)
+            if not self._capturing():
+                self._host_max_local_tokens = local_tokens
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
@@ -232,7 +260,8 @@ class DispatchCounters:
         values = state[: len(Field)]
         sent = state[len(Field) : len(Field) + self.ep_size]
         received = state[len(Field) + self.ep_size : self._histogram_offset]
-        histogram = state[self._histogram_offset :]
+        histogram = state[self._histogram_offset : self._local_offset]
+        local_histogram = state[self._local_offset :]
         return CounterSnapshot(
             cap=self.cap,
             ep_size=self.ep_size,
@@ -253,6 +282,8 @@ class DispatchCounters:
             tokens_sent_per_rank=tuple(sent),
             tokens_received_per_rank=tuple(received),
             runtime_tokens_sum=values[Field.RUNTIME_TOKENS_SUM],
+            local_tokens_histogram=tuple(local_histogram),
+            max_local_tokens=values[Field.MAX_LOCAL_TOKENS],
         )
 
 

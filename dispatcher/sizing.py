@@ -32,6 +32,10 @@ from dataclasses import dataclass
 ALIGNMENT_BYTES = 128  # kCachelineAlignment
 MAX_EP_SIZE = 64  # kMaxRanks of the moe_a2a layout
 INT32_MAX = (1 << 31) - 1  # FlashInfer casts max_num_tokens to int
+# Bounds on a model no real deployment exceeds (the largest MoE models have hidden sizes of 7-16 K and
+# a few hundred experts); past them an input is a typo, and pricing it would be wasted work.
+MAX_HIDDEN_SIZE = 1 << 16
+MAX_NUM_EXPERTS = 1 << 12
 
 # Every flashinfer-python release that ships the MoE A2A, oldest first.
 SUPPORTED_FLASHINFER_VERSIONS: tuple[str, ...] = (
@@ -176,7 +180,10 @@ def check_routing(top_k: int, num_experts: int, ep_size: int, version: FlashInfe
         raise SizingError(
             f"flashinfer {version.version} requires num_experts ({num_experts}) divisible by ep_size ({ep_size})"
         )
-    if eplb_stats_num_experts > num_experts and version.layout == LAYOUT_NVLINK_ONE_SIDED:
+    if num_experts > MAX_NUM_EXPERTS:
+        raise SizingError(f"num_experts {num_experts} exceeds {MAX_NUM_EXPERTS}, more than any real MoE model")
+    # The stats region holds one counter per expert: more stats experts than experts is a typo.
+    if eplb_stats_num_experts > num_experts:
         raise SizingError(f"eplb_stats_num_experts {eplb_stats_num_experts} must be <= num_experts {num_experts}")
 
 
@@ -319,6 +326,8 @@ def hidden_bytes_per_token(hidden_size: int, payload_format: str) -> int:
     need whole blocks (the quantisers require them), so its ceilings are exact divisions here.
     """
     _positive("hidden_size", hidden_size)
+    if hidden_size > MAX_HIDDEN_SIZE:
+        raise SizingError(f"hidden_size {hidden_size} exceeds {MAX_HIDDEN_SIZE}, more than any real model")
     check_payload_format(payload_format)
     block = _SCALE_BLOCK.get(payload_format)
     if block and hidden_size % block:

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from capwatch.dispatcher.models import ModelGeometry
 from capwatch.dispatcher.sizing import (
     INT32_MAX,
+    LAMPORT_MAX_TOKENS_PER_RANK,
     LAYOUT_MOE_A2A,
     FlashInferVersion,
     SizingError,
@@ -44,6 +45,10 @@ from capwatch.dispatcher.sizing import (
 MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
 SGLANG_DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
 CAP_ALIGNMENT = 128
+
+
+class NoCapFits(SizingError):
+    """The budget is below the workspace of the smallest aligned cap."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +108,16 @@ def plan_workspace(
     *,
     lamport_max_tokens: int = 0,
     cft: bool = False,
+    bytes_per_token: tuple[int, int] | None = None,
 ) -> WorkspacePlan:
-    """The workspace one rank allocates for ``cap`` tokens per rank. Raises ``SizingError``."""
+    """The workspace one rank allocates for ``cap`` tokens per rank. Raises ``SizingError``.
+
+    The one pricing function: ``capwatch plan``, the rank's reported config (``rank_config``), the
+    service's views and the advisor's budget and what-if all price through here, for every layout.
+    ``bytes_per_token``: the (dispatch, combine) bytes per token a rank passes to ``moe_a2a`` (it
+    reports them; the mode's rule otherwise). ``NVLinkOneSidedAlltoAll`` (0.7.4) derives its own
+    from the geometry and the format, so the layout prices it from those.
+    """
     version = FlashInferVersion.parse(flashinfer_version)
     if mode not in MODES:
         raise SizingError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -124,6 +137,9 @@ def plan_workspace(
                           "or use --mode flashinfer")
     if draft and mode != "sglang":
         raise SizingError("draft sizing (+128 B namespace) exists only in SGLang's dispatcher: use --mode sglang")
+    if not 0 <= lamport_max_tokens <= LAMPORT_MAX_TOKENS_PER_RANK:
+        raise SizingError(f"the Lamport token limit must be 0..{LAMPORT_MAX_TOKENS_PER_RANK} (FlashInfer's "
+                          f"kLamportMaxTokensPerRank), got {lamport_max_tokens}")
     if (lamport_max_tokens or cft) and version.layout == LAYOUT_MOE_A2A:
         raise SizingError(
             f"the Lamport transport and CFT exist only in flashinfer 0.7.4's NVLinkOneSidedAlltoAll, "
@@ -143,6 +159,9 @@ def plan_workspace(
             dispatch = sglang_legacy_dispatch_bytes_per_token(hidden, top_k, payload_format)
         else:
             dispatch = dispatch_bytes_per_token(hidden, top_k, payload_format)
+        if bytes_per_token is not None:
+            dispatch, combine = (check_positive(name, value) for name, value in zip(
+                ("dispatch_bytes_per_token", "combine_bytes_per_token"), bytes_per_token))
         layout = workspace_layout(ep_size, max_num_tokens, dispatch, combine, eplb_stats_num_experts,
                                   version.version)
         aux, dispatch_region, combine_region = layout.aux_bytes, layout.dispatch_region_bytes, \
@@ -179,12 +198,14 @@ def largest_cap_within(
     draft: bool = False,
     *,
     alignment: int = CAP_ALIGNMENT,
+    max_cap: int | None = None,
     **layout_options,
 ) -> WorkspacePlan:
     """The plan of the largest multiple of ``alignment`` whose per-rank workspace fits the budget.
 
     The workspace grows monotonically with the cap, so: double until it no longer fits, then bisect
-    (about 2 log2(cap / alignment) evaluations).
+    (about 2 log2(cap / alignment) evaluations). ``max_cap``: search no higher (default FlashInfer's
+    int32 token count). Raises ``NoCapFits`` when not even ``alignment`` tokens fit.
     """
     check_positive("budget_bytes", budget_bytes)
     check_positive("alignment", alignment)
@@ -195,12 +216,12 @@ def largest_cap_within(
 
     smallest = plan(1)
     if smallest.workspace_bytes_per_rank > budget_bytes:
-        raise SizingError(
+        raise NoCapFits(
             f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
             f"already needs {smallest.workspace_bytes_per_rank} bytes"
         )
     token_limit = INT32_MAX // ep_size if mode == "sglang-legacy" else INT32_MAX
-    max_units = token_limit // alignment
+    max_units = min(token_limit, max_cap if max_cap is not None else token_limit) // alignment
     fits, best = 1, smallest  # invariant: `fits` units fit; `above` units do not (or exceed the limit)
     above = max_units + 1
     units = 2

@@ -39,6 +39,8 @@ class RankView(BaseModel):
     utilization: float | None = None
     max_runtime_tokens: int | None = None
     max_utilization: float | None = None
+    last_max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
+    max_local_tokens: int | None = None
     overflow_events_total: int = 0
     overflow_events: dict[str, int] = {}
     forward_steps_total: int = 0
@@ -88,10 +90,7 @@ def rank_status(state: RankState, now_s: float, stale_after_s: float, missing_af
 
 
 def pricing_of(state: RankState, ep_size: int | None = None) -> WorkspacePricing:
-    config = state.config
-    return WorkspacePricing(ep_size or state.ep_size, config["dispatch_bytes_per_token"],
-                            config["combine_bytes_per_token"], config.get("eplb_stats_num_experts", 0),
-                            config.get("flashinfer_version"))
+    return WorkspacePricing.of_config(state.config, ep_size or state.ep_size)
 
 
 def _bytes_or_none(pricing: WorkspacePricing, cap: int) -> int | None:
@@ -102,14 +101,15 @@ def _bytes_or_none(pricing: WorkspacePricing, cap: int) -> int | None:
 
 
 def _rank_view(state: RankState, status: RankStatus, now_s: float) -> RankView:
-    reported = state.config.get("allocated_workspace_bytes") or state.config["workspace_bytes_per_rank"]
+    reported = state.config.allocated_workspace_bytes or state.config.workspace_bytes_per_rank
     return RankView(
         ep_rank=state.ep_rank, role=state.role, state=status, host=state.host, boot_id=state.boot_id,
         boots=state.boots, ep_size=state.ep_size, cap=state.cap, last_report_unix_s=state.received_unix_s,
         seconds_since_report=round(now_s - state.received_unix_s, 3),
         last_peak_runtime_tokens=state.last_peak_runtime_tokens,
         utilization=state.last_peak_runtime_tokens / state.cap, max_runtime_tokens=state.max_runtime_tokens,
-        max_utilization=state.max_runtime_tokens / state.cap, overflow_events_total=state.overflow_events_total,
+        max_utilization=state.max_runtime_tokens / state.cap, last_max_local_tokens=state.last_max_local_tokens,
+        max_local_tokens=state.max_local_tokens, overflow_events_total=state.overflow_events_total,
         overflow_events=dict(state.overflow_totals), forward_steps_total=state.forward_steps_total,
         workspace_bytes_per_rank=reported, expected_workspace_bytes_per_rank=_bytes_or_none(pricing_of(state), state.cap),
         final=state.final)

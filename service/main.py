@@ -3,6 +3,7 @@ passed in, so tests and benchmarks build as many independent apps as they like."
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -13,8 +14,11 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from pydantic.json_schema import models_json_schema
 
+from capwatch.service.api.guard import RequestGuard
+from capwatch.service.api.report_rules import BodyGate
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
 from capwatch.service.config import Settings
+from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import build_metrics
 from capwatch.service.prometheus_source import PrometheusSource, SourceUnavailable
 from capwatch.service.store.sqlite import Store, StoreOptions
@@ -69,21 +73,28 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
+        if store is not None:  # the groups' digests, computed once in the background: the first read is fast
+            threading.Thread(target=digests.warm, name="capwatch-digests-warm-up", daemon=True).start()
         yield
         if owned_store is not None:
             owned_store.close()  # drains the writer: every acknowledged report is already committed
         if hasattr(source, "close") and source is not store:
             source.close()
 
-    app = FastAPI(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan)
+    # Swagger UI loads its script from a CDN: off unless asked for (CAPWATCH_DOCS); /openapi.json is always there.
+    app = FastAPI(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+                  docs_url="/docs" if settings.docs else None, redoc_url=None)
     app.state.settings = settings
     app.state.store = store
     app.state.source = source
     app.state.clock = clock
-    app.state.metrics = build_metrics(registry, source, settings, clock)
+    app.state.digests = digests = ClusterDigests(source, settings, clock)
+    app.state.metrics = build_metrics(registry, digests)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
-    app.add_middleware(reports.ReportFastPath)  # the accepted-report path without the router's cost
+    app.state.body_gate = BodyGate(settings)
+    app.add_middleware(reports.ReportFastPath)  # the report path without the router's cost
+    app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts)  # outermost: every request
 
     @app.exception_handler(SourceUnavailable)
     async def source_unavailable(_: Request, error: SourceUnavailable) -> JSONResponse:

@@ -2,7 +2,7 @@
 
 Ingest counters and latency are updated by the routes; the per-cluster gauges (current and
 recommended caps, bounds, bytes, action, findings, rank states) are computed at scrape time by a
-custom collector, so they always match what the API answers. Every per-cluster gauge carries
+renderer over the groups' digests (see ``ClusterExposition``), so they always match what the API answers. Every per-cluster gauge carries
 ``cluster`` and ``dispatcher`` (target | draft: the role of the ranks). Names and labels: the
 README's service section and docs/.
 """
@@ -10,106 +10,136 @@ README's service section and docs/.
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 
+from capwatch.dashboards import service_metrics as names
 from capwatch.service.aggregate import FINDING_KINDS
-from capwatch.service.config import Settings
-from capwatch.service.views import cluster_advice, cluster_view
+from capwatch.service.digests import ClusterDigests, RoleDigest
 
 log = logging.getLogger(__name__)
 ACTIONS = ("raise", "lower", "hold", "insufficient_data")
 RANK_STATES = ("reporting", "stale", "missing")
-REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable")
+REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable", "unsupported_media_type",
+                  "too_slow")
 
 
 class ServiceMetrics:
     def __init__(self, registry: CollectorRegistry):
         self.registry = registry
+        # Names are spelled once, in capwatch.dashboards.service_metrics (the dashboards and rules read them
+        # there); prometheus_client drops the "_total" of a counter's name and adds it back on exposition.
         self.reports_ingested = Counter(
-            "capwatch_reports_ingested", "Rank reports stored (acknowledged after a durable commit).",
-            registry=registry)
+            names.REPORTS_INGESTED, "Rank reports stored (acknowledged after a durable commit).", registry=registry)
         self.reports_duplicate = Counter(
-            "capwatch_reports_duplicate", "Rank reports acknowledged but ignored: same boot id and sequence seen.",
+            names.REPORTS_DUPLICATE, "Rank reports acknowledged but ignored: same boot id and sequence seen.",
             registry=registry)
         self.reports_rejected = Counter(
-            "capwatch_reports_rejected", "Rank reports refused, by reason.", ["reason"], registry=registry)
+            names.REPORTS_REJECTED, "Rank reports refused, by reason.", ["reason"], registry=registry)
         for reason in REJECT_REASONS:
             self.reports_rejected.labels(reason)
         self.ingest_latency = Histogram(
-            "capwatch_ingest_latency_seconds", "Time from request to acknowledgement of a rank report.",
+            names.INGEST_LATENCY_SECONDS, "Time from request to acknowledgement of a rank report.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=registry)
 
 
-class ClusterCollector(Collector):
-    def __init__(self, source, settings: Settings, clock: Callable[[], float]):
-        self.source = source
-        self.settings = settings
-        self.clock = clock
+# The per-cluster gauge families: name, help, the label after cluster and dispatcher (if any).
+FAMILIES: tuple[tuple[str, str, str | None], ...] = (
+    (names.CLUSTER_CAP_TOKENS, "Per-rank cap the ranks run (max over ranks).", None),
+    (names.RECOMMENDED_CAP_TOKENS, "Advisor's recommended per-rank cap.", None),
+    (names.RECOMMENDED_CAP_LOWER_TOKENS, "Lower bound of the recommended cap.", None),
+    (names.RECOMMENDED_CAP_UPPER_TOKENS, "Upper bound of the recommended cap.", None),
+    (names.RECOMMENDED_WORKSPACE_BYTES, "A2A workspace bytes per rank at the recommended cap.", None),
+    (names.CLUSTER_WORKSPACE_BYTES, "A2A workspace bytes across the EP group now.", None),
+    (names.ADVICE_ACTION, "1 for the advisor's current action, 0 for the others.", "action"),
+    (names.CONSISTENCY_FINDINGS, "Ranks named by each active consistency finding (0: the finding is not active).",
+     "finding"),
+    (names.RANKS, "EP ranks by reporting state.", "state"),
+)
 
-    def describe(self) -> Iterator:
-        return iter(())  # computed at scrape time; nothing to check at registration
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        def family(name: str, help_text: str, *extra: str) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, help_text, labels=["cluster", "dispatcher", *extra])
+def _samples(digest: RoleDigest) -> dict[str, list[tuple[str | None, float]]]:
+    """The digest's samples per family: (value of the extra label, value)."""
+    view, advice = digest.view, digest.advice
+    samples: dict[str, list[tuple[str | None, float]]] = {name: [] for name, _, _ in FAMILIES}
+    samples[names.CLUSTER_CAP_TOKENS].append((None, view.cap))
+    if view.workspace_bytes_group is not None:
+        samples[names.CLUSTER_WORKSPACE_BYTES].append((None, view.workspace_bytes_group))
+    if advice is not None and advice.action != "insufficient_data":
+        samples[names.RECOMMENDED_CAP_TOKENS].append((None, advice.recommended_cap))
+        samples[names.RECOMMENDED_CAP_LOWER_TOKENS].append((None, advice.lower_bound))
+        samples[names.RECOMMENDED_CAP_UPPER_TOKENS].append((None, advice.upper_bound))
+        samples[names.RECOMMENDED_WORKSPACE_BYTES].append((None, advice.workspace_bytes_per_rank_recommended))
+    if advice is not None:  # a group without advice exports no action (its error is in the API)
+        samples[names.ADVICE_ACTION] = [(name, 1.0 if advice.action == name else 0.0) for name in ACTIONS]
+    active = {finding.kind: len(finding.ranks) or 1 for finding in view.findings}
+    samples[names.CONSISTENCY_FINDINGS] = [(kind, float(active.get(kind, 0))) for kind in FINDING_KINDS]
+    counts = {"reporting": view.ranks_reporting, "stale": view.ranks_stale, "missing": view.ranks_missing}
+    samples[names.RANKS] = [(state, float(counts[state])) for state in RANK_STATES]
+    return samples
 
-        cap = family("capwatch_cluster_cap_tokens", "Per-rank cap the ranks run (max over ranks).")
-        recommended = family("capwatch_recommended_cap_tokens", "Advisor's recommended per-rank cap.")
-        lower = family("capwatch_recommended_cap_lower_tokens", "Lower bound of the recommended cap.")
-        upper = family("capwatch_recommended_cap_upper_tokens", "Upper bound of the recommended cap.")
-        recommended_bytes = family("capwatch_recommended_workspace_bytes",
-                                   "A2A workspace bytes per rank at the recommended cap.")
-        group_bytes = family("capwatch_cluster_workspace_bytes", "A2A workspace bytes across the EP group now.")
-        action = family("capwatch_advice_action", "1 for the advisor's current action, 0 for the others.", "action")
-        findings = family("capwatch_consistency_findings",
-                          "Ranks named by each active consistency finding (0: the finding is not active).", "finding")
-        ranks = family("capwatch_ranks", "EP ranks by reporting state.", "state")
-        now = self.clock()
+
+def _labels(digest: RoleDigest, extra: str | None, value: str | None) -> str:
+    """Sorted by name, as prometheus_client writes them."""
+    pairs = [("cluster", digest.cluster), ("dispatcher", digest.role)]
+    if value is not None:
+        pairs.append((extra, value))
+    return ",".join(f'{name}="{label}"' for name, label in sorted(pairs))
+
+
+def _value(value: float) -> str:
+    return floatToGoString(float(value))
+
+
+class ClusterExposition:
+    """The per-cluster gauges in Prometheus' text format, rendered per group once per digest.
+
+    prometheus_client's collector path costs tens of microseconds per sample (a family object per
+    sample, label validation and escaping each scrape): with thousands of groups that was the whole
+    scrape. Group names, roles and the extra labels' values are restricted to characters that need no
+    escaping (telemetry.report's Name pattern; fixed vocabularies), so each group's lines are
+    rendered once, when its digest changes, and a scrape joins them."""
+
+    def __init__(self, digests: ClusterDigests):
+        self.digests = digests
+        self._rendered: dict[tuple[str, str], tuple[RoleDigest, dict[str, bytes]]] = {}
+
+    def _lines(self, digest: RoleDigest) -> dict[str, bytes]:
+        key = (digest.cluster, digest.role)
+        cached = self._rendered.get(key)
+        if cached is not None and cached[0] is digest:
+            return cached[1]
+        lines = {}
+        for (name, _, extra), samples in zip(FAMILIES, _samples(digest).values()):
+            lines[name] = "".join(
+                f"{name}{{{_labels(digest, extra, label)}}} {_value(value)}\n" for label, value in samples).encode()
+        self._rendered[key] = (digest, lines)
+        return lines
+
+    def render(self) -> bytes:
         try:
-            clusters = self.source.clusters()
+            digests = self.digests.every_group(all_roles=True)
         except Exception:  # a scrape must not fail because the source is briefly unreadable
             log.exception("cannot list clusters for /metrics")
-            clusters = []
-        for cluster in clusters:
-            try:
-                states = self.source.rank_states(cluster)  # once per cluster: shared by every role's view and advice
-            except Exception:
-                log.exception("cannot read the ranks of cluster %s", cluster)
-                continue
-            for role in sorted({state.role for state in states}):
-                try:
-                    view = cluster_view(self.source, cluster, role, now, self.settings, states)
-                    advice = cluster_advice(self.source, cluster, role, now, self.settings, states)
-                except Exception:
-                    log.exception("cannot compute metrics for cluster %s, dispatcher %s", cluster, role)
-                    continue
-                labels = [cluster, role]
-                cap.add_metric(labels, view.cap)
-                if view.workspace_bytes_group is not None:
-                    group_bytes.add_metric(labels, view.workspace_bytes_group)
-                if advice.action != "insufficient_data":
-                    recommended.add_metric(labels, advice.recommended_cap)
-                    lower.add_metric(labels, advice.lower_bound)
-                    upper.add_metric(labels, advice.upper_bound)
-                    recommended_bytes.add_metric(labels, advice.workspace_bytes_per_rank_recommended)
-                for name in ACTIONS:
-                    action.add_metric([*labels, name], 1.0 if advice.action == name else 0.0)
-                active = {finding.kind: len(finding.ranks) or 1 for finding in view.findings}
-                for kind in FINDING_KINDS:
-                    findings.add_metric([*labels, kind], float(active.get(kind, 0)))
-                counts = {"reporting": view.ranks_reporting, "stale": view.ranks_stale, "missing": view.ranks_missing}
-                for state in RANK_STATES:
-                    ranks.add_metric([*labels, state], counts[state])
-        yield from (cap, recommended, lower, upper, recommended_bytes, group_bytes, action, findings, ranks)
+            digests = []
+        rendered = [self._lines(digest) for digest in digests]
+        if len(self._rendered) > 2 * len(digests) + 16:  # forget groups that were pruned
+            live = {(digest.cluster, digest.role) for digest in digests}
+            self._rendered = {key: value for key, value in self._rendered.items() if key in live}
+        parts = []
+        for name, help_text, _ in FAMILIES:
+            parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode())
+            parts.extend(lines[name] for lines in rendered)
+        return b"".join(parts)
 
 
-def build_metrics(registry: CollectorRegistry, source, settings: Settings,
-                  clock: Callable[[], float] = time.time) -> ServiceMetrics:
+def build_metrics(registry: CollectorRegistry, digests: ClusterDigests) -> ServiceMetrics:
     metrics = ServiceMetrics(registry)
-    registry.register(ClusterCollector(source, settings, clock))
+    metrics.clusters = ClusterExposition(digests)
     return metrics
+
+
+def exposition(metrics: ServiceMetrics) -> bytes:
+    """The whole ``/metrics`` page: the registry's own metrics, then the per-cluster gauges."""
+    return generate_latest(metrics.registry) + metrics.clusters.render()

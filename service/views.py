@@ -25,6 +25,15 @@ class UnknownCluster(LookupError):
     pass
 
 
+class AdviceUnavailable(RuntimeError):
+    """A cluster whose advice cannot be computed from what its ranks report (say, ranks whose configs
+    cannot be priced together). Only that cluster shows the error; every other one keeps working."""
+
+
+# What pricing or the advisor raise on inputs they cannot use (SizingError is a ValueError).
+_UNPRICEABLE = (ValueError, ArithmeticError)
+
+
 # Each function takes the cluster's states if the caller already has them: against Prometheus one
 # rank_states call is ten queries, so a request fetches them once and passes them down.
 
@@ -54,21 +63,29 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
             if rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) != "missing"] or states
     widest = max(live, key=lambda state: (state.cap, state.ep_rank))
     ep_size = max(state.ep_size for state in live)
-    graph_batches = [state.config.get("cuda_graph_max_batch_size") for state in live]
+    graph_batches = [state.config.cuda_graph_max_batch_size for state in live]
     graph_batches = [batch for batch in graph_batches if batch is not None]
     return GroupConfig(
         cap=widest.cap, pricing=pricing_of(widest, ep_size),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
-        speculative_tokens=max(state.config.get("speculative_tokens", 0) for state in live))
+        speculative_tokens=max(state.config.speculative_tokens for state in live))
 
 
 def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,
                    states: list[RankState] | None = None) -> Advice:
     states = role_states(source, cluster, role, states)
-    return recommend(source.sample_history(cluster, role), group_config(states, now_s, settings), settings.advisor)
+    history = source.sample_history(cluster, role)
+    try:
+        return recommend(history, group_config(states, now_s, settings), settings.advisor)
+    except _UNPRICEABLE as error:
+        raise AdviceUnavailable(f"no advice for cluster {cluster!r} ({role}): {error}") from error
 
 
 def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[int], now_s: float,
                    settings: Settings, states: list[RankState] | None = None) -> list[WhatIf]:
     states = role_states(source, cluster, role, states)
-    return whatif(source.sample_history(cluster, role), group_config(states, now_s, settings), caps, settings.advisor)
+    history = source.sample_history(cluster, role)
+    try:
+        return whatif(history, group_config(states, now_s, settings), caps, settings.advisor)
+    except _UNPRICEABLE as error:
+        raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error

@@ -89,6 +89,17 @@ RUNTIME_TOKENS_WINDOW_MAX = MetricSpec(
 RUNTIME_TOKENS_WINDOW_UTILIZATION = MetricSpec(
     "moe_a2a_runtime_tokens_window_utilization_ratio", "gauge",
     "moe_a2a_runtime_tokens_window_max divided by the cap (above 1 means overflow).", "ratio")
+# Per rank means per rank: R is the group's value (every rank reports the same), so the rank that
+# drives the group's peak shows only in each rank's own local batch.
+INTERVAL_MAX_LOCAL_TOKENS = MetricSpec(
+    "moe_a2a_interval_max_local_tokens", "gauge",
+    "This rank's own largest local batch (tokens it dispatched in one step, not the group's R) in the last "
+    "completed reporting interval.", "tokens")
+LOCAL_TOKENS_WINDOW_MAX = MetricSpec(
+    "moe_a2a_local_tokens_window_max", "gauge",
+    "This rank's own largest local batch over the trailing peak window (moe_a2a_peak_window_seconds): each "
+    "rank's own line; the rank whose line reaches moe_a2a_runtime_tokens_window_max drives the group's peak.",
+    "tokens")
 PEAK_WINDOW_SECONDS = MetricSpec(
     "moe_a2a_peak_window_seconds", "gauge",
     "Length of the trailing window of moe_a2a_runtime_tokens_window_max.", "seconds")
@@ -117,7 +128,8 @@ METRICS: tuple[MetricSpec, ...] = (
     CAP_TOKENS, WORKSPACE_BYTES, WORKSPACE_ALLOCATED_BYTES, DISPATCH_TOKEN_BYTES, COMBINE_TOKEN_BYTES, INFO,
     DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS, CHUNKED_ROUNDS,
     RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
-    RUNTIME_TOKENS_WINDOW_MAX, RUNTIME_TOKENS_WINDOW_UTILIZATION, PEAK_WINDOW_SECONDS,
+    RUNTIME_TOKENS_WINDOW_MAX, RUNTIME_TOKENS_WINDOW_UTILIZATION, INTERVAL_MAX_LOCAL_TOKENS,
+    LOCAL_TOKENS_WINDOW_MAX, PEAK_WINDOW_SECONDS,
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORT_AUTH_FAILURES,
 )
 

@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.catalogue import MetricSpec
 from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
-from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak
+from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak, local_peak_between
 from capwatch.telemetry.report import RankConfig, RankIdentity
 from capwatch.telemetry.reporter import ReporterStats
 
@@ -63,8 +63,9 @@ class DispatchCollector(Collector):
     ):
         self._tracker = tracker
         self._clock = clock
-        self._window = TrailingPeak(
-            zero_snapshot(config.cap, identity.ep_size, identity.role, time.time()), peak_window_s)
+        baseline = zero_snapshot(config.cap, identity.ep_size, identity.role, time.time())
+        self._window = TrailingPeak(baseline, peak_window_s)
+        self._local_window = TrailingPeak(baseline, peak_window_s, between=local_peak_between)
         self._config = config
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
@@ -123,6 +124,8 @@ class DispatchCollector(Collector):
         window_peak = self._window.observe(snapshot, self._clock())
         yield self._gauge(catalogue.RUNTIME_TOKENS_WINDOW_MAX, window_peak)
         yield self._gauge(catalogue.RUNTIME_TOKENS_WINDOW_UTILIZATION, window_peak / config.cap)
+        yield self._gauge(catalogue.INTERVAL_MAX_LOCAL_TOKENS, interval.max_local_tokens if interval is not None else None)
+        yield self._gauge(catalogue.LOCAL_TOKENS_WINDOW_MAX, self._local_window.observe(snapshot, self._clock()))
         yield self._gauge(catalogue.PEAK_WINDOW_SECONDS, self._window.window_s)
 
         if self._reporter_stats is not None:

@@ -1,4 +1,5 @@
-"""Per-rank Prometheus exporter: its own registry, served on base port + local rank, or mounted.
+"""Per-rank Prometheus exporter: its own registry, served on base port + local rank (default 9400 + local
+rank, on 127.0.0.1), or mounted into an existing server.
 
 Never the global ``REGISTRY``: two ranks (or two tests) in one process would collide on it, and
 prometheus_client's multiprocess mode would break the custom collector and add a ``pid`` label.

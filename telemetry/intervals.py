@@ -28,18 +28,22 @@ def zero_snapshot(cap: int, ep_size: int, role: str, taken_at: float) -> Counter
         runtime_tokens_histogram=(0,) * (cap + 2),
         tokens_sent_per_rank=(0,) * ep_size,
         tokens_received_per_rank=(0,) * ep_size,
+        local_tokens_histogram=(0,) * (cap + 2),
     )
 
 
 def coherent(snapshot: CounterSnapshot) -> CounterSnapshot:
     """The snapshot with forward_steps and max R made consistent with its R histogram."""
-    histogram = snapshot.runtime_tokens_histogram
-    top_bin = max((runtime_tokens for runtime_tokens, steps in enumerate(histogram) if steps), default=0)
     return dataclasses.replace(
         snapshot,
-        forward_steps=sum(histogram),
-        max_runtime_tokens=max(snapshot.max_runtime_tokens, top_bin),
+        forward_steps=sum(snapshot.runtime_tokens_histogram),
+        max_runtime_tokens=max(snapshot.max_runtime_tokens, _top_bin(snapshot.runtime_tokens_histogram)),
+        max_local_tokens=max(snapshot.max_local_tokens, _top_bin(snapshot.local_tokens_histogram)),
     )
+
+
+def _top_bin(histogram: tuple[int, ...]) -> int:
+    return max((tokens for tokens, steps in enumerate(histogram) if steps), default=0)
 
 
 def histogram_delta(previous: CounterSnapshot, current: CounterSnapshot) -> list[tuple[int, int]]:
@@ -58,10 +62,27 @@ def interval_peak(previous: CounterSnapshot, current: CounterSnapshot, delta: li
     A step updates its histogram bin and the running max in two ops, so a snapshot taken between
     them sees one without the other: whenever the max grew, the step that set it has run, and its
     exact R counts here even if its histogram bin landed in the previous interval."""
-    top_bin = delta[-1][0] if delta else 0
-    if current.max_runtime_tokens > previous.max_runtime_tokens:
-        return max(top_bin, current.max_runtime_tokens)
-    return top_bin
+    return peak_from_top_bin(delta[-1][0] if delta else 0, previous.max_runtime_tokens, current.max_runtime_tokens)
+
+
+def peak_from_top_bin(top_bin: int, previous_max: int, current_max: int) -> int:
+    """``interval_peak``'s rule for any binned quantity with a running max (R, the local batch)."""
+    return max(top_bin, current_max) if current_max > previous_max else top_bin
+
+
+def interval_max_local_tokens(previous: CounterSnapshot, current: CounterSnapshot) -> int | None:
+    """This rank's own largest local batch in the interval, by ``interval_peak``'s rule; 0 without
+    steps, None when the interval's steps were recorded without their local batch."""
+    if current.forward_steps == previous.forward_steps:
+        return 0
+    if not current.local_tokens_histogram:
+        return None
+    before = previous.local_tokens_histogram or (0,) * len(current.local_tokens_histogram)
+    grown = [tokens for tokens, (then, now) in enumerate(zip(before, current.local_tokens_histogram, strict=True))
+             if now > then]
+    if not grown:
+        return None
+    return peak_from_top_bin(grown[-1], previous.max_local_tokens, current.max_local_tokens)
 
 
 def overflow_counts(events: dict[tuple[str, str], int]) -> list[OverflowCount]:
@@ -77,6 +98,7 @@ def interval_between(previous: CounterSnapshot, current: CounterSnapshot) -> Int
         forward_steps=current.forward_steps - previous.forward_steps,
         dispatch_calls=current.dispatch_calls - previous.dispatch_calls,
         peak_runtime_tokens=interval_peak(previous, current, delta),
+        max_local_tokens=interval_max_local_tokens(previous, current),
         runtime_tokens_histogram=delta,
         overflow_events=overflow_counts({
             key: current.overflow_events[key] - previous.overflow_events[key] for key in current.overflow_events
@@ -109,9 +131,15 @@ def merge_intervals(earlier: Interval, later: Interval) -> Interval:
         forward_steps=earlier.forward_steps + later.forward_steps,
         dispatch_calls=earlier.dispatch_calls + later.dispatch_calls,
         peak_runtime_tokens=max(earlier.peak_runtime_tokens, later.peak_runtime_tokens),
+        max_local_tokens=_max_known(earlier.max_local_tokens, later.max_local_tokens),
         runtime_tokens_histogram=sorted(steps.items()),
         overflow_events=overflow_counts(overflows),
     )
+
+
+def _max_known(*values: int | None) -> int | None:
+    known = [value for value in values if value is not None]
+    return max(known) if known else None
 
 
 def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> tuple[list[int], int]:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
+from collections.abc import Callable
 
 from capwatch.dispatcher.counters import CounterSnapshot
-from capwatch.telemetry.intervals import interval_peak
+from capwatch.telemetry.intervals import interval_peak, peak_from_top_bin
 
 DEFAULT_PEAK_WINDOW_S = 60.0
 PEAK_WINDOW_SLOTS = 12  # memory is bounded by this, however often scrapes come
@@ -36,17 +37,31 @@ def peak_between(previous: CounterSnapshot, current: CounterSnapshot) -> int:
     return interval_peak(previous, current, [(top_bin, now[top_bin] - before[top_bin]) for top_bin in grown])
 
 
+def local_peak_between(previous: CounterSnapshot, current: CounterSnapshot) -> int:
+    """This rank's own largest local batch between two coherent snapshots, scanned the same way
+    (0 when the steps were recorded without their local batch)."""
+    now = current.local_tokens_histogram
+    before = previous.local_tokens_histogram or (0,) * len(now)
+    top_bin = next((bin_ for bin_ in range(len(now) - 1, -1, -1) if now[bin_] > before[bin_]), 0)
+    return peak_from_top_bin(top_bin, previous.max_local_tokens, current.max_local_tokens) if top_bin else 0
+
+
+PeakBetween = Callable[[CounterSnapshot, CounterSnapshot], int]
+
+
 class TrailingPeak:
     """Fed coherent snapshots of one rank's counters with a monotonic time; answers the largest
-    R over the trailing window (0 when no step ran in it)."""
+    R (or what ``between`` measures, e.g. :func:`local_peak_between`) over the trailing window
+    (0 when no step ran in it)."""
 
     def __init__(self, baseline: CounterSnapshot, window_s: float = DEFAULT_PEAK_WINDOW_S,
-                 slots: int = PEAK_WINDOW_SLOTS):
+                 slots: int = PEAK_WINDOW_SLOTS, between: PeakBetween = peak_between):
         if not (math.isfinite(window_s) and window_s > 0):
             raise ValueError(f"peak window must be a positive number of seconds, got {window_s}")
         if slots < 1:
             raise ValueError(f"peak window slots must be >= 1, got {slots}")
         self.window_s = window_s
+        self._between = between
         self._slot_s = window_s / slots
         self._slots = slots
         self._previous = baseline
@@ -57,7 +72,7 @@ class TrailingPeak:
         """File the largest R since the previous snapshot; returns the window's peak at ``now``."""
         with self._lock:
             if snapshot.forward_steps >= self._previous.forward_steps:  # a stale snapshot adds nothing
-                peak = peak_between(self._previous, snapshot)
+                peak = self._between(self._previous, snapshot)
                 self._previous = snapshot
                 slot = self._slot(now)
                 if self._peaks and self._peaks[-1][0] == slot:

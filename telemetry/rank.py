@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from capwatch.dispatcher import sizing
+from capwatch.dispatcher.models import custom_geometry
+from capwatch.dispatcher.workspace_plan import plan_workspace
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
@@ -55,20 +56,23 @@ def rank_config(
     allocated_workspace_bytes: int | None = None,
     cuda_graph_max_batch_size: int | None = None,
     speculative_tokens: int = 0,
+    **extra,
 ) -> RankConfig:
-    """The reported configuration, with payload and workspace bytes by FlashInfer's formula."""
-    dispatch_bytes = sizing.dispatch_bytes_per_token(hidden_size, top_k, payload_format)
-    combine_bytes = sizing.combine_bytes_per_token(hidden_size)
+    """The reported configuration, priced by the one pricing function (every FlashInfer layout,
+    0.7.4's ``NVLinkOneSidedAlltoAll`` included). Raises ``SizingError`` for a configuration FlashInfer
+    would refuse, and pydantic's ``ValidationError`` for one the service would refuse."""
+    plan = plan_workspace(custom_geometry(hidden_size, top_k, num_experts), ep_size, cap, payload_format,
+                          eplb_stats_num_experts, flashinfer_version)
     return RankConfig(
         cap=cap, hidden_size=hidden_size, top_k=top_k, num_experts=num_experts,
         payload_format=payload_format, backend=backend, flashinfer_version=flashinfer_version,
         overflow_policy=overflow_policy, eplb_stats_num_experts=eplb_stats_num_experts,
-        dispatch_bytes_per_token=dispatch_bytes, combine_bytes_per_token=combine_bytes,
-        workspace_bytes_per_rank=sizing.workspace_bytes_per_rank(
-            ep_size, cap, dispatch_bytes, combine_bytes, eplb_stats_num_experts, flashinfer_version),
+        dispatch_bytes_per_token=plan.dispatch_bytes_per_token, combine_bytes_per_token=plan.combine_bytes_per_token,
+        workspace_bytes_per_rank=plan.workspace_bytes_per_rank,
         allocated_workspace_bytes=allocated_workspace_bytes,
         cuda_graph_max_batch_size=cuda_graph_max_batch_size,
         speculative_tokens=speculative_tokens,
+        **extra,
     )
 
 

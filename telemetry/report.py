@@ -7,26 +7,49 @@ cross-field checks below reject anything that cannot come from a real rank.
 
 from __future__ import annotations
 
+import functools
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from capwatch.dispatcher.models import custom_geometry
+from capwatch.dispatcher.sizing import (INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SIZING_PAYLOAD_FORMATS,
+                                        SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, SizingError,
+                                        check_eplb_stats, check_routing, hidden_bytes_per_token)
 from capwatch.dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
-from capwatch.dispatcher.sizing import MAX_EP_SIZE, SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.dispatcher.workspace_plan import plan_workspace
 
 SCHEMA_VERSION = 1
 
 # Bounds on what a real deployment can report; anything beyond is a bug or an attack.
 MAX_CAP_TOKENS = 1 << 20
-MAX_HIDDEN_SIZE = 1 << 16
-# FlashInfer's kMaxTopK, the largest over the releases sizing knows (each release's own bound is sizing's check).
-MAX_TOP_K = max(FlashInferVersion.parse(version).max_top_k for version in SUPPORTED_FLASHINFER_VERSIONS)
-MAX_NUM_EXPERTS = 1 << 12
+# The largest over the releases sizing knows (each release's own bound is the cross-field check below).
+_RELEASES = [FlashInferVersion.parse(version) for version in SUPPORTED_FLASHINFER_VERSIONS]
+MAX_TOP_K = max(release.max_top_k for release in _RELEASES)  # FlashInfer's kMaxTopK
+MAX_EP_SIZE = max(release.max_ep_size for release in _RELEASES)
 MAX_WORKSPACE_BYTES = 1 << 42  # 4 TiB
-MAX_COUNT = 1 << 62
+# 2^53: exact in the web page's JavaScript numbers, centuries of tokens at any real rate, and small
+# enough that every sum the store keeps of them (a report's overflow kinds and outcomes, a window's
+# reports, saturated at MAX_STORED_COUNT) fits SQLite's int64: no legal report can fail a commit.
+MAX_COUNT = 1 << 53
+MAX_STORED_COUNT = 1 << 62
+# R and a rank's local batch: FlashInfer holds token counts in int32.
+MAX_TOKENS = INT32_MAX
 
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
+Tokens = Annotated[int, Field(ge=0, le=MAX_TOKENS)]
+NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
+
+
+def not_a_relative_path(name: str) -> str:
+    """``.`` and ``..`` match the pattern but are path steps: the page's relative URLs would leave the cluster."""
+    if name in (".", ".."):
+        raise ValueError(f"{name!r} is a path step, not a name; use letters, digits or _ . : - with at least one "
+                         "character other than '.'")
+    return name
+
+
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN), AfterValidator(not_a_relative_path)]
 # Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
 # (and listed as an enum in the service's OpenAPI schema).
 Role = Literal[ROLES]  # type: ignore[valid-type]
@@ -41,7 +64,7 @@ class _Strict(BaseModel):
 
 class RankIdentity(_Strict):
     cluster: Name
-    ep_rank: Annotated[int, Field(ge=0, lt=MAX_EP_SIZE)]
+    ep_rank: Annotated[int, Field(ge=0, lt=MAX_EP_SIZE)]  # each release's own limit: RankReport's check
     ep_size: Annotated[int, Field(ge=1, le=MAX_EP_SIZE)]
     role: Role = "target"
     boot_id: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
@@ -96,6 +119,45 @@ class RankConfig(_Strict):
     # Set by the SGLang plugin: the inputs of SGLang's own start-up floor for the cap.
     sglang: SGLangLimits | None = None
 
+    # What FlashInfer itself would refuse, field by field (pydantic validates fields in this order,
+    # so each check sees the fields declared before it). The group-level check is RankReport's.
+    @field_validator("flashinfer_version")
+    @classmethod
+    def _known_release(cls, version: str | None) -> str | None:
+        if version is not None:
+            FlashInferVersion.parse(version)  # SizingError (a ValueError): unknown or malformed
+        return version
+
+    @field_validator("eplb_stats_num_experts")
+    @classmethod
+    def _eplb_stats_in_release(cls, experts: int, info: ValidationInfo) -> int:
+        if "flashinfer_version" in info.data:  # else that field already failed
+            check_eplb_stats(experts, FlashInferVersion.parse(info.data["flashinfer_version"]))
+        if "num_experts" in info.data and experts > info.data["num_experts"]:
+            raise ValueError(f"{experts} exceeds num_experts {info.data['num_experts']}: the stats region "
+                             "holds one counter per expert")
+        return experts
+
+    @model_validator(mode="after")
+    def _routing_in_release(self) -> "RankConfig":
+        refusal = _routing_refusal(self.top_k, self.num_experts, self.hidden_size, self.payload_format,
+                                   self.flashinfer_version)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return self
+
+
+@functools.lru_cache(maxsize=4096)
+def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_format: str,
+                     flashinfer_version: str | None) -> str | None:
+    # Cached: every report of a rank repeats its config, and this ran for each one.
+    try:
+        check_routing(top_k, num_experts, 1, FlashInferVersion.parse(flashinfer_version))
+        hidden_bytes_per_token(hidden_size, payload_format)
+    except SizingError as error:
+        return str(error)
+    return None
+
 
 class OverflowCount(_Strict):
     kind: OverflowKind
@@ -110,7 +172,7 @@ class CumulativeCounters(_Strict):
     forward_steps: Count
     tokens_sent: Count
     tokens_received: Count
-    max_runtime_tokens: Count
+    max_runtime_tokens: Tokens
     overflow_events: Annotated[list[OverflowCount], Field(max_length=len(OVERFLOW_KINDS) * len(OVERFLOW_OUTCOMES))] = []
 
 
@@ -122,10 +184,10 @@ class Interval(_Strict):
     end_unix_s: Annotated[float, Field(ge=0, allow_inf_nan=False)]
     forward_steps: Count
     dispatch_calls: Count
-    peak_runtime_tokens: Count
+    peak_runtime_tokens: Tokens
     # This rank's own largest local batch (tokens it dispatched in one step, not the group's R): the
     # per-rank line that shows which rank drives the group's peak. None from ranks that predate it.
-    max_local_tokens: Count | None = None
+    max_local_tokens: Tokens | None = None
     runtime_tokens_histogram: Annotated[list[tuple[Count, Count]], Field(max_length=MAX_CAP_TOKENS + 2)] = []
     overflow_events: Annotated[list[OverflowCount], Field(max_length=len(OVERFLOW_KINDS) * len(OVERFLOW_OUTCOMES))] = []
 
@@ -146,6 +208,9 @@ class Interval(_Strict):
             raise ValueError(
                 f"runtime_tokens_histogram holds {steps} steps but interval forward_steps is {self.forward_steps}"
             )
+        if self.max_local_tokens is not None and self.max_local_tokens > self.peak_runtime_tokens:
+            raise ValueError(f"max_local_tokens {self.max_local_tokens} exceeds peak_runtime_tokens "
+                             f"{self.peak_runtime_tokens}: R is the largest local batch of the group, this rank's included")
         return self
 
 
@@ -172,4 +237,26 @@ class RankReport(_Strict):
             raise ValueError("interval forward_steps exceeds the cumulative forward_steps")
         if self.interval.peak_runtime_tokens > self.counters.max_runtime_tokens:
             raise ValueError("interval peak_runtime_tokens exceeds the cumulative max_runtime_tokens")
+        check_priceable(self.config, self.identity.ep_size)
         return self
+
+
+def check_priceable(config: RankConfig, ep_size: int) -> None:
+    """The config prices in a group of ``ep_size`` ranks (the release's rank limit, experts per rank):
+    every accepted report can be priced and advised. Raises ``ValueError`` saying what FlashInfer refuses."""
+    refusal = _pricing_refusal(config, ep_size)
+    if refusal is not None:
+        raise ValueError(refusal)
+
+
+@functools.lru_cache(maxsize=4096)
+def _pricing_refusal(config: RankConfig, ep_size: int) -> str | None:
+    # Cached by value (the model is frozen, so hashable): a rank sends the same config in every report,
+    # and pricing it was most of a report's validation time.
+    try:
+        plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
+                       config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
+                       bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
+    except SizingError as error:
+        return f"config with identity.ep_size {ep_size}: {error}"
+    return None

@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from capwatch.arguments import hold_seconds, port_or_zero, positive_int
+from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
 from capwatch.cli import CommandError
-
-
+from capwatch.dispatcher.vocabulary import OVERFLOW_POLICIES
 
 
 def register(subparsers) -> None:
     # Cheap: constants only (torch, FastAPI and the service load when the demo runs).
-    from capwatch.demo_session import (DEFAULT_CAP, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_POLICY,
+    from capwatch.demo.session import (DEFAULT_CAP, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_POLICY,
                                        DEFAULT_RANKS, DEFAULT_STEPS)
+    from capwatch.demo.trace import LIMITS_HELP, MAX_TRACE_STEPS
     from capwatch.workload import DEFAULT_MODEL
+
+    step_count = checked(int, lambda steps: 0 < steps <= MAX_TRACE_STEPS, f"a number of steps in 1..{MAX_TRACE_STEPS}")
 
     parser = subparsers.add_parser(
         "demo", help="run the service and N rank processes on a decode workload, then show the advice",
@@ -24,14 +26,15 @@ def register(subparsers) -> None:
                     "and reporters on; end with the advice and the URLs of the web page, the API and the metrics.")
     parser.add_argument("--trace", type=Path, metavar="FILE",
                         help='replay JSON Lines, one step a line: {"tokens": [rank0, rank1, ...], "t": seconds} '
-                             "(t optional); the number of ranks follows the trace")
+                             f"(t optional); the number of ranks follows the trace ({LIMITS_HELP})")
     parser.add_argument("--cap", type=positive_int, default=DEFAULT_CAP,
                         help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
     parser.add_argument("--ranks", type=positive_int,
                         help=f"EP ranks to launch (default: {DEFAULT_RANKS}, or the trace's)")
-    parser.add_argument("--steps", type=positive_int,
-                        help=f"decode steps (default: {DEFAULT_STEPS} generated; with --trace, the first N steps)")
-    parser.add_argument("--overflow-policy", choices=("raise", "chunk"), default=DEFAULT_POLICY,
+    parser.add_argument("--steps", type=step_count,
+                        help=f"decode steps, at most {MAX_TRACE_STEPS:,} (default: {DEFAULT_STEPS} generated; with "
+                             "--trace, the first N steps)")
+    parser.add_argument("--overflow-policy", choices=OVERFLOW_POLICIES, default=DEFAULT_POLICY,
                         help="past the cap: raise ends the demo with the dispatcher's error (exit 1); chunk splits "
                              f"the dispatch into rounds (default: {DEFAULT_POLICY})")
     parser.add_argument("--model", default=DEFAULT_MODEL,
@@ -49,8 +52,8 @@ def register(subparsers) -> None:
                         help="report to this running service instead of starting one (export CAPWATCH_TOKEN "
                              "when it requires a bearer token)")
     parser.add_argument("--state-dir", type=Path, metavar="DIR",
-                        help="where the embedded service keeps its SQLite database and log "
-                             "(default: $XDG_STATE_HOME/capwatch or ~/.local/state/capwatch)")
+                        help="a writable folder (created if missing) where the embedded service keeps its SQLite "
+                             "database and log (default: $XDG_STATE_HOME/capwatch or ~/.local/state/capwatch)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated workload (default: 0)")
     parser.set_defaults(run=run)
 
@@ -58,7 +61,7 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
 
-    from capwatch.demo_session import DemoOptions, run_demo
+    from capwatch.demo.session import DemoOptions, run_demo
 
     if args.cap > MAX_CAP_TOKENS:
         raise CommandError(f"--cap {args.cap} exceeds {MAX_CAP_TOKENS} tokens per rank")

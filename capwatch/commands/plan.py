@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 
+# Plain constants (no sizing work at import): the limits --help states.
+from capwatch.dispatcher.sizing import LAMPORT_MAX_TOKENS_PER_RANK, MAX_EP_SIZE, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
+
 DESCRIPTION = """\
 Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
 MoE all-to-all workspace bytes, byte-exact for every flashinfer release that has the A2A.
@@ -21,6 +24,13 @@ Modes: flashinfer = FlashInfer's formula for the payload format; sglang = what S
 """
 
 MAX_CAPS = 4096  # rows one invocation prints; a range beyond this is almost surely a typo
+MAX_NUMBER_CHARACTERS = 32  # longer than any value the limits in --help allow: refused before parsing
+
+
+def _shown(text) -> str:
+    """A value as a message quotes it: a 5,000-digit mistake stays a one-line message."""
+    text = str(text)
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + f"... ({len(text)} characters)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,17 +41,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     # Values are read as text and checked in run(), so every mistake is one clear line + exit 2.
     geometry = parser.add_argument_group("model geometry (a preset, or all three numbers)")
     geometry.add_argument("--model", metavar="NAME", help="preset, case-insensitive, e.g. deepseek-v3, kimi-k2")
-    geometry.add_argument("--hidden-size", metavar="H", help="hidden size of the tokens dispatched")
-    geometry.add_argument("--top-k", metavar="K", help="routed experts per token")
-    geometry.add_argument("--num-experts", metavar="E", help="routed experts in the model")
-    parser.add_argument("--ep-size", metavar="N", help="ranks in the expert-parallel group")
+    geometry.add_argument("--hidden-size", metavar="H", help=f"hidden size of the tokens dispatched (1..{MAX_HIDDEN_SIZE})")
+    geometry.add_argument("--top-k", metavar="K", help="routed experts per token (1..kMaxTopK of the release: 8 before "
+                                                       "0.6.8, 22 after)")
+    geometry.add_argument("--num-experts", metavar="E", help=f"routed experts in the model (top-k..{MAX_NUM_EXPERTS})")
+    parser.add_argument("--ep-size", metavar="N", help=f"ranks in the expert-parallel group (1..{MAX_EP_SIZE}; 256 "
+                                                       "on 0.7.4)")
     parser.add_argument("--cap", metavar="CAPS", action="append",
-                        help="per-rank cap(s): N, N,M,... or START:STOP[:STEP] (repeatable)")
-    parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB")
+                        help=f"per-rank cap(s): N, N,M,... or START:STOP[:STEP] (repeatable; 1..2^31-1, at most "
+                             f"{MAX_CAPS} caps)")
+    parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB (at most "
+                                                         f"{MAX_NUMBER_CHARACTERS} characters)")
     parser.add_argument("--format", dest="payload_format", metavar="FORMAT", default="bf16",
                         help="dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, deepseek-fp8 (default bf16)")
     parser.add_argument("--eplb-stats-experts", metavar="S", default="0",
-                        help="experts in FlashInfer's EPLB stats region (0.6.16+; default 0)")
+                        help="experts in FlashInfer's EPLB stats region (0.6.16+; 0..num_experts; default 0)")
     parser.add_argument("--flashinfer-version", metavar="X.Y.Z", default=None,
                         help="flashinfer-python release (default 0.7.2.post1, the newest with MoeAlltoAll; "
                              "0.7.4 sizes NVLinkOneSidedAlltoAll)")
@@ -49,7 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="flashinfer (default), sglang or sglang-legacy")
     parser.add_argument("--draft", action="store_true", help="size SGLang's speculative draft dispatcher (+128 B)")
     parser.add_argument("--lamport-tokens", metavar="T", default="0",
-                        help="0.7.4 only: Lamport transport token limit the run settles on (default 0 = off)")
+                        help=f"0.7.4 only: Lamport transport token limit the run settles on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; "
+                             "default 0 = off)")
     parser.add_argument("--json", action="store_true", help="JSON: one object per cap, a list for several")
     parser.set_defaults(run=run)
 
@@ -57,10 +72,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _integer(flag: str, text: str, minimum: int = 1) -> int:
     from capwatch.dispatcher.sizing import SizingError
 
+    digits = str(text).strip().replace("_", "")
+    if len(digits) > MAX_NUMBER_CHARACTERS:
+        raise SizingError(f"{flag} {_shown(text)} is far beyond its limit (see capwatch plan --help)")
     try:
-        value = int(str(text).strip().replace("_", ""))
+        value = int(digits)
     except ValueError:
-        raise SizingError(f"{flag} must be an integer, got {text!r}") from None
+        raise SizingError(f"{flag} must be an integer, got {_shown(text)}") from None
     if value < minimum:
         raise SizingError(f"{flag} must be {'positive' if minimum == 1 else f'>= {minimum}'}, got {value}")
     return value
@@ -134,6 +152,8 @@ def run(args: argparse.Namespace) -> int:
         lamport_max_tokens=_integer("--lamport-tokens", args.lamport_tokens, 0),
     )
     if args.budget is not None:
+        if len(args.budget.strip()) > MAX_NUMBER_CHARACTERS:
+            raise SizingError(f"--budget {_shown(args.budget)} is not a size like 2GiB or 512MiB")
         budget = parse_byte_size(args.budget)
         best = largest_cap_within(budget, **options)
         try:  # the next aligned cap, to show it does not fit

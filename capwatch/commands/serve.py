@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."))
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     parser.add_argument("--port", type=port_number, help="port to bind, 1..65535 (default 8321)")
-    parser.add_argument("--db", dest="db_path", help="SQLite database file (default ./capwatch.db)")
+    parser.add_argument("--db", dest="db_path", help="SQLite database file (default ./capwatch.db); checked at start: "
+                                                      "a damaged file is refused (exit 2)")
     parser.add_argument("--token", help="bearer token required on POST /v1/reports (prefer CAPWATCH_TOKEN: "
                                         "a flag is visible in the process list)")
     parser.add_argument("--prometheus-url", help="read the ranks from this Prometheus server instead of reports")
@@ -53,6 +54,18 @@ def settings_error_line(error, from_flags: set[str]) -> str:
 
 def check_db_path(path, name: str) -> None:
     """The database must be a writable file, or creatable: fail before anything starts."""
+    import os
+
+    from capwatch.cli import CommandError
+
+    try:
+        _check_db_path(path, name)
+    except OSError as error:  # e.g. a name longer than the file system takes
+        raise CommandError(f"{name} {str(path)[:80]}{'...' if len(str(path)) > 80 else ''}: {error.strerror}; "
+                           "pick another path") from None
+
+
+def _check_db_path(path, name: str) -> None:
     import os
 
     from capwatch.cli import CommandError
@@ -111,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     from capwatch.cli import CommandError
     from capwatch.service.config import Settings
     from capwatch.service.main import create_app
+    from capwatch.service.store.sqlite import StoreDamaged
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
     try:
@@ -124,12 +138,19 @@ def run(args: argparse.Namespace) -> int:
         check_db_path(settings.db_path, db_name)
     listener = bind_listener(settings.host, settings.port, setting_name(("host",), set(overrides)),
                              setting_name(("port",), set(overrides)))
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.allowed_hosts == \
+            Settings.model_fields["allowed_hosts"].default:
+        print(f"capwatch serve: warning: listening on {settings.host}, but only requests addressed to a loopback "
+              "name are answered; add the names it is reached under to CAPWATCH_ALLOWED_HOSTS", file=sys.stderr)
     if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
         print(f"capwatch serve: warning: listening on {settings.host} without a token: anyone who can reach it "
               "can post reports; set CAPWATCH_TOKEN", file=sys.stderr)
     try:
         try:
             app = create_app(settings)
+        except StoreDamaged as error:
+            raise CommandError(f"{db_name} {settings.db_path} is damaged: {error}; restore it from a backup, or move "
+                               "it aside to start with an empty database") from None
         except sqlite3.Error as error:
             raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
                                "pick another path") from None

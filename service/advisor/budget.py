@@ -1,33 +1,68 @@
-"""A per-rank memory budget for the A2A workspace, priced with FlashInfer's own sizing formula."""
+"""A per-rank memory budget for the A2A workspace, priced by the one pricing function
+(``capwatch.dispatcher.workspace_plan.plan_workspace``), which knows every FlashInfer layout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capwatch.dispatcher.sizing import MAX_EP_SIZE, workspace_bytes_per_rank  # noqa: F401  (MAX_EP_SIZE re-exported for callers)
+from capwatch.dispatcher.models import ModelGeometry, custom_geometry
+from capwatch.dispatcher.sizing import MAX_EP_SIZE, SizingError, workspace_bytes_per_rank  # noqa: F401
+from capwatch.dispatcher.workspace_plan import NoCapFits, WorkspacePlan, plan_workspace
+from capwatch.dispatcher.workspace_plan import largest_cap_within as _largest_plan_within
 
 
 @dataclass(frozen=True)
 class WorkspacePricing:
-    """What one rank's workspace costs per cap (everything but the cap comes from the reports)."""
+    """What one rank's workspace costs per cap (everything but the cap comes from the reports).
+
+    Built from a report with ``of_config``: the geometry and format are then known, so every layout
+    prices (0.7.4's ``NVLinkOneSidedAlltoAll`` sizes from them; ``moe_a2a`` from the reported bytes
+    per token). Without a geometry only the ``moe_a2a`` layout can be priced (its inputs are the
+    bytes per token alone)."""
 
     ep_size: int
     dispatch_bytes_per_token: int
     combine_bytes_per_token: int
     eplb_stats_num_experts: int = 0
     flashinfer_version: str | None = None
+    geometry: ModelGeometry | None = None
+    payload_format: str = "bf16"
+
+    @classmethod
+    def of_config(cls, config, ep_size: int) -> "WorkspacePricing":
+        """The pricing of a reported ``RankConfig`` in a group of ``ep_size`` ranks."""
+        geometry = (custom_geometry(config.hidden_size, config.top_k, config.num_experts)
+                    if getattr(config, "hidden_size", None) is not None else None)  # a source that cannot see it
+        return cls(ep_size, config.dispatch_bytes_per_token, config.combine_bytes_per_token,
+                   config.eplb_stats_num_experts, config.flashinfer_version, geometry, config.payload_format)
+
+    def plan(self, cap: int) -> WorkspacePlan:
+        if self.geometry is None:
+            raise SizingError("pricing without the model geometry knows only the moe_a2a layout")
+        return plan_workspace(self.geometry, self.ep_size, cap, self.payload_format, self.eplb_stats_num_experts,
+                              self.flashinfer_version,
+                              bytes_per_token=(self.dispatch_bytes_per_token, self.combine_bytes_per_token))
 
     def bytes_per_rank(self, cap: int) -> int:
-        return workspace_bytes_per_rank(
-            self.ep_size, cap, self.dispatch_bytes_per_token, self.combine_bytes_per_token,
-            self.eplb_stats_num_experts, self.flashinfer_version,
-        )
+        if self.geometry is None:  # moe_a2a's own inputs: the bytes per token
+            return workspace_bytes_per_rank(
+                self.ep_size, cap, self.dispatch_bytes_per_token, self.combine_bytes_per_token,
+                self.eplb_stats_num_experts, self.flashinfer_version)
+        return self.plan(cap).workspace_bytes_per_rank
 
 
 def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, alignment: int,
                        max_cap: int = 1 << 20) -> int | None:
-    """Largest multiple of ``alignment`` whose workspace fits the budget (None if even one step does not).
-    The workspace grows monotonically with the cap, so a binary search over steps finds it."""
+    """Largest multiple of ``alignment`` (at most ``max_cap``) whose workspace fits the budget, None if
+    even one step does not: the planner's own search when the geometry is known."""
+    if pricing.geometry is not None:
+        try:
+            return _largest_plan_within(
+                budget_bytes_per_rank, pricing.geometry, pricing.ep_size, pricing.payload_format,
+                pricing.eplb_stats_num_experts, pricing.flashinfer_version, alignment=alignment, max_cap=max_cap,
+                bytes_per_token=(pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token)).cap
+        except NoCapFits:
+            return None
     low, high = 0, max_cap // alignment  # in alignment steps; step 0 stands for "nothing fits"
     while low < high:
         middle = (low + high + 1) // 2

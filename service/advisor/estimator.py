@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.stage import Stage
 
 
 @dataclass(frozen=True)
@@ -36,3 +38,18 @@ def estimate(history: SampleHistory, target_percentile: float, lower_percentile:
     lower = histogram.percentile(lower_percentile) * (1.0 + safety_margin) * (1.0 + 0.001 / guarded) ** -2
     upper = target * (1.0 + 1.0 / guarded)
     return Estimate(target, min(lower, target), upper, confidence_ratio)
+
+
+def size_for_peaks(history: SampleHistory, policy: AdvisorPolicy) -> tuple[Stage, Estimate]:
+    """The first stage: what the remembered peaks (and overflow bumps) ask for."""
+    found = estimate(history, policy.target_percentile, policy.lower_percentile, policy.safety_margin,
+                     policy.full_confidence_history_s)
+    which = ("the largest remembered sample" if policy.target_percentile >= 1
+             else f"the p{policy.target_percentile * 100:g} sample")
+    reasons = [f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} "
+               f"tokens over {history.sample_count} windows ({history.covered_s / 3600:.1f} h covered); sizing for "
+               f"{which} plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens"]
+    if history.overflow_windows:
+        reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
+                       f"{policy.bump_factor:g}x above what was used")
+    return Stage("peaks", found.target_tokens, tuple(reasons)), found

@@ -1,11 +1,93 @@
-"""The smallest cap a deployment can run with: CUDA-graph decode replays a batch of up to the
-largest captured size, and each request brings (1 + speculative draft tokens) tokens per step.
-Below it the first full decode batch overflows, however quiet the traffic was."""
+"""The smallest cap the deployment can run with, and which of its terms binds.
+
+SGLang 0.5.23 refuses to start when the cap is below ``_required_flashinfer_a2a_dispatch_tokens_per_rank``
+(``arg_groups/moe_hook.py`` ``validate_flashinfer_a2a_token_budget``): the largest of
+
+- the prefill buffer (``max_prefill_buffer_tokens``: the chunked-prefill size) and
+- the prefill CUDA-graph batch — both only when ``disaggregation_mode != "decode"`` —, and
+- the largest decode/verify CUDA-graph batch x the tokens each request dispatches per step
+  (``_decode_graph_dispatch_tokens_per_rank``: the speculative draft tokens, else 1; none on a prefill server).
+
+Advice below that cannot be followed. Ranks that predate the SGLang plugin report only their CUDA-graph
+decode batch and draft tokens: a batch of up to the largest captured size, each request bringing
+(1 + speculative draft tokens) tokens per step; below it the first full decode batch overflows.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
 
-def floor_tokens(cuda_graph_max_batch_size: int | None, speculative_tokens: int = 0) -> int | None:
-    if cuda_graph_max_batch_size is None:
+from capwatch.service.advisor.stage import Stage
+from capwatch.telemetry.report import SGLangLimits
+
+
+@dataclass(frozen=True)
+class Floor:
+    tokens: int
+    binds: str  # the term that sets it, in words
+    why: str  # what happens below it
+
+
+def sglang_floor_terms(limits: SGLangLimits) -> list[tuple[int, str]]:
+    """SGLang's terms, as (tokens, what) — the ones that apply to this server's mode."""
+    terms = []
+    if limits.disaggregation_mode != "decode":
+        terms.append((limits.max_prefill_buffer_tokens,
+                      f"the prefill chunk (max prefill buffer) of {limits.max_prefill_buffer_tokens} tokens"))
+        if limits.prefill_cuda_graph_max_batch_size:
+            terms.append((limits.prefill_cuda_graph_max_batch_size,
+                          f"the prefill CUDA-graph batch of {limits.prefill_cuda_graph_max_batch_size} tokens"))
+    if limits.disaggregation_mode != "prefill" and limits.decode_cuda_graph_max_batch_size:
+        batch, per_request = limits.decode_cuda_graph_max_batch_size, limits.tokens_per_request
+        what = "verify" if per_request > 1 else "decode"
+        terms.append((batch * per_request, f"the {what} CUDA-graph batch {batch} x {per_request} "
+                                           f"token{'s' if per_request > 1 else ''} per request"))
+    return terms
+
+
+def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int | None,
+                     speculative_tokens: int = 0) -> Floor | None:
+    refuses = "SGLang refuses to start below it"
+    terms = [(tokens, what, refuses) for tokens, what in (sglang_floor_terms(sglang) if sglang is not None else [])]
+    if cuda_graph_max_batch_size is not None:
+        terms.append((cuda_graph_max_batch_size * (1 + speculative_tokens),
+                      f"the largest CUDA-graph decode batch {cuda_graph_max_batch_size} x "
+                      f"(1 + {speculative_tokens} speculative tokens)", "a full decode batch overflows below it"))
+    terms = [term for term in terms if term[0] > 0]
+    if not terms:
         return None
-    return cuda_graph_max_batch_size * (1 + speculative_tokens)
+    tokens, binds, why = max(terms, key=lambda term: term[0])  # ties: SGLang's own rule, listed first
+    return Floor(tokens, binds, why)
+
+
+def floor_tokens(cuda_graph_max_batch_size: int | None, speculative_tokens: int = 0,
+                 sglang: SGLangLimits | None = None) -> int | None:
+    floor = deployment_floor(sglang, cuda_graph_max_batch_size, speculative_tokens)
+    return None if floor is None else floor.tokens
+
+
+def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLangLimits | None:
+    """One group's limits from its ranks' reports: each term's largest value (the cap is one number for
+    all of them, so the strictest rank's rule applies). None when no rank reports them."""
+    found = [item if isinstance(item, SGLangLimits) else SGLangLimits.model_validate(item, strict=False)
+             for item in limits if item]
+    if not found:
+        return None
+    modes = {item.disaggregation_mode for item in found}
+    return SGLangLimits(
+        sglang_version=found[0].sglang_version,
+        disaggregation_mode=modes.pop() if len(modes) == 1 else "null",  # mixed modes: the full rule
+        max_prefill_buffer_tokens=max(item.max_prefill_buffer_tokens for item in found),
+        prefill_cuda_graph_max_batch_size=max(item.prefill_cuda_graph_max_batch_size for item in found),
+        decode_cuda_graph_max_batch_size=max(item.decode_cuda_graph_max_batch_size for item in found),
+        tokens_per_request=max(item.tokens_per_request for item in found),
+        cap_source="env" if any(item.cap_source == "env" for item in found) else "default")
+
+
+def raise_to_floor(tokens: float, floor: Floor | None) -> Stage:
+    if floor is None:
+        return Stage("floor", tokens)
+    if tokens >= floor.tokens:
+        return Stage("floor", tokens)
+    return Stage("floor", floor.tokens, (f"raised to the floor {floor.tokens}: {floor.binds} ({floor.why})",))

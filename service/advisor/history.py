@@ -9,8 +9,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from capwatch.service.advisor.histogram import DecayingHistogram
-from capwatch.service.advisor.overflow_bump import overflow_bump
 from capwatch.service.advisor.sample import GroupSample
+
+SECONDS_PER_DAY = 86_400.0
+DAYS_KEPT = 60  # daily peaks remembered for the trend stage
+
+
+def overflow_bump(peak_runtime_tokens: int, cap: int, factor: float = 1.2, min_tokens: int = 16) -> int:
+    """Overflow events are evidence that the need was ABOVE what was observed. Like VPA's OOM bump,
+    an overflowing window adds one extra sample at ``max(used * factor, used + min_tokens)`` with
+    ``used = max(cap, observed peak)``: computed from what was used, never from an earlier bump,
+    so bumps do not compound."""
+    used = max(cap, peak_runtime_tokens)
+    return max(int(-(-used * factor // 1)), used + min_tokens)
 
 
 @dataclass
@@ -25,6 +36,8 @@ class SampleHistory:
     max_peak_runtime_tokens: int = 0
     window_s: float = 60.0
     caps_seen: set[int] = field(default_factory=set)
+    # UTC day -> [largest window peak, windows seen]: the trend stage's series (the histograms keep no time).
+    daily: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.usage is None:
@@ -53,6 +66,11 @@ class SampleHistory:
         self.sample_count += 1
         self.max_peak_runtime_tokens = max(self.max_peak_runtime_tokens, sample.peak_runtime_tokens)
         self.caps_seen.add(sample.cap)
+        day = self.daily.setdefault(int(sample.window_start_s // SECONDS_PER_DAY), [0, 0])
+        day[0] = max(day[0], sample.peak_runtime_tokens)
+        day[1] += 1
+        if len(self.daily) > DAYS_KEPT:
+            del self.daily[min(self.daily)]
         start = sample.window_start_s
         self.first_sample_s = start if self.first_sample_s is None else min(self.first_sample_s, start)
         self.last_sample_s = start if self.last_sample_s is None else max(self.last_sample_s, start)
@@ -70,6 +88,11 @@ class SampleHistory:
         result.overflow_windows += other.overflow_windows
         result.max_peak_runtime_tokens = max(result.max_peak_runtime_tokens, other.max_peak_runtime_tokens)
         result.caps_seen |= other.caps_seen
+        for day, (peak, windows) in other.daily.items():
+            mine = result.daily.setdefault(day, [0, 0])
+            mine[0], mine[1] = max(mine[0], peak), mine[1] + windows
+        for day in sorted(result.daily)[:-DAYS_KEPT]:
+            del result.daily[day]
         firsts = [s for s in (self.first_sample_s, other.first_sample_s) if s is not None]
         lasts = [s for s in (self.last_sample_s, other.last_sample_s) if s is not None]
         result.first_sample_s = min(firsts) if firsts else None
@@ -80,6 +103,7 @@ class SampleHistory:
         return SampleHistory(
             self.half_life_s, self.usage.copy(), self.bumps.copy(), self.sample_count, self.overflow_windows,
             self.first_sample_s, self.last_sample_s, self.max_peak_runtime_tokens, self.window_s, set(self.caps_seen),
+            {day: list(value) for day, value in self.daily.items()},
         )
 
     def estimator_histogram(self) -> DecayingHistogram:
@@ -98,6 +122,7 @@ class SampleHistory:
             "first_sample_s": self.first_sample_s, "last_sample_s": self.last_sample_s,
             "max_peak_runtime_tokens": self.max_peak_runtime_tokens, "window_s": self.window_s,
             "caps_seen": sorted(self.caps_seen),
+            "daily": [[day, peak, windows] for day, (peak, windows) in sorted(self.daily.items())],
         }
 
     @classmethod
@@ -107,4 +132,11 @@ class SampleHistory:
             DecayingHistogram.from_dict(data["bumps"]), int(data["sample_count"]), int(data["overflow_windows"]),
             data["first_sample_s"], data["last_sample_s"], int(data["max_peak_runtime_tokens"]),
             float(data["window_s"]), set(data.get("caps_seen", [])),
+            {int(day): [int(peak), int(windows)] for day, peak, windows in data.get("daily", [])},
         )
+
+    def daily_peaks(self, min_coverage: float) -> list[int]:
+        """The largest window peak of each UTC day with at least ``min_coverage`` of its windows seen,
+        oldest first (a partial day's peak would read as a decline)."""
+        full = SECONDS_PER_DAY / self.window_s
+        return [peak for _, (peak, windows) in sorted(self.daily.items()) if windows >= min_coverage * full]

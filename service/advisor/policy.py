@@ -25,3 +25,19 @@ class AdvisorPolicy(BaseModel):
     min_cap: int = Field(128, ge=1)
     max_cap: int = Field(1 << 20, ge=1)
     budget_bytes_per_rank: int | None = Field(None, ge=1, description="A2A workspace memory budget per rank.")
+    # Risk-based sizing (tail.py): the smallest aligned cap whose predicted overflowing windows per day
+    # (the band's high end) is at most this. 1/30: at most one overflowing window a month.
+    target_overflow_windows_per_day: float = Field(
+        1.0 / 30.0, gt=0, description="Risk target: expected overflowing windows per day at the recommended cap.")
+    risk_min_margin: float = Field(
+        0.05, ge=0, le=1, description="The risk-sized cap stays this far above the largest remembered sample: what "
+                                      "lies between samples (a log shows one decode step in 40) is unseen.")
+    tail_threshold_quantile: float = Field(0.90, gt=0.5, lt=1, description="Peaks above this quantile are the tail.")
+    tail_min_exceedances: int = Field(30, ge=5, description="Fewer windows above the threshold: no tail fit.")
+    # Trend (trend.py): size for the daily peak expected this far ahead when growth is significant.
+    trend_horizon_s: float = Field(
+        172_800.0, ge=0, description="Size for the trend's peak this far past the latest full day (default 2 days).")
+    trend_alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall significance needed to call a trend.")
+    trend_min_days: int = Field(5, ge=3, description="Full days of daily peaks needed before a trend is called.")
+    trend_min_rate_per_day: float = Field(0.01, ge=0, description="Smallest |growth| per day acted on (0.01 = 1 %).")
+    trend_min_day_coverage: float = Field(0.5, gt=0, le=1, description="Share of a day's windows for it to count.")

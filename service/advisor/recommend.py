@@ -1,7 +1,17 @@
-"""The recommender: one visible chain of small pure pieces, like VPA's.
+"""The recommender: one visible chain of small pure stages, composed as VPA composes its estimators.
 
-    group samples -> decaying histogram (+ overflow bumps) -> estimate (target, bounds, confidence)
-      -> floor -> alignment -> memory budget -> hysteresis -> Advice (priced in bytes, explained)
+    group samples -> decaying histogram (+ overflow bumps)          history.py, histogram.py
+      -> gate             enough samples and covered time?         (here)
+      -> size_for_peaks   largest remembered peak + margin, bounds  estimator.py
+      -> size_for_risk    smallest cap meeting the overflow target  tail.py (peaks over threshold, GPD)
+      -> size_for_trend   grown by the daily peaks' trend           trend.py (Mann-Kendall, Theil-Sen)
+      -> raise_to_floor   never below SGLang's start-up floor       floor.py
+      -> align            a multiple of the alignment               alignment.py
+      -> clamp_to_budget  within the workspace memory budget        (here, priced by budget.py)
+      -> decide           raise now, or a change worth a restart    hysteresis.py
+      -> Advice           priced in bytes and KV-cache tokens (kv.py), every stage's reasons in chain order
+
+Each stage returns its value and its reasons (``Stage``); ``recommend`` only composes them.
 """
 
 from __future__ import annotations
@@ -10,13 +20,18 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from capwatch.service.advisor.alignment import align_down, align_up
+from capwatch.service.advisor.alignment import align, align_down, align_up
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
-from capwatch.service.advisor.estimator import estimate
-from capwatch.service.advisor.floor import floor_tokens
+from capwatch.service.advisor.estimator import size_for_peaks
+from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import worth_changing
+from capwatch.service.advisor.hysteresis import decide
+from capwatch.service.advisor.kv import kv_tokens, kv_trade
 from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.stage import Stage, gib
+from capwatch.service.advisor.tail import size_for_risk, tail_model
+from capwatch.service.advisor.trend import size_for_trend
+from capwatch.telemetry.report import SGLangLimits
 
 ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -29,6 +44,8 @@ class GroupConfig:
     pricing: WorkspacePricing
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
+    sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
+    kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (dispatcher/models.py)
 
 
 class Advice(BaseModel):
@@ -48,6 +65,7 @@ class Advice(BaseModel):
     workspace_bytes_group_delta: int | None
     ep_size: int
     floor_cap: int | None
+    floor_binds: str | None = None  # which term of the floor sets it
     budget_cap: int | None
     sample_count: int
     overflow_windows: int
@@ -56,6 +74,16 @@ class Advice(BaseModel):
     max_peak_runtime_tokens: int
     env: str | None
     reasons: list[str]
+    # Risk (tail.py): expected overflowing windows per day, with the recommended cap's band.
+    predicted_overflow_windows_per_day_current: float | None = None
+    predicted_overflow_windows_per_day_recommended: float | None = None
+    predicted_overflow_windows_per_day_recommended_low: float | None = None
+    predicted_overflow_windows_per_day_recommended_high: float | None = None
+    tail_fit: bool = False  # a generalized Pareto tail was fitted (else the empirical histogram predicts)
+    trend_rate_per_day: float | None = None  # ln-growth of daily peaks per day (Theil-Sen), when measured
+    trend_significant: bool = False
+    kv_bytes_per_token: int | None = None
+    kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
 
 
 class WhatIf(BaseModel):
@@ -67,14 +95,50 @@ class WhatIf(BaseModel):
     aligned: bool
     below_floor: bool
     within_budget: bool | None
+    predicted_overflow_windows_per_day: float | None = None
+    predicted_overflow_windows_per_day_low: float | None = None
+    predicted_overflow_windows_per_day_high: float | None = None
+    kv_cache_tokens_per_rank_freed: int | None = None  # against the current cap (< 0: the cap costs KV room)
 
 
-def _pct(rate: float) -> str:
-    return f"{rate:.2%}" if rate else "0%"
+class ClusterAdvice(Advice):
+    """What ``GET /v1/clusters/{cluster}/advice`` answers (and ``capwatch advise --json`` prints)."""
+
+    cluster: str
+    role: str
+    generated_unix_s: float
 
 
-def _gib(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB"
+def gate(history: SampleHistory, policy: AdvisorPolicy, overflow_now: float) -> tuple[bool, bool, str]:
+    """(advise at all, history still short, why not). An overflow is evidence enough, however short the history."""
+    covered_s = history.covered_s
+    short = history.sample_count < policy.min_samples or covered_s < policy.min_history_s
+    if history.sample_count == 0 or (short and history.overflow_windows == 0 and overflow_now == 0.0):
+        return False, short, (f"{history.sample_count} group samples covering {covered_s / 60:.0f} min; advice needs "
+                              f"at least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history")
+    return True, short, ""
+
+
+def clamp_to_budget(tokens: int, budget_cap: int | None, floor_cap: int | None, policy: AdvisorPolicy) -> Stage:
+    reasons = []
+    if budget_cap is not None and tokens > budget_cap:
+        reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
+                       f"{gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {tokens})")
+        tokens = budget_cap
+    if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
+        reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
+                       "the budget wins, expect overflows at full decode batches")
+    return Stage("budget", tokens, tuple(reasons))
+
+
+def bounds(lower_tokens: float, upper_tokens: float, recommended: int, floor_cap: int | None,
+           alignment: int) -> tuple[int, int]:
+    """[lower, upper] the current cap may sit in without a change (aligned; around the recommendation)."""
+    lower = align_down(lower_tokens, alignment) or alignment
+    upper = align_up(upper_tokens, alignment)
+    if floor_cap is not None:
+        lower = max(lower, floor_cap)
+    return min(lower, recommended), max(upper, recommended)
 
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
@@ -82,108 +146,89 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     ep_size = pricing.ep_size
     current = group.cap
     current_bytes = pricing.bytes_per_rank(current)
-    floor_cap = floor_tokens(group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor = deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor_cap = None if floor is None else floor.tokens
     budget_cap = (largest_cap_within(policy.budget_bytes_per_rank, pricing, policy.alignment, policy.max_cap)
                   if policy.budget_bytes_per_rank is not None else None)
     # Covered time, not the span: gaps and a rank clock far in the past must not pass for history.
     covered_s = history.covered_s
     base = dict(current_cap=current, workspace_bytes_per_rank_current=current_bytes,
                 workspace_bytes_group_current=current_bytes * ep_size, ep_size=ep_size, floor_cap=floor_cap,
-                budget_cap=budget_cap, sample_count=history.sample_count, overflow_windows=history.overflow_windows,
+                floor_binds=None if floor is None else floor.binds, budget_cap=budget_cap,
+                sample_count=history.sample_count, overflow_windows=history.overflow_windows,
                 history_s=history.history_s, covered_history_s=covered_s,
-                max_peak_runtime_tokens=history.max_peak_runtime_tokens)
-
+                max_peak_runtime_tokens=history.max_peak_runtime_tokens, kv_bytes_per_token=group.kv_bytes_per_token)
     overflow_now = history.usage.share_above(current) if not history.usage.is_empty() else 0.0
-    short = history.sample_count < policy.min_samples or covered_s < policy.min_history_s
-    if history.sample_count == 0 or (short and history.overflow_windows == 0 and overflow_now == 0.0):
+
+    advise, short, why_not = gate(history, policy, overflow_now)
+    if not advise:
         return Advice(
             action="insufficient_data", recommended_cap=None, target_cap=None, lower_bound=None, upper_bound=None,
             confidence=0.0, predicted_overflow_rate_current=overflow_now if history.sample_count else None,
             predicted_overflow_rate_recommended=None, workspace_bytes_per_rank_recommended=None,
             workspace_bytes_group_recommended=None, workspace_bytes_group_delta=None, env=None,
-            reasons=[f"{history.sample_count} group samples covering {covered_s / 60:.0f} min; advice needs at "
-                     f"least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history"],
-            **base)
+            reasons=[why_not], **base)
 
-    reasons: list[str] = []
-    found = estimate(history, policy.target_percentile, policy.lower_percentile, policy.safety_margin,
-                     policy.full_confidence_history_s)
-    reasons.append(
-        f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} tokens "
-        f"over {history.sample_count} windows ({covered_s / 3600:.1f} h covered); sizing for "
-        f"{'the largest remembered sample' if policy.target_percentile >= 1 else f'the p{policy.target_percentile * 100:g} sample'}"
-        f" plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens")
-    if history.overflow_windows:
-        reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
-                       f"{policy.bump_factor:g}x above what was used")
+    # The chain: each stage takes the previous stage's tokens.
+    model = tail_model(history, policy)
+    peaks, found = size_for_peaks(history, policy)
+    risk = size_for_risk(history, model, peaks.tokens, policy)
+    trended, trend = size_for_trend(history, risk.tokens, policy)
+    floored = raise_to_floor(trended.tokens, floor)
+    aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment)
+    budgeted = clamp_to_budget(int(aligned.tokens), budget_cap, floor_cap, policy)
+    target_cap = int(budgeted.tokens)
+    lower_bound, upper_bound = bounds(found.lower_tokens, found.upper_tokens, target_cap, floor_cap, policy.alignment)
+    action, why = decide(current, target_cap, lower_bound, upper_bound, overflow_now, history.overflow_windows,
+                         floor_cap, short, covered_s, policy.change_min_history_s, policy.change_min_ratio)
+    stages = (peaks, risk, trended, floored, aligned, budgeted)
+    reasons = [reason for stage in stages for reason in stage.reasons] + [why]
 
-    target = found.target_tokens
-    if floor_cap is not None and target < floor_cap:
-        reasons.append(f"raised to the floor {floor_cap}: the largest CUDA-graph decode batch "
-                       f"{group.cuda_graph_max_batch_size} x (1 + {group.speculative_tokens} speculative tokens)")
-        target = floor_cap
-    target = max(target, policy.min_cap)
-    target_cap = min(align_up(target, policy.alignment), align_down(policy.max_cap, policy.alignment))
-    recommended = target_cap
-    if budget_cap is not None and recommended > budget_cap:
-        reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
-                       f"{_gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {recommended})")
-        recommended = budget_cap
-        target_cap = budget_cap
-    if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
-        reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
-                       "the budget wins, expect overflows at full decode batches")
-
-    lower_bound = align_down(found.lower_tokens, policy.alignment) or policy.alignment
-    upper_bound = align_up(found.upper_tokens, policy.alignment)
-    if floor_cap is not None:
-        lower_bound = max(lower_bound, floor_cap)
-    upper_bound = max(upper_bound, recommended)
-    lower_bound = min(lower_bound, recommended)
-
-    # A cap that is being exceeded, or that sits below the floor, fails dispatches: raise now,
-    # whatever the hysteresis says. Everything else waits for a change worth a restart.
-    if (overflow_now > 0.0 or history.overflow_windows > 0 and current < recommended) and recommended > current:
-        action = "raise"
-        reasons.append(f"{_pct(overflow_now)} of windows peaked above the current cap {current}")
-    elif floor_cap is not None and current < floor_cap and recommended > current:
-        action = "raise"
-        reasons.append(f"the current cap {current} is below the floor {floor_cap}")
-    elif short:
-        action = "hold" if recommended <= current else "raise"
-        reasons.append("history is still short: not lowering yet")
-    else:
-        change, why = worth_changing(current, recommended, lower_bound, upper_bound, covered_s,
-                                     policy.change_min_history_s, policy.change_min_ratio)
-        reasons.append(why)
-        action = ("raise" if recommended > current else "lower") if change else "hold"
-    if action == "hold":
-        recommended = current
-
+    recommended = current if action == "hold" else target_cap
     recommended_bytes = pricing.bytes_per_rank(recommended)
-    overflow_recommended = history.usage.share_above(recommended)
     if action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the workspace "
-            f"from {_gib(current_bytes)} to {_gib(recommended_bytes)} per rank "
-            f"({_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+            f"from {gib(current_bytes)} to {gib(recommended_bytes)} per rank "
+            f"({gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+    traded = kv_trade(action, current_bytes, recommended_bytes, group.kv_bytes_per_token)
+    if traded:
+        reasons.append(traded)
+    low, high = model.band(recommended)
     return Advice(
         action=action, recommended_cap=recommended, target_cap=target_cap, lower_bound=lower_bound,
         upper_bound=upper_bound, confidence=round(found.confidence, 4),
-        predicted_overflow_rate_current=overflow_now, predicted_overflow_rate_recommended=overflow_recommended,
+        predicted_overflow_rate_current=overflow_now,
+        predicted_overflow_rate_recommended=history.usage.share_above(recommended),
         workspace_bytes_per_rank_recommended=recommended_bytes,
         workspace_bytes_group_recommended=recommended_bytes * ep_size,
         workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-        env=f"{ENV_NAME}={recommended}", reasons=reasons, **base)
+        env=f"{ENV_NAME}={recommended}", reasons=reasons,
+        predicted_overflow_windows_per_day_current=_rounded(model.overflow_windows_per_day(current)),
+        predicted_overflow_windows_per_day_recommended=_rounded(model.overflow_windows_per_day(recommended)),
+        predicted_overflow_windows_per_day_recommended_low=_rounded(low),
+        predicted_overflow_windows_per_day_recommended_high=_rounded(high),
+        tail_fit=model.fit is not None, trend_rate_per_day=None if trend is None else round(trend.rate_per_day, 5),
+        trend_significant=trend is not None and trend.significant,
+        kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - recommended_bytes, group.kv_bytes_per_token),
+        **base)
+
+
+def _rounded(value: float) -> float:
+    """4 significant digits: a prediction is not more precise, and a folded history then gives the same advice."""
+    return float(f"{value:.4g}")
 
 
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:
     pricing = group.pricing
     current_bytes = pricing.bytes_per_rank(group.cap)
-    floor_cap = floor_tokens(group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor = deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+    floor_cap = None if floor is None else floor.tokens
+    model = tail_model(history, policy) if history.sample_count else None
     results = []
     for cap in caps:
         per_rank = pricing.bytes_per_rank(cap)
+        band = model.band(cap) if model is not None else (None, None)
         results.append(WhatIf(
             cap=cap,
             predicted_overflow_rate=history.usage.share_above(cap) if history.sample_count else None,
@@ -193,5 +238,9 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
             aligned=cap % policy.alignment == 0,
             below_floor=floor_cap is not None and cap < floor_cap,
             within_budget=None if policy.budget_bytes_per_rank is None else per_rank <= policy.budget_bytes_per_rank,
+            predicted_overflow_windows_per_day=None if model is None else _rounded(model.overflow_windows_per_day(cap)),
+            predicted_overflow_windows_per_day_low=None if band[0] is None else _rounded(band[0]),
+            predicted_overflow_windows_per_day_high=None if band[1] is None else _rounded(band[1]),
+            kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - per_rank, group.kv_bytes_per_token),
         ))
     return results

@@ -8,9 +8,10 @@ import hmac
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Query, Request, status
+from fastapi import Depends, Query, Request
 
 from capwatch.service.config import Settings
+from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import ServiceMetrics
 from capwatch.service.views import ClusterSource
 
@@ -31,10 +32,15 @@ async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
+async def get_digests(request: Request) -> ClusterDigests:
+    return request.app.state.digests
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SourceDep = Annotated[ClusterSource, Depends(get_source)]
 ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
+DigestsDep = Annotated[ClusterDigests, Depends(get_digests)]
 RoleQuery = Annotated[str, Query(pattern="^(target|draft)$", description="Which dispatcher of the ranks.")]
 
 
@@ -45,13 +51,3 @@ def bearer_token_accepted(authorization: str, settings: Settings) -> bool:
     scheme, _, supplied = authorization.partition(" ")
     expected = settings.token.get_secret_value()
     return scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), expected.encode())
-
-
-def check_token(request: Request, settings: Settings, metrics: ServiceMetrics) -> None:
-    """Write endpoints: when a token is configured, ``Authorization: Bearer <token>`` is required."""
-    if not bearer_token_accepted(request.headers.get("authorization", ""), settings):
-        metrics.reports_rejected.labels("unauthorized").inc()
-        raise HTTPException(
-            status.HTTP_401_UNAUTHORIZED,
-            "this endpoint needs 'Authorization: Bearer <token>' with the service's CAPWATCH_TOKEN",
-            headers={"WWW-Authenticate": "Bearer"})

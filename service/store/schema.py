@@ -1,9 +1,18 @@
-"""SQLite schema. Raw reports are kept for the retention window; per-window group samples for
-the fold window; older samples live only in one bounded decaying histogram per cluster/role."""
+"""SQLite schema, versioned with ``PRAGMA user_version``. Raw reports are kept for the retention
+window; per-window group samples for the fold window; older samples live only in one bounded
+decaying histogram per cluster/role.
+
+``MIGRATIONS[n]`` takes a database from version n to n + 1, in one transaction that also sets the
+version, so a crash mid-migration leaves the previous version. A database from before versions
+existed reads 0 and has version 1's tables already (its statements are all IF NOT EXISTS). Add a
+migration at the end, never edit one: databases in the field were written by each of them.
+"""
 
 import functools
 
-SCHEMA = """
+from capwatch.telemetry.report import MAX_STORED_COUNT
+
+SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS reports (
     id INTEGER PRIMARY KEY,
     cluster TEXT NOT NULL,
@@ -63,12 +72,26 @@ CREATE TABLE IF NOT EXISTS fold_progress (
 );
 """
 
+# Version 2: each rank's own largest local batch per interval (the per-rank line of the history),
+# and the ranks' last receive time as a column, so ranks missing longer than the retention are pruned
+# by an indexed query instead of parsing every state.
+SCHEMA_V2 = """
+ALTER TABLE reports ADD COLUMN max_local_tokens INTEGER;
+ALTER TABLE ranks ADD COLUMN received_unix_s REAL NOT NULL DEFAULT 0;
+UPDATE ranks SET received_unix_s = coalesce(json_extract(state, '$.received_unix_s'), 0)
+    WHERE json_valid(state);
+CREATE INDEX IF NOT EXISTS ranks_by_received ON ranks (received_unix_s);
+"""
+
+MIGRATIONS: tuple[str, ...] = (SCHEMA_V1, SCHEMA_V2)
+SCHEMA_VERSION = len(MIGRATIONS)
+
 # Each batch is written with a few statements of many rows each: the sqlite3 module releases the
 # GIL around every statement step, and with the HTTP loop busy, taking it back costs far more than
 # the step itself (per-row statements made the writer wait ~5x longer than it worked).
 REPORT_KEY_COLUMNS = ("cluster", "role", "ep_rank", "boot_id", "sequence")
 REPORT_COLUMNS = (*REPORT_KEY_COLUMNS, "received_unix_s", "interval_end_unix_s", "peak_runtime_tokens", "cap",
-                  "forward_steps", "overflow_events", "payload")
+                  "forward_steps", "overflow_events", "payload", "max_local_tokens")
 WINDOW_COLUMNS = ("cluster", "role", "window_start_s", "peak_runtime_tokens", "cap", "overflow_events")
 
 
@@ -93,12 +116,13 @@ def insert_reports_sql(rows: int) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def upsert_windows_sql(rows: int) -> str:
-    """A window's sample only grows: the hottest rank's peak, the largest cap, every overflow.
+    """A window's sample only grows: the hottest rank's peak, the largest cap, every overflow (saturating).
     Rows hitting the same window apply one after another, as separate statements would."""
     return (f"INSERT INTO windows ({', '.join(WINDOW_COLUMNS)}, reports) "
             f"VALUES {_values(len(WINDOW_COLUMNS) + 1, rows)} "
             "ON CONFLICT (cluster, role, window_start_s) DO UPDATE SET "
             "peak_runtime_tokens = max(peak_runtime_tokens, excluded.peak_runtime_tokens), "
             "cap = max(cap, excluded.cap), "
-            "overflow_events = overflow_events + excluded.overflow_events, "
-            "reports = reports + excluded.reports")
+            # Saturating: each row adds less than 2^58 (MAX_COUNT bounds), so the sum never leaves int64.
+            f"overflow_events = min(overflow_events + excluded.overflow_events, {MAX_STORED_COUNT}), "
+            f"reports = min(reports + excluded.reports, {MAX_STORED_COUNT})")

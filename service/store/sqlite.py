@@ -26,12 +26,12 @@ from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.sample import GroupSample, window_start
 from capwatch.service.store.rank_state import RankState, apply_report
-from capwatch.service.store.schema import (REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA, existing_reports_sql,
-                                   insert_reports_sql, upsert_windows_sql)
-from capwatch.telemetry.report import RankReport
+from capwatch.service.store.schema import (MIGRATIONS, REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA_VERSION,
+                                            existing_reports_sql, insert_reports_sql, upsert_windows_sql)
+from capwatch.telemetry.report import MAX_STORED_COUNT, RankReport
 
 log = logging.getLogger(__name__)
-_STOP = object()
+RankKey = tuple[str, str, int]  # cluster, role, ep_rank
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,52 @@ class IntervalRow:
     cap: int
     forward_steps: int
     overflow_events: int
+    max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
 
 
 @dataclass(frozen=True)
 class _LoopWaiter:
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+
+
+Waiter = concurrent.futures.Future | _LoopWaiter
+
+
+# --- the writer's messages: what the queue carries, told apart by type --------------------------
+
+
+@dataclass(frozen=True)
+class PendingReport:
+    """One validated report waiting for its commit, and who waits for the acknowledgement."""
+
+    report: RankReport
+    received_unix_s: float
+    payload: bytes | None  # the JSON as received, stored as is
+    waiter: Waiter
+
+
+@dataclass(frozen=True)
+class ReportBatch:
+    """Reports to commit together: one ``submit``, or one event-loop iteration's ``submit_async`` calls."""
+
+    reports: list[PendingReport]
+
+
+@dataclass(frozen=True)
+class WriterCall:
+    """A function to run on the writer's connection, between batches."""
+
+    function: Callable[[sqlite3.Connection], object]
+    future: concurrent.futures.Future
+
+
+@dataclass(frozen=True)
+class StopWriter:
+    """Sent once, by ``close``: commit what came before, refuse what comes after."""
+
+
+WriterMessage = ReportBatch | WriterCall | StopWriter
 
 
 def _settle(outcomes: list[tuple[asyncio.Future, object, BaseException | None]]) -> None:
@@ -82,15 +122,20 @@ def _settle(outcomes: list[tuple[asyncio.Future, object, BaseException | None]])
             future.set_result(result)
 
 
-def _resolve(batch: list, results: list | None, error: BaseException | None) -> None:
-    """Settle every waiter of a batch: concurrent futures directly, asyncio futures per loop in one call."""
+def _resolve(batch: list[PendingReport], results: list | None, error: BaseException | list | None) -> None:
+    """Settle every waiter of a batch: concurrent futures directly, asyncio futures per loop in one call.
+    ``error``: one for the whole batch, or one (or None) per report."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for index, (_, _, waiter) in enumerate(batch):
+    for index, pending in enumerate(batch):
         result = results[index] if results is not None else None
+        waiter = pending.waiter
+        failure = error[index] if isinstance(error, list) else error
+        if failure is not None:
+            result = None
         if isinstance(waiter, _LoopWaiter):
-            by_loop.setdefault(waiter.loop, []).append((waiter.future, result, error))
-        elif error is not None:
-            waiter.set_exception(error)
+            by_loop.setdefault(waiter.loop, []).append((waiter.future, result, failure))
+        elif failure is not None:
+            waiter.set_exception(failure)
         else:
             waiter.set_result(result)
     for loop, outcomes in by_loop.items():
@@ -109,15 +154,25 @@ class StoreUnavailable(RuntimeError):
         self.retry_after_s = retry_after_s
 
 
+class ReportNotStorable(ValueError):
+    """The store cannot keep this report (its values do not fit a row): refused as invalid (422), and
+    the other reports of its batch are committed without it."""
+
+
+class StoreDamaged(sqlite3.DatabaseError):
+    """The database file fails SQLite's integrity check, or was written by a newer capwatch."""
+
+
 def _runtime_overflows(report: RankReport) -> int:
-    return sum(event.count for event in report.interval.overflow_events if event.kind == "runtime_over_cap")
+    total = sum(event.count for event in report.interval.overflow_events if event.kind == "runtime_over_cap")
+    return min(total, MAX_STORED_COUNT)
 
 
 _ACCEPTED = IngestResult(accepted=True, duplicate=False)
 _DUPLICATE = IngestResult(accepted=True, duplicate=True)
 _KEY_LENGTH = len(REPORT_KEY_COLUMNS)
 _OVERFLOW_EVENTS = REPORT_COLUMNS.index("overflow_events")
-_ROWS_PER_STATEMENT = 512  # 512 x 12 parameters stays well under SQLite's limit of 32,766
+_ROWS_PER_STATEMENT = 512  # 512 x 13 parameters stays well under SQLite's limit of 32,766
 
 
 def _report_row(report: RankReport, received: float, payload: bytes | None) -> tuple:
@@ -125,7 +180,8 @@ def _report_row(report: RankReport, received: float, payload: bytes | None) -> t
     identity, interval = report.identity, report.interval
     return (identity.cluster, identity.role, identity.ep_rank, identity.boot_id, report.sequence, received,
             interval.end_unix_s, interval.peak_runtime_tokens, report.config.cap, interval.forward_steps,
-            _runtime_overflows(report), payload.decode() if payload is not None else report.model_dump_json())
+            _runtime_overflows(report), payload.decode() if payload is not None else report.model_dump_json(),
+            interval.max_local_tokens)
 
 
 def _chunks(rows: list) -> list[list]:
@@ -149,9 +205,9 @@ class Store:
         self.path = str(path)
         self.options = options or StoreOptions()
         self.clock = clock
-        self._gathering: dict[asyncio.AbstractEventLoop, list] = {}  # per loop, touched only by that loop
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # C: put costs the HTTP loop far less
-        # Guards _closed and _pending with the puts: nothing is queued after the stop sentinel.
+        self._gathering: dict[asyncio.AbstractEventLoop, list[PendingReport]] = {}  # per loop, touched by it only
+        self._queue: queue.SimpleQueue[WriterMessage] = queue.SimpleQueue()  # C: put costs the HTTP loop far less
+        # Guards _closed and _pending with the puts: nothing is queued after the stop message.
         self._admission = threading.Lock()
         self._pending = 0  # reports submitted and not yet settled
         self._local = threading.local()
@@ -159,29 +215,79 @@ class Store:
         self._readers_lock = threading.Lock()
         self._closed = False
         self._writer_connection = self._connect()
-        self._writer_connection.executescript(SCHEMA)
-        self._ranks_lock = threading.Lock()
-        self._ranks, self._checkpoint_id = self._load_ranks(self._writer_connection)
-        self._folded_before_s = self._load_folded_before(self._writer_connection)
-        self._dirty: set[tuple[str, str, int]] = set()
+        try:
+            self._check_integrity(self._writer_connection)
+            self._migrate(self._writer_connection)
+            self._ranks_lock = threading.Lock()
+            self._ranks: dict[RankKey, RankState] = {}
+            self._by_cluster: dict[str, dict[RankKey, RankState]] = {}
+            self._generations: dict[str, int] = {}
+            ranks, self._checkpoint_id = self._load_ranks(self._writer_connection)
+            self._publish(ranks)
+            self._folded_before_s = self._load_folded_before(self._writer_connection)
+        except BaseException:
+            self._writer_connection.close()
+            raise
+        self._unreadable_folded: set[tuple[str, str]] = set()
+        self._dirty: set[RankKey] = set()
         self._last_report_id = self._checkpoint_id
         self._writer = threading.Thread(target=self._run_writer, name="capwatch-store-writer", daemon=True)
         self._writer.start()
 
-    def _load_ranks(self, connection: sqlite3.Connection) -> tuple[dict, int]:
-        """The checkpointed rank states, brought up to date by replaying the reports after it."""
-        ranks = {(row[0], row[1], row[2]): RankState.from_dict(json.loads(row[3]))
-                 for row in connection.execute("SELECT cluster, role, ep_rank, state FROM ranks")}
+    # --- opening: integrity, schema, state --------------------------------------------------
+
+    def _check_integrity(self, connection: sqlite3.Connection) -> None:
+        """``PRAGMA quick_check`` (every page's structure, O(file), no index cross-check): damage
+        anywhere in the file fails here, at start, instead of as errors on reads and acknowledged
+        writes into a broken file later."""
+        try:
+            problems = [row[0] for row in connection.execute("PRAGMA quick_check(5)")]
+        except sqlite3.DatabaseError as error:  # not a database at all (a damaged header)
+            raise StoreDamaged(f"SQLite cannot read it ({error})") from None
+        if problems != ["ok"]:
+            summary = " ".join("; ".join(str(problem) for problem in problems).split())  # one line
+            raise StoreDamaged(f"SQLite's integrity check fails ({summary[:300]})")
+
+    def _migrate(self, connection: sqlite3.Connection) -> None:
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreDamaged(f"it has schema version {version}, written by a newer capwatch (this one reads up "
+                               f"to {SCHEMA_VERSION})")
+        for target, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            connection.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {target};\nCOMMIT;")
+            log.info("database %s migrated to schema version %d", self.path, target)
+
+    def _load_ranks(self, connection: sqlite3.Connection) -> tuple[dict[RankKey, RankState], int]:
+        """The checkpointed rank states, brought up to date by replaying the reports after it. A state row
+        the code cannot read is reported (logged) and rebuilt from the retained reports."""
+        ranks: dict[RankKey, RankState] = {}
+        unreadable = 0
+        for cluster, role, ep_rank, text in connection.execute("SELECT cluster, role, ep_rank, state FROM ranks"):
+            try:
+                ranks[(cluster, role, ep_rank)] = RankState.from_dict(json.loads(text))
+            except (ValueError, TypeError) as error:  # bad JSON, or a state the model refuses
+                unreadable += 1
+                log.warning("database %s: the state of rank %s/%s/%s cannot be read (%s); rebuilding the ranks from "
+                            "the reports kept", self.path, cluster, role, ep_rank, str(error).splitlines()[0])
         row = connection.execute("SELECT last_report_id FROM checkpoint WHERE id = 0").fetchone()
-        checkpoint = row[0] if row else 0
+        checkpoint = 0 if unreadable or row is None else row[0]
+        if unreadable:
+            ranks = {}  # replay everything retained: a partial state would double-count the rest
         last = checkpoint
         for report_id, payload, received in connection.execute(
                 "SELECT id, payload, received_unix_s FROM reports WHERE id > ? ORDER BY id", (checkpoint,)):
-            report = RankReport.model_validate_json(payload)
+            last = report_id
+            try:
+                report = RankReport.model_validate_json(payload)
+            except ValueError as error:
+                log.warning("database %s: report row %d cannot be read (%s); skipped", self.path, report_id,
+                            str(error).splitlines()[0])
+                continue
             key = (report.identity.cluster, report.identity.role, report.identity.ep_rank)
             ranks[key] = apply_report(ranks.get(key), report, received)
-            last = report_id
-        if last != checkpoint:
+        if last != checkpoint or unreadable:
+            if unreadable:
+                connection.execute("DELETE FROM ranks")
             self._write_checkpoint(connection, ranks, ranks.keys(), last)
         return ranks, last
 
@@ -197,25 +303,49 @@ class Store:
     def _write_checkpoint(connection: sqlite3.Connection, ranks: dict, keys, last_report_id: int) -> None:
         connection.execute("BEGIN IMMEDIATE")
         connection.executemany(
-            "INSERT OR REPLACE INTO ranks (cluster, role, ep_rank, state) VALUES (?, ?, ?, ?)",
-            [(key[0], key[1], key[2], json.dumps(ranks[key].to_dict())) for key in keys])
+            "INSERT OR REPLACE INTO ranks (cluster, role, ep_rank, state, received_unix_s) VALUES (?, ?, ?, ?, ?)",
+            [(key[0], key[1], key[2], json.dumps(ranks[key].to_dict()), ranks[key].received_unix_s) for key in keys])
         connection.execute("INSERT OR REPLACE INTO checkpoint (id, last_report_id) VALUES (0, ?)", (last_report_id,))
         connection.execute("COMMIT")
 
     def _checkpoint(self, connection: sqlite3.Connection) -> None:
         if self._dirty:
             with self._ranks_lock:
-                ranks = {key: self._ranks[key] for key in self._dirty}
+                ranks = {key: self._ranks[key] for key in self._dirty if key in self._ranks}
             self._write_checkpoint(connection, ranks, ranks.keys(), self._last_report_id)
             self._dirty.clear()
+
+    def _publish(self, ranks: dict[RankKey, RankState]) -> None:
+        """Make committed states visible to readers, and mark their clusters changed."""
+        with self._ranks_lock:
+            for key, state in ranks.items():
+                self._ranks[key] = state
+                self._by_cluster.setdefault(key[0], {})[key] = state
+            for cluster in {key[0] for key in ranks}:
+                self._generations[cluster] = self._generations.get(cluster, 0) + 1
+
+    def _forget(self, keys: list[RankKey]) -> None:
+        with self._ranks_lock:
+            for key in keys:
+                self._ranks.pop(key, None)
+                members = self._by_cluster.get(key[0])
+                if members is not None:
+                    members.pop(key, None)
+                    if not members:
+                        del self._by_cluster[key[0]]
+                self._generations[key[0]] = self._generations.get(key[0], 0) + 1
 
     # --- connections ------------------------------------------------------------------------
 
     def _connect(self) -> sqlite3.Connection:
         connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False, timeout=30.0)
-        connection.execute("PRAGMA journal_mode=WAL")
-        connection.execute("PRAGMA synchronous=FULL")  # durable at COMMIT, not just crash-consistent
-        connection.execute("PRAGMA busy_timeout=30000")
+        try:
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=FULL")  # durable at COMMIT, not just crash-consistent
+            connection.execute("PRAGMA busy_timeout=30000")
+        except sqlite3.DatabaseError as error:
+            connection.close()
+            raise StoreDamaged(f"SQLite cannot read it ({error})") from None
         return connection
 
     def _reader(self) -> sqlite3.Connection:
@@ -239,7 +369,7 @@ class Store:
         with self._admission:
             refusal = self._admit()
             if refusal is None:
-                self._queue.put((report, (received, payload), future))
+                self._queue.put(ReportBatch([PendingReport(report, received, payload, future)]))
         if refusal is not None:
             future.set_exception(refusal)
         return future
@@ -281,7 +411,7 @@ class Store:
         if gathered is None:
             gathered = self._gathering[loop] = []
             loop.call_soon(self._hand_over, loop)
-        gathered.append((report, (received, payload), _LoopWaiter(loop, future)))
+        gathered.append(PendingReport(report, received, payload, _LoopWaiter(loop, future)))
         return future
 
     def _hand_over(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -289,13 +419,13 @@ class Store:
         with self._admission:
             closed = self._closed
             if not closed:
-                self._queue.put(gathered)
+                self._queue.put(ReportBatch(gathered))
         if closed:  # closed while gathering: the writer is gone, nothing was stored
             self._refuse(gathered)
 
-    def _refuse(self, batch: list) -> None:
-        _resolve(batch, None, StoreUnavailable("the store is closed"))
+    def _refuse(self, batch: list[PendingReport]) -> None:
         self._settled(len(batch))
+        _resolve(batch, None, StoreUnavailable("the store is closed"))
 
     def ingest(self, report: RankReport, received_unix_s: float | None = None) -> IngestResult:
         return self.submit(report, received_unix_s).result()
@@ -304,13 +434,14 @@ class Store:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._admission:
             if not self._closed:
-                self._queue.put((function, None, future))
+                self._queue.put(WriterCall(function, future))
                 return future
         future.set_exception(StoreUnavailable("the store is closed"))
         return future
 
     def maintain(self) -> None:
-        """Fold old windows and apply retention now (the writer also does it every few seconds)."""
+        """Fold old windows, apply retention and prune long-missing ranks now (the writer also does it
+        every few seconds)."""
         self.run_in_writer(self._maintain).result()
 
     def _run_writer(self) -> None:
@@ -318,44 +449,43 @@ class Store:
         next_maintenance = self.clock() + self.options.maintenance_interval_s
         next_checkpoint = time.monotonic() + self.options.checkpoint_interval_s
         stopping = False
-        carried = None  # reports that did not fit in the previous batch
+        carried: list[PendingReport] = []  # reports that did not fit in the previous batch
         while not stopping:
-            if carried is not None:
-                first, carried = carried, None
+            message: WriterMessage | None
+            if carried:
+                message, carried = ReportBatch(carried), []
             else:
                 try:
-                    first = self._queue.get(timeout=min(self.options.maintenance_interval_s,
-                                                        self.options.checkpoint_interval_s))
+                    message = self._queue.get(timeout=min(self.options.maintenance_interval_s,
+                                                          self.options.checkpoint_interval_s))
                 except queue.Empty:
-                    first = None
-            batch, calls = [], []
-            item = first
-            while item is not None:
-                if item is _STOP:
-                    stopping = True
-                    break
-                if isinstance(item, list):  # one loop iteration's reports (submit_async)
-                    room = self.options.max_batch_reports - len(batch)
-                    if len(item) > room:
-                        batch.extend(item[:room])
-                        carried = item[room:]
-                        break
-                    batch.extend(item)
-                else:
-                    (batch if isinstance(item[0], RankReport) else calls).append(item)
-                if len(batch) >= self.options.max_batch_reports:
+                    message = None
+            batch: list[PendingReport] = []
+            calls: list[WriterCall] = []
+            room = self.options.max_batch_reports
+            while message is not None:
+                match message:
+                    case StopWriter():
+                        stopping = True
+                    case ReportBatch(reports=reports):
+                        room = self.options.max_batch_reports - len(batch)
+                        batch.extend(reports[:room])
+                        carried = reports[room:]
+                    case WriterCall():
+                        calls.append(message)
+                if stopping or carried or len(batch) >= self.options.max_batch_reports:
                     break
                 try:
-                    item = self._queue.get_nowait()
+                    message = self._queue.get_nowait()
                 except queue.Empty:
-                    item = None
+                    message = None
             if batch:
                 self._commit(connection, batch)
-            for function, _, future in calls:
+            for call in calls:
                 try:
-                    future.set_result(function(connection))
+                    call.future.set_result(call.function(connection))
                 except Exception as error:  # surfaced to the caller, the writer keeps going
-                    future.set_exception(error)
+                    call.future.set_exception(error)
             if stopping or time.monotonic() >= next_checkpoint:
                 try:
                     self._checkpoint(connection)
@@ -371,36 +501,54 @@ class Store:
         self._fail_leftovers(carried)
         connection.close()
 
-    def _fail_leftovers(self, carried: list | None) -> None:
-        """After the stop sentinel: refuse whatever is still queued, so no request waits forever.
-        (Admission puts nothing after the sentinel; this also covers a batch cut off by it.)"""
-        leftovers = list(carried or [])
+    def _fail_leftovers(self, carried: list[PendingReport]) -> None:
+        """After the stop message: refuse whatever is still queued, so no request waits forever.
+        (Admission puts nothing after it; this also covers a batch cut off by it.)"""
+        leftovers = list(carried)
         while True:
             try:
-                item = self._queue.get_nowait()
+                message = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if isinstance(item, list):
-                leftovers.extend(item)
-            elif item is not _STOP:
-                if isinstance(item[0], RankReport):
-                    leftovers.append(item)
-                else:
-                    item[2].set_exception(StoreUnavailable("the store is closed"))
+            match message:
+                case ReportBatch(reports=reports):
+                    leftovers.extend(reports)
+                case WriterCall(future=future):
+                    future.set_exception(StoreUnavailable("the store is closed"))
         if leftovers:
             self._refuse(leftovers)
 
-    def _commit(self, connection: sqlite3.Connection, batch: list) -> None:
+    def _commit(self, connection: sqlite3.Connection, batch: list[PendingReport]) -> None:
+        """Commit the batch; if that fails for a reason other than the disk, find the reports that cannot
+        be stored by committing halves, so a bad row never fails the other reports of its batch."""
+        error = self._commit_once(connection, batch)
+        if error is None:
+            return
+        if isinstance(error, sqlite3.OperationalError) or len(batch) == 1:
+            # The disk (full, read-only, locked): no subset would do better. Or this one report is the cause.
+            log.error("commit of %d report(s) failed: %s", len(batch), error)
+            refusal = (StoreUnavailable(f"the report was not stored: {error}")
+                       if isinstance(error, sqlite3.OperationalError)
+                       else ReportNotStorable(f"the store cannot keep this report: {error}"))
+            self._settled(len(batch))
+            _resolve(batch, None, refusal)
+            return
+        middle = len(batch) // 2
+        self._commit(connection, batch[:middle])
+        self._commit(connection, batch[middle:])
+
+    def _commit_once(self, connection: sqlite3.Connection, batch: list[PendingReport]) -> Exception | None:
         """One transaction for the batch, in a few many-row statements (see schema.py for why):
-        find which reports are already stored, insert the new ones, grow their windows, COMMIT."""
-        rows = [_report_row(report, received, payload) for report, (received, payload), _ in batch]
-        touched: dict[tuple[str, str, int], RankState] = {}
+        find which reports are already stored, insert the new ones, grow their windows, COMMIT.
+        Settles the batch and returns None, or rolls back and returns the error, settling nothing."""
+        touched: dict[RankKey, RankState] = {}
         last_report_id = self._last_report_id
         try:
+            rows = [_report_row(pending.report, pending.received_unix_s, pending.payload) for pending in batch]
             connection.execute("BEGIN IMMEDIATE")
             seen = _stored_keys(connection, [row[:_KEY_LENGTH] for row in rows])
             results, new_rows, window_rows = [], [], []
-            for row, (report, (received, _), _) in zip(rows, batch):
+            for row, pending in zip(rows, batch):
                 key = row[:_KEY_LENGTH]
                 if key in seen:  # stored before, or earlier in this batch
                     results.append(_DUPLICATE)
@@ -408,6 +556,7 @@ class Store:
                 seen.add(key)
                 results.append(_ACCEPTED)
                 new_rows.append(row)
+                report = pending.report
                 interval = report.interval
                 window = window_start(interval.end_unix_s, self.options.window_s)
                 # An idle interval says nothing about the need. A window already folded into the
@@ -418,7 +567,7 @@ class Store:
                                         row[_OVERFLOW_EVENTS], 1))  # 1: one more report in the window
                 rank = key[:3]
                 state = touched.get(rank) or self._copy_state(rank)
-                touched[rank] = apply_report(state, report, received)
+                touched[rank] = apply_report(state, report, pending.received_unix_s)
             for chunk in _chunks(new_rows):
                 last_report_id = connection.execute(insert_reports_sql(len(chunk)), _flat(chunk)).lastrowid
             for chunk in _chunks(window_rows):
@@ -427,18 +576,15 @@ class Store:
         except Exception as error:
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
-            log.exception("commit of %d reports failed", len(batch))
-            _resolve(batch, None, StoreUnavailable(f"the report was not stored: {error}"))
-            self._settled(len(batch))
-            return
-        with self._ranks_lock:
-            self._ranks.update(touched)
+            return error
+        self._publish(touched)
         self._dirty.update(touched)
         self._last_report_id = last_report_id
+        self._settled(len(batch))  # before the waiters wake: an acknowledged report is no longer pending
         _resolve(batch, results, None)
-        self._settled(len(batch))
+        return None
 
-    def _copy_state(self, key: tuple[str, str, int]) -> RankState | None:
+    def _copy_state(self, key: RankKey) -> RankState | None:
         # A copy: the cached state changes only after COMMIT (a failed batch leaves it as it was).
         state = self._ranks.get(key)
         return None if state is None else state.copy()
@@ -447,6 +593,7 @@ class Store:
         now = self.clock()
         policy = self.options.policy
         fold_before = now - self.options.fold_after_s
+        retained_after = now - self.options.retention_s
         connection.execute("BEGIN IMMEDIATE")
         try:
             keys = connection.execute(
@@ -467,7 +614,11 @@ class Store:
             # end by walking from the start (cost ~ rows deleted) instead of indexing received time.
             connection.execute(
                 "DELETE FROM reports WHERE id < coalesce((SELECT id FROM reports WHERE received_unix_s >= ? "
-                "ORDER BY id LIMIT 1), (SELECT max(id) + 1 FROM reports))", (now - self.options.retention_s,))
+                "ORDER BY id LIMIT 1), (SELECT max(id) + 1 FROM reports))", (retained_after,))
+            # A rank silent for longer than the retention has no report left: it is gone, not missing.
+            with self._ranks_lock:
+                gone = [key for key, state in self._ranks.items() if state.received_unix_s < retained_after]
+            connection.execute("DELETE FROM ranks WHERE received_unix_s < ?", (retained_after,))
             folded_before = max(self._folded_before_s, fold_before)  # a clock stepping back folds no less
             connection.execute("INSERT OR REPLACE INTO fold_progress (id, folded_before_s) VALUES (0, ?)",
                                (folded_before,))
@@ -476,24 +627,45 @@ class Store:
             connection.execute("ROLLBACK")
             raise
         self._folded_before_s = folded_before
+        if gone:
+            self._forget(gone)
+            self._dirty.difference_update(gone)
+            log.info("pruned %d rank(s) silent for longer than the retention (%.0f s)", len(gone),
+                     self.options.retention_s)
+        with self._ranks_lock:  # a fold changes the clusters' history
+            for cluster, _ in keys:
+                self._generations[cluster] = self._generations.get(cluster, 0) + 1
 
     def _folded(self, connection: sqlite3.Connection, cluster: str, role: str) -> SampleHistory:
         row = connection.execute("SELECT history FROM folded WHERE cluster = ? AND role = ?",
                                  (cluster, role)).fetchone()
+        empty = SampleHistory(self.options.policy.half_life_s, window_s=self.options.window_s)
         if row is None:
-            return SampleHistory(self.options.policy.half_life_s, window_s=self.options.window_s)
-        return SampleHistory.from_dict(json.loads(row[0]))
+            return empty
+        try:
+            return SampleHistory.from_dict(json.loads(row[0]))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            if (cluster, role) not in self._unreadable_folded:  # reported once, not per request
+                self._unreadable_folded.add((cluster, role))
+                log.warning("database %s: the folded history of %s/%s cannot be read (%s); the advice uses the "
+                            "recent windows only until the next fold rewrites it", self.path, cluster, role, error)
+            return empty
 
     # --- reads ----------------------------------------------------------------------------------
 
     def clusters(self) -> list[str]:
         with self._ranks_lock:
-            return sorted({key[0] for key in self._ranks})
+            return sorted(self._by_cluster)
+
+    def generation(self, cluster: str) -> int:
+        """Changes whenever the cluster's committed data does (reports, folds, pruning): what a reader
+        may cache the cluster's derived views under."""
+        return self._generations.get(cluster, 0)
 
     def rank_states(self, cluster: str) -> list[RankState]:
         """Committed states (published only after COMMIT; never mutated once published)."""
         with self._ranks_lock:
-            states = [state for key, state in self._ranks.items() if key[0] == cluster]
+            states = list(self._by_cluster.get(cluster, {}).values())
         return sorted(states, key=lambda state: (state.role != "target", state.role, state.ep_rank))
 
     def sample_history(self, cluster: str, role: str) -> SampleHistory:
@@ -512,9 +684,10 @@ class Store:
     def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
                       limit: int) -> list[IntervalRow]:
         rows = self._reader().execute(
-            "SELECT ep_rank, interval_end_unix_s, peak_runtime_tokens, cap, forward_steps, overflow_events "
-            "FROM reports WHERE cluster = ? AND role = ? AND interval_end_unix_s >= ? AND interval_end_unix_s <= ? "
-            "ORDER BY interval_end_unix_s DESC LIMIT ?", (cluster, role, since_unix_s, until_unix_s, limit)).fetchall()
+            "SELECT ep_rank, interval_end_unix_s, peak_runtime_tokens, cap, forward_steps, overflow_events, "
+            "max_local_tokens FROM reports WHERE cluster = ? AND role = ? AND interval_end_unix_s >= ? "
+            "AND interval_end_unix_s <= ? ORDER BY interval_end_unix_s DESC LIMIT ?",
+            (cluster, role, since_unix_s, until_unix_s, limit)).fetchall()
         return [IntervalRow(*row) for row in reversed(rows)]
 
     def report_count(self) -> int:
@@ -530,7 +703,7 @@ class Store:
             if self._closed:
                 return
             self._closed = True
-            self._queue.put(_STOP)
+            self._queue.put(StopWriter())
         self._writer.join(timeout=30)
         with self._readers_lock:
             for connection in self._readers:

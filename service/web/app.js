@@ -28,6 +28,7 @@
   const signedGib = (bytes) => (bytes === undefined || bytes === null ? "–" : (bytes > 0 ? "+" : "") + gib(bytes));
   const percent = (value) => (value === undefined || value === null ? "–" : Charts.formatPercent(value));
   const tokens = (value) => (value === undefined || value === null ? "–" : Number(value).toLocaleString("en-US"));
+  const numberOrNull = (value) => (value === undefined || value === null || !Number.isFinite(Number(value)) ? null : Number(value));
 
   function showMessage(text) {
     const message = $("message");
@@ -49,7 +50,9 @@
       rows.push({
         rank: first(row, ["ep_rank", "rank"], rank),
         role: first(row, ["role", "dispatcher"], "target"),
-        t, peak, utilization,
+        t, peak, utilization, cap: rowCap,
+        // This rank's own largest local batch (not the group's R); null from ranks that do not report it.
+        local: numberOrNull(first(row, ["max_local_tokens"])),
         overflows: Number(first(row, ["overflow_events", "overflows", "overflow_events_total"], 0)) || 0,
       });
     };
@@ -117,23 +120,66 @@
     }
   }
 
-  function renderUtilization(rows, advice) {
+  const hasLocal = (rows) => rows.some((row) => row.local !== null);
+  const rankName = (row) => `rank ${row.rank}${row.role && row.role !== "target" ? " " + row.role : ""}`;
+
+  // Each rank's own line is its largest local batch ÷ cap; R (shared by every rank in a step) is one
+  // group line. Ranks that do not report their local batch fall back to their (shared) R.
+  function renderUtilization(rows, groupPeaks, advice) {
+    const perRank = hasLocal(rows);
     const byRank = new Map();
     for (const row of rows) {
-      if (!Number.isFinite(row.utilization)) continue;
-      const name = `rank ${row.rank}${row.role && row.role !== "target" ? " " + row.role : ""}`;
+      const value = perRank ? (row.local !== null && row.cap > 0 ? row.local / row.cap : NaN) : row.utilization;
+      if (!Number.isFinite(value)) continue;
+      const name = rankName(row);
       if (!byRank.has(name)) byRank.set(name, []);
-      byRank.get(name).push([row.t, row.utilization]);
+      byRank.get(name).push([row.t, value]);
     }
     const series = [...byRank.entries()].sort((a, b) => a[0].localeCompare(b[0], "en", { numeric: true }))
       .map(([name, points]) => ({ name, points }));
+    const cap = first(advice, ["current_cap"]);
+    if (perRank && cap) {
+      series.unshift({ name: "group R", color: "#6b7280",
+        points: groupPeaks.filter((g) => Number.isFinite(g.peak)).map((g) => [g.t, g.peak / cap]) });
+    }
+    $("chart-utilization").dataset.lines = perRank ? "local" : "shared-r";
     const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
     const holding = current && recommended && recommended === current;  // one line, one label: no overprint
     const references = [{ y: 1, label: holding ? "cap = recommended" : "cap", color: "#b91c1c" }];
     if (current && recommended && !holding) references.push({ y: recommended / current, label: "recommended", color: "#0f766e" });
     Charts.lines($("chart-utilization"), { series, lines: references, xFormat: Charts.formatClock,
       yFormat: Charts.formatPercent, emptyText: "no interval reports yet" });
-    return series.reduce((total, s) => total + s.points.length, 0);
+    return series.filter((s) => s.name !== "group R").reduce((total, s) => total + s.points.length, 0);
+  }
+
+  // The hot rank: the one whose own local batch reached the highest, i.e. the one that sets the group's R.
+  function localMaxByRank(rows) {
+    const maxima = new Map();
+    for (const row of rows) {
+      if (row.local === null) continue;
+      const name = rankName(row);
+      const known = maxima.get(name);
+      if (!known || row.local > known.local) maxima.set(name, { rank: row.rank, name, local: row.local });
+    }
+    return maxima;
+  }
+
+  function renderHotRank(rows, peak) {
+    const line = $("hot-rank");
+    const maxima = [...localMaxByRank(rows).values()];
+    if (!maxima.length) {
+      line.textContent = rows.length
+        ? "Which rank drives the peak is unknown: these ranks do not report their own local batch (max_local_tokens)."
+        : "";
+      line.dataset.rank = "";
+      return "";
+    }
+    const hot = maxima.reduce((best, entry) => (entry.local > best.local
+      || (entry.local === best.local && Number(entry.rank) < Number(best.rank)) ? entry : best));
+    line.textContent = `${hot.name} drives the group's peak: its largest local batch is ${tokens(hot.local)} tokens` +
+      (Number.isFinite(peak) ? ` (group peak R ${tokens(peak)})` : "") + ".";
+    line.dataset.rank = String(hot.rank);
+    return String(hot.rank);
   }
 
   function renderCaps(advice, peak) {
@@ -192,13 +238,27 @@
 
   function renderWhatIf(rows, advice) {
     const list = listOf(rows, ["caps", "points", "results", "whatif"]);
-    const overflow = { name: "overflow rate", format: Charts.formatPercent, points: [] };
+    // Overflowing windows per day (with its low-high range) when the service predicts it; else the rate.
+    const perDay = list.some((row) => numberOrNull(row.predicted_overflow_windows_per_day) !== null);
+    const overflow = perDay
+      ? { name: "overflow windows / day", format: Charts.formatNumber, points: [], band: [] }
+      : { name: "overflow rate", format: Charts.formatPercent, points: [] };
     const memory = { name: "GiB / rank", format: (v) => v.toFixed(v < 1 ? 2 : 1), points: [] };
     for (const row of list) {
       const cap = Number(first(row, ["cap"]));
-      const rate = Number(first(row, ["predicted_overflow_rate", "overflow_rate"]));
       const bytes = Number(first(row, ["workspace_bytes_per_rank", "workspace_bytes"]));
-      if (Number.isFinite(cap) && Number.isFinite(rate)) overflow.points.push([cap, rate]);
+      if (perDay) {
+        const windows = numberOrNull(row.predicted_overflow_windows_per_day);
+        if (Number.isFinite(cap) && windows !== null) {
+          overflow.points.push([cap, windows]);
+          const low = numberOrNull(row.predicted_overflow_windows_per_day_low);
+          const high = numberOrNull(row.predicted_overflow_windows_per_day_high);
+          if (low !== null && high !== null) overflow.band.push([cap, low, high]);
+        }
+      } else {
+        const rate = Number(first(row, ["predicted_overflow_rate", "overflow_rate"]));
+        if (Number.isFinite(cap) && Number.isFinite(rate)) overflow.points.push([cap, rate]);
+      }
       if (Number.isFinite(cap) && Number.isFinite(bytes)) memory.points.push([cap, bytes / GIB]);
     }
     const markers = [];
@@ -230,7 +290,8 @@
     return findings.length;
   }
 
-  function renderRanks(ranks) {
+  function renderRanks(ranks, rows) {
+    const localMaxima = localMaxByRank(rows);
     const body = $("ranks").querySelector("tbody");
     body.textContent = "";
     for (const rank of ranks) {
@@ -242,7 +303,11 @@
         first(rank, ["ep_rank", "rank"]), first(rank, ["role", "dispatcher"], "target"), stateText,
         // The last interval can be idle (0): the maximum since the rank started says how full the cap ran.
         tokens(first(rank, ["cap"])), tokens(first(rank, ["last_peak_runtime_tokens", "peak_runtime_tokens", "last_peak_r"])),
-        tokens(first(rank, ["max_runtime_tokens"])), percent(first(rank, ["max_utilization"])), tokens(overflowTotal),
+        tokens(first(rank, ["max_runtime_tokens"])),
+        // This rank's own largest local batch: from the API when it has it, else from the history drawn.
+        tokens(first(rank, ["max_local_tokens"], (localMaxima.get(rankName({
+          rank: first(rank, ["ep_rank", "rank"]), role: first(rank, ["role", "dispatcher"], "target") })) || {}).local)),
+        percent(first(rank, ["max_utilization"])), tokens(overflowTotal),
         gib(first(rank, ["workspace_bytes_per_rank", "workspace_bytes"])),
       ];
       cells.forEach((value, index) => {
@@ -303,13 +368,14 @@
 
       renderAdvice(adviceData);
       const counts = {
-        utilizationPoints: renderUtilization(rows, adviceData),
+        utilizationPoints: renderUtilization(rows, groupPeaks, adviceData),
+        hotRank: renderHotRank(rows, peak),
         capMarks: renderCaps(adviceData, peak),
         distributionSamples: renderDistribution(groupPeaks, adviceData),
         overflowEvents: renderOverflows(groupPeaks),
         whatifPoints: whatif.__error ? 0 : renderWhatIf(whatif, adviceData),
         findings: renderFindings(findings),
-        ranks: renderRanks(ranks),
+        ranks: renderRanks(ranks, rows),
       };
       if (whatif.__error) Charts.empty($("chart-whatif"), "what-if unavailable");
       showMessage(errors.length ? `Some data could not be loaded: ${errors.join("; ")}` : "");

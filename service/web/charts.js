@@ -179,13 +179,20 @@ const Charts = (() => {
     const xs = left.points.concat(right.points).map((p) => p[0]);
     const [xLow, xHigh] = extent(xs);
     const x = scale(xLow, xHigh, inner.x0, inner.x1);
-    const leftTicks = niceTicks(0, Math.max(...left.points.map((p) => p[1]), 0.01) * 1.05);
+    const band = left.band || [];  // [[x, low, high]]: the left series' uncertainty, drawn as an area
+    const leftTicks = niceTicks(0, Math.max(...left.points.map((p) => p[1]), ...band.map((b) => b[2]), 0.01) * 1.05);
     const rightTicks = niceTicks(0, Math.max(...right.points.map((p) => p[1]), 0.01) * 1.05);
     const yLeft = scale(0, leftTicks[leftTicks.length - 1], inner.y0, inner.y1);
     const yRight = scale(0, rightTicks[rightTicks.length - 1], inner.y0, inner.y1);
     yAxis(svg, inner, yLeft, leftTicks, left.format || formatNumber, "left", left.name);
     yAxis(svg, inner, yRight, rightTicks, right.format || formatNumber, "right", right.name);
     xAxis(svg, inner, x, niceTicks(xLow, xHigh, 6).filter((t) => t >= xLow && t <= xHigh), xFormat);
+    if (band.length) {
+      const upper = band.map((b) => `${x(b[0]).toFixed(1)},${yLeft(b[2]).toFixed(1)}`);
+      const lower = band.map((b) => `${x(b[0]).toFixed(1)},${yLeft(b[1]).toFixed(1)}`).reverse();
+      el("path", { d: `M${upper.join("L")}L${lower.join("L")}Z`, fill: PALETTE[1], "fill-opacity": 0.15, stroke: "none",
+        "data-series": `${left.name} range`, "data-points": band.length }, svg);
+    }
     for (const [s, y, color] of [[left, yLeft, PALETTE[1]], [right, yRight, PALETTE[0]]]) {
       const d = s.points.map((p, i) => `${i ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
       el("path", { d, fill: "none", stroke: color, "stroke-width": 2, "data-series": s.name,

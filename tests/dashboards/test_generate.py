@@ -51,9 +51,14 @@ def test_dashboards_cover_the_issue():
         "Consistency findings", "Ranks reporting / missing",
     } <= overview_titles
     assert {
-        "Peak utilization per rank", "R distribution", "Tokens sent per rank", "Tokens received per rank",
-        "Overflow events by kind and outcome",
+        "Local batch per rank vs the group's R", "Rank driving the peak", "Group peak utilization",
+        "R distribution", "Tokens sent per rank", "Tokens received per rank", "Overflow events by kind and outcome",
     } <= detail_titles
+    # Per rank means per rank: each rank's own line is its local batch; R is one line per group.
+    per_rank = next(panel for panel in detail["panels"] if panel["title"] == "Local batch per rank vs the group's R")
+    exprs = [target["expr"] for target in per_rank["targets"]]
+    assert "moe_a2a_local_tokens_window_max" in exprs[0] and "by (" not in exprs[0]
+    assert exprs[1].startswith("max by (cluster, dispatcher)") and "moe_a2a_runtime_tokens_window_max" in exprs[1]
     heatmap = next(panel for panel in detail["panels"] if panel["type"] == "heatmap")
     assert heatmap["targets"][0]["format"] == "heatmap"
     assert "moe_a2a_runtime_tokens_bucket" in heatmap["targets"][0]["expr"]

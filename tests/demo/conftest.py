@@ -3,6 +3,8 @@ free loopback ports, each in its own process group that teardown kills."""
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import signal
@@ -14,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
-from capwatch.trace import write_trace
+from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
+from capwatch.demo.trace import write_trace
 from capwatch.workload import Workload
-from capwatch.service.launch import free_port  # noqa: F401  (re-exported for the tests)
+from capwatch.demo.ports import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,13 +77,30 @@ def write_timed_trace(path: Path, token_counts: list[list[int]], seconds_per_ste
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory):
+def service_process(tmp_path_factory):
     """``capwatch serve`` on a free port, with the demo's compressed advisor clock."""
-    from capwatch.service.launch import ServiceProcess
+    from capwatch.demo.service import ServiceProcess
 
     folder = tmp_path_factory.mktemp("service")
     process = ServiceProcess(folder / "capwatch.db", env=DEMO_ADVISOR_SETTINGS).start(timeout_s=60)
     try:
-        yield process.url
+        yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def service(service_process):
+    """The URL of ``service_process``."""
+    return service_process.url
+
+
+def final_reports(database: Path, cluster: str) -> dict[int, int]:
+    """How many final reports each rank of ``cluster`` sent, from the service's own database."""
+    import sqlite3
+
+    with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as connection:
+        rows = connection.execute(
+            "SELECT ep_rank, SUM(json_extract(payload, '$.final') = 1) FROM reports WHERE cluster = ? "
+            "GROUP BY ep_rank", (cluster,)).fetchall()
+    return dict(rows)

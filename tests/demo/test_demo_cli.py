@@ -14,8 +14,8 @@ import urllib.request
 import pytest
 
 from capwatch.workload import WorkloadSpec, generate_token_counts
-from tests.demo.conftest import (REPO_ROOT, environment, free_port, free_port_block, get_json, run_capwatch,
-                                 write_timed_trace)
+from tests.demo.conftest import (REPO_ROOT, environment, final_reports, free_port, free_port_block, get_json,
+                                 run_capwatch, write_timed_trace)
 
 ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -28,6 +28,11 @@ def metric_value(text: str, name: str, **labels: str) -> float:
             if all(found.get(key) == value for key, value in labels.items()):
                 return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"no sample {name}{labels} in:\n{text[:2000]}")
+
+
+def assert_quiet(stderr: str) -> None:
+    """No warning a user cannot act on (torch once printed "Failed to initialize NumPy" per process)."""
+    assert "NumPy" not in stderr and "Warning" not in stderr and "warn" not in stderr.lower(), stderr
 
 
 def test_demo_json_with_embedded_service_and_hold(tmp_path):
@@ -78,9 +83,10 @@ def test_demo_json_with_embedded_service_and_hold(tmp_path):
     assert advice["env"] == f"{ENV_VAR}={advice['recommended_cap']}"
     assert advice["workspace_bytes_group_delta"] < 0
     assert (tmp_path / "state" / "demo.sqlite3").exists()
+    assert final_reports(tmp_path / "state" / "demo.sqlite3", "embedded") == {0: 1, 1: 1}  # one each, the last
 
 
-def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service):
+def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service, service_process):
     """R = 300 > cap 128 at step 3: every rank raises with the dispatcher's message; the service
     started by the test holds each rank's final report with the overflow counted."""
     counts = [[40, 60], [80, 70], [100, 120], [300, 90], [50, 50]]
@@ -93,6 +99,7 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service):
     assert f"{ENV_VAR}=384" in result.stderr  # the dispatcher's suggested cap, aligned to 128
     assert "[target dispatcher, EP rank 0/2]" in result.stderr  # the whole message, not eaten as markup
     assert "Traceback" not in result.stderr
+    assert_quiet(result.stderr)
     view = get_json(f"{service}/v1/clusters/overflowing")
     assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1]
     for rank in view["ranks"]:
@@ -100,6 +107,7 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service):
         assert rank["overflow_events_total"] == 1
         assert rank["forward_steps_total"] == 4  # three steps dispatched, the fourth counted as it raised
         assert rank["max_runtime_tokens"] == 300
+    assert final_reports(service_process.db_path, "overflowing") == {0: 1, 1: 1}  # nothing follows the final one
 
 
 @pytest.mark.parametrize("arguments, words", [
@@ -127,6 +135,38 @@ def test_usage_errors_exit_2_and_start_nothing(tmp_path, capsys, arguments, word
     assert code == 2
     assert words in capsys.readouterr().err
     assert not (tmp_path / "state").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (["--steps", str(10**12)], "--steps: expected a number of steps in 1..100000"),
+    (["--steps", "9" * 5000], "--steps: expected a number of steps in 1..100000"),
+    (["--trace", "/dev/zero"], "/dev/zero:1: longer than 65,536 characters"),
+    (["--state-dir", "{file}"], "--state-dir {file}: not a folder the demo can write to"),
+    (["--state-dir", "/proc/capwatch-demo"], "--state-dir /proc/capwatch-demo: not a folder the demo can write to"),
+    (["--state-dir", "/proc"], "--state-dir /proc: not a folder the demo can write to"),
+])
+def test_hostile_inputs_are_one_line_and_exit_2(tmp_path, arguments, words):
+    """Each once gave a traceback or unbounded work (issue 13): now one line, exit 2, quickly."""
+    state_file = tmp_path / "a-file"
+    state_file.write_text("not a folder")
+    arguments = [argument.format(file=state_file) for argument in arguments]
+    words = words.format(file=state_file)
+    trace = write_timed_trace(tmp_path / "short.jsonl", [[1, 2]], seconds_per_step=0.1)
+    if "--trace" not in arguments:
+        arguments += ["--trace", str(trace)]
+    started = time.monotonic()
+    result = run_capwatch("demo", *arguments, "--port", str(free_port()), timeout_s=120)
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
+    assert time.monotonic() - started < 60
+    assert state_file.read_text() == "not a folder"
+
+
+def test_the_limits_are_stated_in_help():
+    text = " ".join(run_capwatch("demo", "--help", timeout_s=60).stdout.split())  # argparse wraps lines
+    assert "--steps STEPS decode steps, at most 100,000" in text
+    assert "(at most 100,000 steps, 65,536 characters a line, t up to 3,600 s, 1,048,576 tokens per rank)" in text
 
 
 def test_a_usage_error_in_a_real_process_has_no_traceback(tmp_path):
@@ -175,8 +215,8 @@ def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
 
 
 def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
-    from capwatch.demo_session import DEMO_ADVISOR_SETTINGS
-    from capwatch.service.launch import ServiceProcess
+    from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
+    from capwatch.demo.service import ServiceProcess
 
     trace = write_timed_trace(tmp_path / "short.jsonl", [[10, 20], [30, 5], [7, 7]], seconds_per_step=0.1)
     with ServiceProcess(tmp_path / "protected.db", env={"CAPWATCH_TOKEN": "s3cret-token", **DEMO_ADVISOR_SETTINGS}) as service:
@@ -189,3 +229,4 @@ def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
         view = get_json(f"{service.url}/v1/clusters/protected")
     assert all(rank["forward_steps_total"] == 3 and rank["final"] for rank in view["ranks"])
     assert "s3cret-token" not in process.stdout + process.stderr
+    assert_quiet(process.stderr)

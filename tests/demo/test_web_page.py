@@ -88,7 +88,12 @@ def test_page_draws_the_real_data(service, cluster_with_data, tmp_path):
 
     drawn = {element["data-series"]: int(element["data-points"]) for element in page.series}
     assert drawn["rank 0"] >= 10 and drawn["rank 1"] >= 10  # one line per rank
-    assert drawn["overflow rate"] >= 5 and drawn["GiB / rank"] >= 5  # the what-if curve
+    whatif = get_json(f"{service}/v1/clusters/{CLUSTER}/whatif?cap=256&cap=512")
+    if any(row.get("predicted_overflow_windows_per_day") is not None for row in whatif):
+        assert drawn["overflow windows / day"] >= 5 and drawn["overflow windows / day range"] >= 5
+    else:
+        assert drawn["overflow rate"] >= 5
+    assert drawn["GiB / rank"] >= 5  # the what-if curve
     assert drawn["peak R per interval"] >= 3  # histogram bars with data
     assert drawn["overflow events"] >= 1
     assert all(re.fullmatch(r"M[\d.,L-]+", element["d"]) for element in page.series if element["tag"] == "path")
@@ -98,6 +103,26 @@ def test_page_draws_the_real_data(service, cluster_with_data, tmp_path):
     assert page.text_by_id["action"].strip() == "raise"
     assert page.text_by_id["current-cap"] == str(CAP)
     assert page.text_by_id["recommended-cap"].replace(",", "") == str(advice["recommended_cap"])
+
+
+def test_page_shows_each_ranks_own_line_and_names_the_hot_rank(service, cluster_with_data, tmp_path):
+    """Rank 0 has the larger local batches (R = 300 came from it): the page names it, draws each rank's own
+    local line and R as one group line. Ranks whose reports lack their local batch: the page says so."""
+    history = get_json(f"{service}/v1/clusters/{CLUSTER}/history")
+    points = [point for series in history["ranks"] for point in series["points"]]
+    reported = any(point.get("max_local_tokens") is not None for point in points)
+    dom = chromium(tmp_path, "--dump-dom", f"{service}/?cluster={CLUSTER}")
+    page = PageElements()
+    page.feed(dom.stdout)
+    drawn = {element["data-series"]: int(element["data-points"]) for element in page.series}
+    hot_rank = page.text_by_id.get("hot-rank", "")
+    if reported:
+        assert page.body["data-hot-rank"] == "0", hot_rank
+        assert hot_rank.startswith("rank 0 drives the group's peak: its largest local batch is 300 tokens")
+        assert drawn["group R"] >= 3 and drawn["rank 0"] >= 10 and drawn["rank 1"] >= 10
+    else:
+        assert page.body["data-hot-rank"] == "" and "these ranks do not report their own local batch" in hot_rank
+        assert "group R" not in drawn  # the ranks' shared R lines stand in, as before
 
 
 def test_page_screenshot(service, cluster_with_data, tmp_path):
@@ -126,7 +151,7 @@ def test_assets_are_served_from_the_package_only(service):
 
 
 def test_page_on_an_empty_service_says_what_to_do(tmp_path):
-    from capwatch.service.launch import ServiceProcess
+    from capwatch.demo.service import ServiceProcess
 
     with ServiceProcess(tmp_path / "empty.db") as empty:
         dom = chromium(tmp_path, "--dump-dom", f"{empty.url}/")

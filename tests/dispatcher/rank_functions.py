@@ -18,6 +18,34 @@ def exit_without_reporting(rank: int, world_size: int) -> None:
     os._exit(7)
 
 
+def peer_fails_first(rank: int, world_size: int) -> int:
+    """Rank 1 breaks the group (rank 0, blocked in an all_reduce, fails at once with gloo's
+    "Connection closed by peer") and only then raises its own error: the peer's failure is the
+    first to arrive, the root cause is rank 1's."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        dist.destroy_process_group()
+        time.sleep(1.0)
+        raise ValueError("the root cause, on rank one")
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
+def crash_while_peer_waits(rank: int, world_size: int) -> int:
+    """Rank 1 dies without a word while rank 0 waits for it in a collective."""
+    import torch
+    import torch.distributed as dist
+
+    if rank == 1:
+        os._exit(9)
+    dist.all_reduce(torch.ones(1))
+    return rank
+
+
 def group_facts(rank: int, world_size: int, token: str) -> dict:
     import torch.distributed as dist
 

@@ -9,7 +9,7 @@ import sys
 import torch
 
 from capwatch.dispatcher import CapOverflowError, DispatchCounters, DispatchPairingError, InstrumentedDispatcher
-from capwatch.dispatcher.host_reads import HostReadError, forbid_host_reads
+from tests.support.host_reads import HostReadError, forbid_host_reads
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
 
 from .moe import INVALID_EXPERT_ID, MoECase, expert_fn, make_inputs

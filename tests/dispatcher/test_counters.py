@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
-from capwatch.dispatcher.host_reads import HostReadError, forbid_host_reads
+from tests.support.host_reads import HostReadError, forbid_host_reads
 
 
 def test_steps_fill_an_exact_histogram_and_the_max():
@@ -29,6 +29,17 @@ def test_runtime_tokens_sum_is_exact_above_the_cap_too():
     # The histogram's last bin only says "> cap"; the sum still adds 9, 5 and 9 exactly.
     assert snapshot.runtime_tokens_sum == 31
     assert snapshot.forward_steps == 7 and snapshot.runtime_tokens_histogram == (1, 1, 0, 1, 1, 3)
+
+
+def test_each_step_records_this_ranks_own_local_batch_apart_from_r():
+    counters = DispatchCounters(cap=4, ep_size=2)
+    for runtime_tokens, local_tokens in ((3, 1), (4, 4), (4, 2), (9, 6), (3, 0)):
+        counters.record_step(runtime_tokens, local_tokens)
+    counters.record_step(2)  # a caller that does not pass its local batch
+    snapshot = counters.snapshot()
+    assert snapshot.local_tokens_histogram == (1, 1, 1, 0, 1, 1)  # bins 0..cap, then "> cap"
+    assert snapshot.max_local_tokens == 6  # exact above the cap too
+    assert snapshot.runtime_tokens_histogram == (0, 0, 1, 2, 2, 1) and snapshot.max_runtime_tokens == 9
 
 
 def test_a_snapshot_built_without_the_sum_still_constructs():
@@ -74,11 +85,12 @@ def test_recording_reads_nothing_back_to_the_host():
     send, recv = torch.tensor([2, 1]), torch.tensor([0, 3])
     with forbid_host_reads():
         for runtime_tokens in (4, 16, 17, 40):
-            counters.record_step(runtime_tokens)
+            counters.record_step(runtime_tokens, runtime_tokens // 2)
             counters.record_dispatch(send, recv)
         counters.record_overflow("runtime_over_cap", "raised")
     snapshot = counters.snapshot()
     assert snapshot.dispatch_calls == 4 and snapshot.runtime_tokens_sum == 77
+    assert snapshot.max_local_tokens == 20 and sum(snapshot.local_tokens_histogram) == 4
 
 
 def test_forbid_host_reads_catches_reads_and_restores_them():

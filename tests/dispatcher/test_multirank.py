@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from capwatch.dispatcher import CAP_ENV_VAR
-from capwatch.dispatcher.launch import spawn_ranks
+from capwatch.demo.ranks import spawn_ranks
 
 from .moe import INVALID_EXPERT_ID, MoECase, expected_received, expected_send_counts, make_inputs, reference_outputs
 from .scenarios import run_all

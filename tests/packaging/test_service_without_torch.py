@@ -10,13 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.support.ports import free_port
+from capwatch.demo.service import ServiceProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SERVICE_VENV = REPO_ROOT / ".venv-service"
@@ -48,24 +47,9 @@ def test_plan_prices_a_cap_without_torch():
 
 
 def test_serve_answers_without_torch(tmp_path):
-    port = free_port()
-    log = open(tmp_path / "serve.log", "wb")
-    process = subprocess.Popen(
-        [str(CAPWATCH), "serve", "--port", str(port), "--db", str(tmp_path / "capwatch.db"), "--log-level", "warning"],
-        cwd="/", stdout=log, stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin"}, start_new_session=True)
-    log.close()
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, (tmp_path / "serve.log").read_text()[-2000:]
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/clusters", timeout=2) as response:
-                    assert response.status == 200
-                    assert json.load(response) is not None
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "capwatch serve did not answer within 60 s"
-                time.sleep(0.2)
-    finally:
-        process.terminate()
-        process.wait(timeout=20)
+    service = ServiceProcess(tmp_path / "capwatch.db", env={"PATH": "/usr/bin:/bin"}, inherit_env=False,
+                             python=SERVICE_VENV / "bin" / "python", cwd="/")
+    with service.start(timeout_s=60):
+        with urllib.request.urlopen(f"{service.url}/v1/clusters", timeout=10) as response:
+            assert response.status == 200
+            assert json.load(response) is not None

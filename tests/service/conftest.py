@@ -12,6 +12,8 @@ from capwatch.service.main import create_app, store_options  # noqa: E402
 from capwatch.service.store.sqlite import Store  # noqa: E402
 
 T0 = 1_700_000_000.0
+# What every rank sends with a report (the service refuses other content types with 415).
+JSON = {"Content-Type": "application/json"}
 
 
 class FakeClock:
@@ -41,5 +43,5 @@ def store(settings, clock):
 
 @pytest.fixture
 def client(settings, store, clock):
-    with TestClient(create_app(settings, store=store, clock=clock)) as client:
+    with TestClient(create_app(settings, store=store, clock=clock), base_url="http://localhost", headers=JSON) as client:
         yield client

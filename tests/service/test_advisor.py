@@ -11,7 +11,7 @@ from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
 from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import worth_changing
-from capwatch.service.advisor.overflow_bump import overflow_bump
+from capwatch.service.advisor.history import overflow_bump
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import ENV_NAME, GroupConfig, recommend, whatif
 from capwatch.service.advisor.sample import RankInterval, group_samples

@@ -7,7 +7,7 @@ import json
 
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import recommend
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from tests.service.conftest import T0
 from tests.service.test_advisor import WINDOW_S, group, history_from
 

@@ -11,8 +11,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
-from tests.service.conftest import T0
+from tests.support.simulate import SimulatedRank
+from tests.service.conftest import JSON, T0
 
 WINDOW_S = 60.0
 
@@ -111,7 +111,7 @@ def test_a_rank_restart_resets_counters_without_double_counting(client):
 
 def test_write_endpoint_requires_the_token_when_set(tmp_path, clock):
     settings = Settings(db_path=tmp_path / "t.db", token="s3cret")
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         report = SimulatedRank("c1", 0, 1, cap=1024).report(T0, T0 + 10, [1])
         assert post(client, report).status_code == 401
         assert post(client, report, headers={"Authorization": "Bearer wrong"}).status_code == 401
@@ -122,7 +122,7 @@ def test_write_endpoint_requires_the_token_when_set(tmp_path, clock):
 
 def test_body_limit_gives_413_and_stores_nothing(tmp_path, clock):
     settings = Settings(db_path=tmp_path / "t.db", max_body_bytes=2048)
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         rank = SimulatedRank("c1", 0, 1, cap=4096)
         big = rank.report(T0, T0 + 10, list(range(1, 400)))
         assert len(json.dumps(big)) > 2048
@@ -158,7 +158,7 @@ def test_consistency_findings(client, clock):
 def test_advice_whatif_history_and_metrics(tmp_path, clock):
     # A full-confidence history of 30 min instead of a day, so 33 windows are enough to lower.
     settings = Settings(db_path=tmp_path / "a.db", advisor={"full_confidence_history_s": 1800.0})
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         _advice_whatif_history_and_metrics(client, clock)
 
 
@@ -210,6 +210,11 @@ def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(cl
     clock.now += settings.retention_s
     store.maintain()
     assert store.report_count() == 0
+    # Silent for longer than the retention: the ranks are pruned, not listed as missing forever ...
+    assert client.get("/v1/clusters/c5").status_code == 404 and client.get("/v1/clusters").json() == []
+    # ... while the group's folded history is kept: a rank that comes back gets its advice from it.
+    begin = clock.now - 30
+    assert post(client, ranks[0].report(begin, begin + 20, [])).status_code == 202
     assert client.get("/v1/clusters/c5/advice").json()["sample_count"] == 40
 
 
@@ -232,3 +237,18 @@ def test_rank_states_not_yet_checkpointed_are_replayed_from_the_reports(tmp_path
     finally:
         second.close()
         first.close()
+
+
+def test_a_ranks_own_largest_local_batch_is_kept_and_shown(client, clock):
+    rank = SimulatedRank("local", 0, 2, cap=1024)
+    body = rank.report(T0, T0 + 10, [100, 300])
+    body["interval"]["max_local_tokens"] = 250  # this rank's own batch; R = 300 is the group's
+    assert post(client, body).status_code == 202
+    view = client.get("/v1/clusters/local").json()
+    assert view["ranks"][0]["last_max_local_tokens"] == 250 and view["ranks"][0]["max_local_tokens"] == 250
+    history = client.get("/v1/clusters/local/history", params={"since_s": T0 - 1, "until_s": T0 + 100}).json()
+    assert history["ranks"][0]["points"][0]["max_local_tokens"] == 250
+    body = rank.report(T0 + 10, T0 + 20, [100])
+    body["interval"]["max_local_tokens"] = 101  # more than R: impossible
+    response = post(client, body)
+    assert response.status_code == 422 and "max_local_tokens" in response.text

@@ -9,8 +9,9 @@ import time
 
 import httpx
 
-from capwatch.service.launch import REPO_ROOT, ServiceProcess, free_port
-from capwatch.service.simulate import SimulatedRank
+from tests.service.conftest import JSON
+from tests.support.service import REPO_ROOT, ServiceProcess, free_port
+from tests.support.simulate import SimulatedRank
 
 
 def capwatch(*args: str) -> subprocess.CompletedProcess:
@@ -19,7 +20,7 @@ def capwatch(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_advise_table_json_and_errors(tmp_path):
-    with ServiceProcess(tmp_path / "capwatch.db") as server, httpx.Client(base_url=server.url) as client:
+    with ServiceProcess(tmp_path / "capwatch.db") as server, httpx.Client(base_url=server.url, headers=JSON) as client:
         ranks = [SimulatedRank("cli", rank, 2, cap=256) for rank in range(2)]
         start = time.time() - 3600
         for window in range(30):

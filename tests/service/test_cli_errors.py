@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from capwatch import cli
 from capwatch.service.config import Settings
-from capwatch.service.launch import REPO_ROOT, free_port
+from tests.support.service import REPO_ROOT, free_port
 
 
 def capwatch(cwd, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

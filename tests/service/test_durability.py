@@ -10,10 +10,11 @@ import time
 import httpx
 import pytest
 
+from tests.service.conftest import JSON
 from capwatch.service.config import Settings
-from capwatch.service.launch import ServiceProcess
+from tests.support.service import ServiceProcess
 from capwatch.service.main import store_options
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.service.views import cluster_advice
 from capwatch.telemetry.report import RankReport
@@ -94,7 +95,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_report_and_the_advice(tmp_p
     url = server.url  # the restarted server listens on the same port
 
     def send(keys: list[tuple]) -> None:
-        with httpx.Client(base_url=url, timeout=10) as client:
+        with httpx.Client(base_url=url, timeout=10, headers=JSON) as client:
             for key in keys:
                 try:
                     response = client.post("/v1/reports", content=json.dumps(reports[key]))

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from capwatch.service.api.routes.reports import clock_tolerance_s
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from tests.service.conftest import T0
 
 

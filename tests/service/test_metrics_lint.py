@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from tests.service.conftest import T0
 
 PROMTOOL = shutil.which("promtool")

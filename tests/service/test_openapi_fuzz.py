@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, settings
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 
 _directory = Path(tempfile.mkdtemp(prefix="capwatch-fuzz-"))
-_settings = Settings(db_path=_directory / "fuzz.db")
+_settings = Settings(db_path=_directory / "fuzz.db", allowed_hosts=["testserver"])  # the ASGI client's Host
 _store = Store(_settings.db_path, store_options(_settings))
 atexit.register(lambda: (_store.close(), shutil.rmtree(_directory, ignore_errors=True)))
 # One known cluster with history, so the cluster routes run their real code, not only the 404.

@@ -9,6 +9,7 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.service.conftest import JSON
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
@@ -88,7 +89,7 @@ def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
     driver = threading.Thread(target=drive, args=(ranks, stop, overflow))
     driver.start()
     try:
-        with TestClient(create_app(settings)) as client:
+        with TestClient(create_app(settings), base_url="http://localhost", headers=JSON) as client:
             assert client.get("/healthz").json()["source"] == "prometheus"
             wait_for(lambda: client.get("/v1/clusters").json(), 30, "the cluster to appear")
             wait_for(lambda: client.get("/v1/clusters/prom-a/advice").json()["sample_count"] >= 2, 30, "samples")
@@ -124,7 +125,7 @@ def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
 
 def test_prometheus_down_is_a_503_not_a_crash(tmp_path):
     settings = Settings(prometheus_url=f"http://127.0.0.1:{free_port()}", prometheus_timeout_s=2.0)
-    with TestClient(create_app(settings)) as client:
+    with TestClient(create_app(settings), base_url="http://localhost", headers=JSON) as client:
         response = client.get("/v1/clusters")
         assert response.status_code == 503 and "cannot reach Prometheus" in response.json()["detail"]
         assert client.post("/v1/reports", content=b"{}").status_code in (422, 503)

@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
-from tests.service.conftest import T0
+from tests.service.conftest import JSON, T0
 
 
 def _metric(client: TestClient, line_start: str) -> float:
@@ -54,7 +54,7 @@ def test_a_declared_length_over_the_bound_gets_413_from_the_route(tmp_path, cloc
     settings = Settings(db_path=tmp_path / "c.db", max_body_bytes=2048)
     report = SimulatedRank("f4", 0, 1, cap=512).report(T0, T0 + 5, [100])
     report["final_reason"] = "x" * 1500
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         response = client.post("/v1/reports", content=json.dumps(report))
         assert response.status_code == 413 and "2048" in response.json()["detail"]
         assert client.app.state.store.report_count() == 0
@@ -63,7 +63,7 @@ def test_a_declared_length_over_the_bound_gets_413_from_the_route(tmp_path, cloc
 def test_a_token_is_checked_before_anything_is_read(tmp_path, clock):
     settings = Settings(db_path=tmp_path / "c.db", token="s3cret")
     body = json.dumps(SimulatedRank("f5", 0, 1, cap=512).report(T0, T0 + 5, [100]))
-    with TestClient(create_app(settings, clock=clock)) as client:
+    with TestClient(create_app(settings, clock=clock), base_url="http://localhost", headers=JSON) as client:
         assert client.post("/v1/reports", content=body, headers={"Authorization": "Bearer nope"}).status_code == 401
         accepted = client.post("/v1/reports", content=body, headers={"Authorization": "Bearer s3cret"})
         assert accepted.status_code == 202
@@ -74,7 +74,7 @@ def test_a_store_that_cannot_commit_gives_503_and_keeps_nothing(settings, clock)
     store = Store(settings.db_path, clock=clock)
     store.close()  # as if the disk went away: submissions are refused
     body = json.dumps(SimulatedRank("f6", 0, 1, cap=512).report(T0, T0 + 5, [100]))
-    with TestClient(create_app(settings, store=store, clock=clock)) as client:
+    with TestClient(create_app(settings, store=store, clock=clock), base_url="http://localhost", headers=JSON) as client:
         response = client.post("/v1/reports", content=body)
         assert response.status_code == 503 and "retry later" in response.json()["detail"]
         assert _metric(client, 'capwatch_reports_rejected_total{reason="unavailable"}') == 1

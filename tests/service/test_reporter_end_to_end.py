@@ -8,7 +8,7 @@ import time
 import httpx
 
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.service.launch import ServiceProcess
+from tests.support.service import ServiceProcess
 from capwatch.telemetry.rank import rank_config
 from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id

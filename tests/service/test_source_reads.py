@@ -16,8 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from capwatch.service.prometheus_source import PrometheusSource
-from capwatch.service.simulate import SimulatedRank
-from tests.service.conftest import T0, FakeClock
+from tests.support.simulate import SimulatedRank
+from tests.service.conftest import JSON, T0, FakeClock
 from tests.support.prometheus import scrape_config, start_prometheus
 
 
@@ -54,7 +54,7 @@ def feed(client: TestClient, clock: FakeClock, cluster: str, caps: dict[str, int
 @pytest.fixture
 def counting(settings, store, clock):
     source = CountingSource(store)
-    with TestClient(create_app(settings, store=store, clock=clock, source=source)) as client:
+    with TestClient(create_app(settings, store=store, clock=clock, source=source), base_url="http://localhost", headers=JSON) as client:
         yield client, source
 
 

@@ -14,10 +14,10 @@ import pytest
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store, StoreOptions, StoreUnavailable
 from capwatch.telemetry.report import RankReport
-from tests.service.conftest import T0, FakeClock
+from tests.service.conftest import JSON, T0, FakeClock
 
 BOUND = 3
 
@@ -74,7 +74,7 @@ def test_over_http_a_burst_gets_503_with_retry_after_and_never_more_than_the_bou
 
     async def burst() -> list[httpx.Response]:
         release = _block_writer(store)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://capwatch") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost", headers=JSON) as client:
             requests = [asyncio.ensure_future(client.post("/v1/reports", content=body)) for body in bodies]
             while sum(request.done() for request in requests) < len(bodies) - BOUND:
                 pending_seen.append(store.pending_reports)

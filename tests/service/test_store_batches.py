@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import IngestResult, Store, StoreOptions, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock

@@ -5,7 +5,7 @@ window not yet folded still counts."""
 from __future__ import annotations
 
 from capwatch.service.advisor.sample import window_start
-from capwatch.service.simulate import SimulatedRank
+from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store, StoreOptions
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock

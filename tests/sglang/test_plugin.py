@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 import torch
 
-from capwatch.service.launch import ServiceProcess
+from tests.support.service import ServiceProcess
 from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
 from tests.support.ports import free_port
 

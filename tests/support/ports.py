@@ -1,19 +1,13 @@
-"""Free loopback ports for test servers. Other suites run on this machine at the same time, so a
-port found free may be taken before it is bound: servers that can bind port 0 themselves should,
-and launchers of programs that cannot (Prometheus) retry on a lost race."""
+"""Free loopback ports for test servers: ``free_port`` is the product's one helper
+(``capwatch.demo.ports``); ``free_port_pair`` adds the base + 1 a two-rank exporter needs."""
 
 from __future__ import annotations
 
 import socket
 
-LOOPBACK = "127.0.0.1"
+from capwatch.demo.ports import LOOPBACK, free_port
 
-
-def free_port() -> int:
-    """A port that was free on 127.0.0.1 a moment ago."""
-    with socket.socket() as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
+__all__ = ["LOOPBACK", "free_port", "free_port_pair"]
 
 
 def free_port_pair(attempts: int = 50) -> int:

@@ -1,4 +1,4 @@
-"""A live EP group for the tests: N rank processes (dispatcher.launch.spawn_ranks) serving
+"""A live EP group for the tests: N rank processes (capwatch.demo.ranks.spawn_ranks) serving
 tests/telemetry/rank_program.py, commanded from the test thread."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import queue
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from capwatch.dispatcher.launch import spawn_ranks
+from capwatch.demo.ranks import spawn_ranks
 
 from .rank_program import RankPlan, serve_rank
 

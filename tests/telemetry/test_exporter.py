@@ -32,7 +32,7 @@ def telemetry_for(ep_rank: int, counters: DispatchCounters, **options) -> RankTe
 def busy_counters() -> DispatchCounters:
     counters = DispatchCounters(CAP, 2)
     for r in (1, 64, 128, 129, 500):
-        counters.record_step(r)
+        counters.record_step(r, r // 4)  # this rank's own local batch: a quarter of the group's R
         counters.record_dispatch(torch.tensor([r, 2]), torch.tensor([3, r]))
     counters.record_overflow("runtime_over_cap", "chunked", chunked_rounds=4)
     return counters
@@ -57,6 +57,9 @@ def test_every_catalogue_metric_is_exported_with_its_type_help_and_labels_and_li
         for sample in family.samples:
             assert set(sample.labels) - {"le"} == set(spec.labels), spec.name
     assert exported["moe_a2a_interval_peak_utilization_ratio"].samples[0].value == 500 / CAP
+    # Each rank's own line: its largest local batch (125), not the group's R (500).
+    assert exported["moe_a2a_interval_max_local_tokens"].samples[0].value == 125
+    assert exported["moe_a2a_local_tokens_window_max"].samples[0].value == 125
     # The histogram's _sum is the exact sum of R, the over-cap steps (129 and 500) included.
     runtime_tokens = {sample.name: sample.value for sample in exported["moe_a2a_runtime_tokens"].samples}
     assert runtime_tokens["moe_a2a_runtime_tokens_sum"] == 1 + 64 + 128 + 129 + 500

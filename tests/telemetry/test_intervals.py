@@ -47,6 +47,27 @@ def test_interval_holds_exactly_the_steps_between_two_snapshots():
     assert snapshot.forward_steps == 6 and snapshot.max_runtime_tokens == 16
 
 
+def test_each_interval_carries_this_ranks_own_largest_local_batch_not_r():
+    counters = DispatchCounters(CAP, 2)
+    tracker = IntervalTracker(counters)
+    for runtime_tokens, local_tokens in ((9, 2), (12, 5), (12, 3)):  # R is the group's; 5 is this rank's
+        counters.record_step(runtime_tokens, local_tokens)
+    first, _ = tracker.close()
+    counters.record_step(40, 30)  # above the cap and a new running max: exact
+    second, _ = tracker.close()
+    counters.record_step(40, 20)  # above the cap, below the running max: the honest floor cap + 1
+    third, _ = tracker.close()
+    idle, _ = tracker.close()
+    counters.record_step(7)  # a caller that does not pass its local batch: unknown, not 0
+    unknown, _ = tracker.close()
+    assert (first.peak_runtime_tokens, first.max_local_tokens) == (12, 5)
+    assert second.max_local_tokens == 30 and third.max_local_tokens == CAP + 1
+    assert idle.max_local_tokens == 0 and unknown.max_local_tokens is None
+    assert merge_intervals(first, second).max_local_tokens == 30
+    assert merge_intervals(idle, unknown).max_local_tokens == 0  # a known value wins over an unknown one
+    assert merge_intervals(unknown, unknown).max_local_tokens is None
+
+
 def test_peak_above_the_cap_is_exact_when_the_interval_raised_the_max_else_cap_plus_one():
     counters = DispatchCounters(CAP, 2)
     tracker = IntervalTracker(counters)

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from capwatch.dispatcher.launch import RankFailedError
+from capwatch.demo.ranks import RankFailedError
 from capwatch.telemetry.catalogue import runtime_token_buckets
 from tests.support.prometheus import scrape_config, start_prometheus
 

@@ -1,73 +1,30 @@
-"""The reporter against the real service: uvicorn running ``service.main:create_app`` on SQLite,
-stopped and restarted (same port, same database) while two gloo ranks keep dispatching."""
+"""The reporter against the real service: ``capwatch serve`` on SQLite (the one launcher,
+``capwatch.demo.service.ServiceProcess``), stopped and restarted (same port, same database) while two
+gloo ranks keep dispatching."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from capwatch.demo.service import ServiceProcess
+
 from .group import RankGroup
 from .rank_program import RankPlan
 from .workload import Workload, expected_totals
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "e2e-token"
 
 
-class Service:
-    """uvicorn in its own process group, serving on a socket this test bound (no port race)."""
+class Service(ServiceProcess):
+    """The real service, with a JSON getter that ignores proxy settings."""
 
     def __init__(self, db_path: Path):
-        self.db_path = db_path
-        self.port = 0
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> "Service":
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
-        listener.listen(128)
-        self.port = listener.getsockname()[1]
-        env = os.environ | {"PYTHONPATH": str(REPO_ROOT), "CAPWATCH_DB_PATH": str(self.db_path),
-                            "CAPWATCH_TOKEN": TOKEN}
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "service.main:create_app", "--factory", "--fd", str(listener.fileno()),
-             "--log-level", "warning"],
-            pass_fds=(listener.fileno(),), env=env, cwd=REPO_ROOT, start_new_session=True)
-        listener.close()
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if self.get("/healthz") is not None:
-                    return self
-            except OSError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the service did not come up (exit code {self.process.poll()})")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=10)
-        self.process = None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        super().__init__(db_path, env={"CAPWATCH_TOKEN": TOKEN})
 
     def get(self, path: str):
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -78,7 +35,7 @@ class Service:
 
 @pytest.fixture
 def service(tmp_path):
-    service = Service(tmp_path / "capwatch.db").start()
+    service = Service(tmp_path / "capwatch.db").start(timeout_s=60)
     yield service
     service.stop()
 

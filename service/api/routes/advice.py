@@ -9,10 +9,18 @@ from fastapi import APIRouter, HTTPException, Query, status
 from capwatch.service.advisor.recommend import Advice, WhatIf
 from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
-from capwatch.service.views import cluster_advice, cluster_whatif
+from capwatch.service.views import AdviceUnavailable, cluster_advice, cluster_whatif
 from capwatch.telemetry.report import MAX_CAP_TOKENS
 
 router = APIRouter(prefix="/v1/clusters", tags=["advice"])
+
+
+UNAVAILABLE = {409: {"description": "The cluster's ranks report configurations that cannot be priced or "
+                                      "advised together (the detail says why); other clusters are unaffected"}}
+
+
+def unavailable(error: AdviceUnavailable) -> HTTPException:
+    return HTTPException(status.HTTP_409_CONFLICT, str(error))
 
 
 class ClusterAdvice(Advice):
@@ -22,7 +30,7 @@ class ClusterAdvice(Advice):
 
 
 @router.get("/{cluster}/advice", response_model=ClusterAdvice, summary="Raise, lower or hold the cap, and why",
-            responses={404: {"description": "Unknown cluster or role"}})
+            responses={404: {"description": "Unknown cluster or role"}, **UNAVAILABLE})
 def get_advice(cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
                role: RoleQuery = "target") -> ClusterAdvice:
     now = clock()
@@ -30,12 +38,14 @@ def get_advice(cluster: ClusterName, source: SourceDep, settings: SettingsDep, c
         advice = cluster_advice(source, cluster, role, now, settings)
     except LookupError as error:
         raise not_found(error) from None
+    except AdviceUnavailable as error:
+        raise unavailable(error) from None
     return ClusterAdvice(**advice.model_dump(), cluster=cluster, role=role, generated_unix_s=now)
 
 
 @router.get("/{cluster}/whatif", response_model=list[WhatIf],
             summary="Predicted overflow rate and workspace bytes for given caps",
-            responses={404: {"description": "Unknown cluster or role"}})
+            responses={404: {"description": "Unknown cluster or role"}, **UNAVAILABLE})
 def get_whatif(
     cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
     cap: Annotated[list[int], Query(min_length=1, max_length=64, description="Caps to price (repeat the parameter)")],
@@ -49,3 +59,5 @@ def get_whatif(
         return cluster_whatif(source, cluster, role, cap, clock(), settings)
     except LookupError as error:
         raise not_found(error) from None
+    except AdviceUnavailable as error:
+        raise unavailable(error) from None

@@ -4,34 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, status
-from pydantic import BaseModel
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from pydantic import AfterValidator, BaseModel
 
 from capwatch.service.advisor.sample import RankInterval, group_samples
 from capwatch.service.aggregate import ClusterView
-from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
-from capwatch.service.views import UnknownCluster, cluster_advice, cluster_view
+from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.digests import ClusterSummary
+from capwatch.service.views import cluster_view
+from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
-ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:-]+$")]
-
-
-class ClusterSummary(BaseModel):
-    cluster: str
-    roles: list[str]
-    ep_size: int
-    cap: int
-    ranks_reporting: int
-    ranks_stale: int
-    ranks_missing: int
-    group_peak_runtime_tokens: int
-    group_utilization: float
-    overflow_events_total: int
-    workspace_bytes_group: int | None
-    findings: list[str]
-    action: str | None
-    recommended_cap: int | None
-    last_report_unix_s: float | None
+ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_PATTERN),
+                        AfterValidator(not_a_relative_path)]
 
 
 class HistoryPoint(BaseModel):
@@ -41,6 +26,7 @@ class HistoryPoint(BaseModel):
     utilization: float
     forward_steps: int
     overflow_events: int
+    max_local_tokens: int | None = None  # the rank's own largest local batch (None: the rank does not report it)
 
 
 class RankSeries(BaseModel):
@@ -72,25 +58,13 @@ def not_found(error: LookupError) -> HTTPException:
     return HTTPException(status.HTTP_404_NOT_FOUND, str(error.args[0] if error.args else error))
 
 
-@router.get("", response_model=list[ClusterSummary], summary="Every EP group with a one-line summary")
-def list_clusters(source: SourceDep, settings: SettingsDep, clock: ClockDep) -> list[ClusterSummary]:
-    now = clock()
-    summaries = []
-    for cluster in source.clusters():
-        states = source.rank_states(cluster)  # once: against Prometheus each call is ten queries
-        roles = sorted({state.role for state in states}, key=lambda r: (r != "target", r))
-        if not roles:
-            continue
-        view = cluster_view(source, cluster, roles[0], now, settings, states)
-        advice = cluster_advice(source, cluster, roles[0], now, settings, states)
-        summaries.append(ClusterSummary(
-            cluster=cluster, roles=view.roles, ep_size=view.ep_size, cap=view.cap,
-            ranks_reporting=view.ranks_reporting, ranks_stale=view.ranks_stale, ranks_missing=view.ranks_missing,
-            group_peak_runtime_tokens=view.group_peak_runtime_tokens, group_utilization=view.group_utilization,
-            overflow_events_total=view.overflow_events_total, workspace_bytes_group=view.workspace_bytes_group,
-            findings=[finding.kind for finding in view.findings], action=advice.action,
-            recommended_cap=advice.recommended_cap, last_report_unix_s=view.last_report_unix_s))
-    return summaries
+@router.get("", response_model=list[ClusterSummary], summary="Every EP group with a one-line summary",
+            description=("A group whose advice cannot be computed is listed with its error (and no action); "
+                         "the others are unaffected. Each group is recomputed only when it changed."))
+def list_clusters(digests: DigestsDep) -> Response:
+    # Pre-serialised per group (see capwatch.service.digests): the response is their concatenation.
+    body = b"[" + b",".join(digest.summary_json for digest in digests.every_group(all_roles=False)) + b"]"
+    return Response(body, media_type="application/json")
 
 
 @router.get("/{cluster}", response_model=ClusterView, summary="Ranks, group peaks and consistency findings",
@@ -126,7 +100,7 @@ def get_history(
         by_rank.setdefault(row.ep_rank, []).append(HistoryPoint(
             interval_end_unix_s=row.interval_end_unix_s, peak_runtime_tokens=row.peak_runtime_tokens, cap=row.cap,
             utilization=row.peak_runtime_tokens / row.cap, forward_steps=row.forward_steps,
-            overflow_events=row.overflow_events))
+            overflow_events=row.overflow_events, max_local_tokens=row.max_local_tokens))
     samples = group_samples((RankInterval(row.ep_rank, row.interval_end_unix_s, row.peak_runtime_tokens, row.cap,
                                           row.overflow_events) for row in rows if row.forward_steps > 0),
                             settings.window_s)

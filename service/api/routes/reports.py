@@ -1,20 +1,27 @@
-"""``POST /v1/reports``: one rank's interval report, validated strictly, acknowledged once durable."""
+"""``POST /v1/reports``: one rank's interval report, validated strictly, acknowledged once durable.
+
+Two ways in, one set of rules (``capwatch.service.api.report_rules``): ``ReportFastPath`` answers a
+request whose size is declared without FastAPI's routing, request and dependency machinery (which
+cost the ingest path most of its CPU, profiled with py-spy; benchmarks/ingest.py); ``post_report``,
+the documented route, answers the others (a chunked body). Both apply the same rules in the same
+order and answer each refusal with the same status and body."""
 
 from __future__ import annotations
 
-import json
 import time
 
-from fastapi import APIRouter, HTTPException, Request, Response, status
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import APIRouter, Request, Response, status
+from pydantic import BaseModel
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from capwatch.service.api.deps import bearer_token_accepted, check_token
-from capwatch.service.store.sqlite import StoreUnavailable
+from capwatch.service.api.report_rules import (BodyGate, Refusal, RejectedReport, clock_tolerance_s,  # noqa: F401
+                                               header_refusal, json_detail, parse_report)
+from capwatch.service.store.sqlite import ReportNotStorable, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
+# The request headers the rules read (raw ASGI name -> name).
+_WANTED = {name.encode(): name for name in ("authorization", "content-type", "content-length", "origin", "host")}
 
 
 class IngestResponse(BaseModel):
@@ -26,167 +33,86 @@ ACCEPTED_BODY = IngestResponse(accepted=True, duplicate=False).model_dump_json()
 DUPLICATE_BODY = IngestResponse(accepted=True, duplicate=True).model_dump_json().encode()
 
 
-class FieldError(BaseModel):
-    field: str
-    message: str
-    type: str
+async def answer(state, headers: dict[str, str], receive: Receive, started: float) -> tuple[int, bytes, dict]:
+    """Every rule, then the store: the status, body and extra headers of the answer. Both ways in."""
+    settings, metrics = state.settings, state.metrics
+    refusal = header_refusal(headers.get("authorization", ""), headers.get("content-type"),
+                             headers.get("content-length"), settings, headers.get("origin"), headers.get("host"))
+    if refusal is None:
+        read = await state.body_gate.read(receive)
+        if isinstance(read, Refusal):
+            refusal = read
+        else:
+            body, connected = read
+            received = state.clock()
+            parsed = parse_report(body, received, settings) if connected else Refusal(400, "malformed", "client left")
+            refusal = parsed if isinstance(parsed, Refusal) else None
+    if refusal is None and state.store is None:
+        refusal = Refusal(503, "unavailable",
+                          "this service reads its ranks from Prometheus (--prometheus-url); it stores no reports")
+    if refusal is not None:
+        metrics.reports_rejected.labels(refusal.reason).inc()
+        return refusal.status, refusal.body(), refusal.headers
+    return await _acknowledge(state, parsed, received, body, started)
 
 
-class RejectedReport(BaseModel):
-    detail: str
-    errors: list[FieldError] = []
-
-
-async def read_bounded_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is known to exceed ``limit`` (never read in full)."""
-    def too_large() -> HTTPException:  # built only when needed: an HTTPException costs ~0.1 ms to make
-        return HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
-                             f"request body exceeds {limit} bytes (CAPWATCH_MAX_BODY_BYTES); report shorter intervals")
-
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise too_large()
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_large()
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-# A rank's clock may drift this far from the service's before its reports are refused: well above
-# NTP error and the reporter's retry backoff, well below what distorts a window of samples.
-CLOCK_TOLERANCE_S = 600.0
-
-
-def clock_tolerance_s(window_s: float) -> float:
-    return max(CLOCK_TOLERANCE_S, 2 * window_s)
-
-
-def clock_errors(report: RankReport, received_unix_s: float, window_s: float, retention_s: float) -> list[FieldError]:
-    """The report's times that the service's clock contradicts (empty when they are plausible).
-    Samples are bucketed by the rank's own interval times, so one report with a wrong clock (say
-    ``end_unix_s=0``) would stretch the history to decades and move the advice. Each time must lie
-    at most ``clock_tolerance_s`` after the receive time and at most the retention before it: the
-    past side is wider because the reporter holds reports back while the service is unreachable
-    and sends them late (as does a back-filling simulation), and such reports are genuine."""
-    tolerance = clock_tolerance_s(window_s)
-    oldest, newest = received_unix_s - retention_s, received_unix_s + tolerance
-    errors = []
-    for name, value in (("sent_unix_s", report.sent_unix_s), ("interval.start_unix_s", report.interval.start_unix_s),
-                        ("interval.end_unix_s", report.interval.end_unix_s)):
-        if not oldest <= value <= newest:
-            errors.append(FieldError(
-                field=name, type="clock_skew",
-                message=(f"{value:.0f} is {value - received_unix_s:+.0f} s from the service's clock, which allows "
-                         f"{retention_s:.0f} s before (retention_s) and {tolerance:.0f} s after; "
-                         "synchronise the rank's clock (NTP)")))
-    return errors
-
-
-def _clock_errors(state, report: RankReport, received_unix_s: float) -> list[FieldError]:
-    settings = state.settings
-    return clock_errors(report, received_unix_s, settings.window_s, settings.retention_s)
-
-
-def _rejection(errors: list[FieldError]) -> JSONResponse:
-    detail = "invalid report: " + "; ".join(f"{item.field}: {item.message}" for item in errors[:5])
-    return JSONResponse(RejectedReport(detail=detail, errors=errors).model_dump(),
-                        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
-
-
-def _field_errors(error: ValidationError) -> list[FieldError]:
-    return [FieldError(field=".".join(str(part) for part in item["loc"]) or "body",
-                       message=item["msg"], type=item["type"]) for item in error.errors(include_url=False)]
+async def _acknowledge(state, report: RankReport, received_unix_s: float, body: bytes,
+                       started: float) -> tuple[int, bytes, dict]:
+    """Store a valid report; the acknowledgement once it is durable (or why it was not stored)."""
+    metrics = state.metrics
+    try:
+        result = await state.store.submit_async(report, received_unix_s, payload=body)
+    except StoreUnavailable as error:
+        metrics.reports_rejected.labels("unavailable").inc()
+        return (status.HTTP_503_SERVICE_UNAVAILABLE, json_detail(f"{error}; retry later"),
+                {"Retry-After": str(error.retry_after_s)})
+    except ReportNotStorable as error:
+        metrics.reports_rejected.labels("invalid").inc()
+        return status.HTTP_422_UNPROCESSABLE_CONTENT, Refusal(422, "invalid", str(error)).body(), {}
+    if result.duplicate:
+        metrics.reports_duplicate.inc()
+        answer_ = (status.HTTP_200_OK, DUPLICATE_BODY, {})
+    else:
+        metrics.reports_ingested.inc()
+        answer_ = (status.HTTP_202_ACCEPTED, ACCEPTED_BODY, {})
+    metrics.ingest_latency.observe(time.perf_counter() - started)
+    return answer_
 
 
 @router.post(
     "/reports", status_code=status.HTTP_202_ACCEPTED, response_model=IngestResponse,
     summary="Store one rank's interval report",
-    description=("Validated with telemetry.report.RankReport (strict). 202 once durably committed; 200 for a "
-                 "duplicate (same cluster, role, rank, boot_id and sequence), which is acknowledged and ignored."),
+    description=("Validated with telemetry.report.RankReport (strict), after the token, Content-Type "
+                 "(application/json only) and size; the rules: capwatch.service.api.report_rules. 202 once durably "
+                 "committed; 200 for a duplicate (same cluster, role, rank, boot_id and sequence), which is "
+                 "acknowledged and ignored."),
     responses={200: {"model": IngestResponse, "description": "Duplicate: already stored"},
-               401: {"description": "Missing or wrong bearer token (when the service has one)"},
-               413: {"description": "Body too large"},
+               401: {"model": RejectedReport, "description": "Missing or wrong bearer token (when the service has one)"},
+               403: {"model": RejectedReport, "description": "Sent by a web page of another origin"},
+               408: {"model": RejectedReport, "description": "The body did not arrive within body_timeout_s"},
+               413: {"model": RejectedReport, "description": "Body too large"},
+               415: {"model": RejectedReport, "description": "Not application/json"},
                422: {"model": RejectedReport, "description": (
-                   "Invalid report, or times the service's clock contradicts (rank clock off by more than "
-                   "max(600 s, 2 x window_s)): nothing stored")},
-               503: {"description": ("Not stored: the store is unavailable or full (Retry-After says when to "
-                                     "retry), or the service reads Prometheus")}},
+                   "Invalid report (a field, a release or layout FlashInfer would refuse), or times the service's "
+                   "clock contradicts (rank clock off by more than max(600 s, 2 x window_s)): nothing stored")},
+               503: {"description": ("Not stored: the store is unavailable or full, or too many bodies are being "
+                                     "received (Retry-After says when to retry), or the service reads Prometheus")}},
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/RankReport"}}}}},
 )
 async def post_report(request: Request) -> Response:
-    # The hot path takes what it needs from app.state directly: resolving injected dependencies
-    # cost a measurable share of the ingest rate (see benchmarks/ingest.py).
     started = time.perf_counter()
-    state = request.app.state
-    settings, metrics = state.settings, state.metrics
-    check_token(request, settings, metrics)
-    try:
-        body = await read_bounded_body(request, settings.max_body_bytes)
-    except HTTPException:
-        metrics.reports_rejected.labels("too_large").inc()
-        raise
-    try:
-        report = RankReport.model_validate_json(body)
-    except ValidationError as error:
-        errors = _field_errors(error)
-        malformed = any(item.type == "json_invalid" for item in errors)
-        metrics.reports_rejected.labels("malformed" if malformed else "invalid").inc()
-        if malformed:
-            return JSONResponse(RejectedReport(detail="the body is not valid JSON", errors=errors).model_dump(),
-                                status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
-        return _rejection(errors)
-    received = state.clock()
-    errors = _clock_errors(state, report, received)
-    if errors:
-        metrics.reports_rejected.labels("invalid").inc()
-        return _rejection(errors)
-    if state.store is None:
-        metrics.reports_rejected.labels("unavailable").inc()
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE,
-                            "this service reads its ranks from Prometheus (--prometheus-url); it stores no reports")
-    try:
-        status_code, acknowledgement = await _acknowledge(state, report, received, body, started)
-    except StoreUnavailable as error:
-        raise HTTPException(status.HTTP_503_SERVICE_UNAVAILABLE, f"{error}; retry later",
-                            headers={"Retry-After": str(error.retry_after_s)}) from None
-    return Response(acknowledgement, status_code=status_code, media_type="application/json")
+    headers = {name: request.headers.get(name) for name in _WANTED.values()}
+    status_code, body, extra = await answer(request.app.state, {k: v for k, v in headers.items() if v is not None},
+                                            request.receive, started)
+    return Response(body, status_code=status_code, media_type="application/json", headers=extra)
 
 
-async def _acknowledge(state, report: RankReport, received_unix_s: float, body: bytes,
-                       started: float) -> tuple[int, bytes]:
-    """Store a valid report; the acknowledgement's status and (pre-encoded) body once it is durable.
-    Raises StoreUnavailable (counted) when it was not stored."""
-    metrics = state.metrics
-    try:
-        result = await state.store.submit_async(report, received_unix_s, payload=body)
-    except StoreUnavailable:
-        metrics.reports_rejected.labels("unavailable").inc()
-        raise
-    if result.duplicate:
-        metrics.reports_duplicate.inc()
-        acknowledgement = (status.HTTP_200_OK, DUPLICATE_BODY)
-    else:
-        metrics.reports_ingested.inc()
-        acknowledgement = (status.HTTP_202_ACCEPTED, ACCEPTED_BODY)
-    metrics.ingest_latency.observe(time.perf_counter() - started)
-    return acknowledgement
-
-
-_JSON_HEADERS = [(b"content-type", b"application/json")]
 
 
 class ReportFastPath:
-    """ASGI middleware that serves the common case of ``POST /v1/reports`` — token accepted, size
-    declared and within bounds, valid report, a store present — without FastAPI's routing, request
-    and dependency machinery, which cost the ingest path most of its CPU (profiled with py-spy;
-    benchmarks/ingest.py). Every other request, and every error, goes on to ``post_report`` above with
-    the body replayed, so there is one definition of each refusal (a report whose times the service's
-    clock contradicts, ``clock_errors``, goes on too); the only answer made here besides the
-    acknowledgement is the 503 of a report handed to a store that then could not take or commit it."""
+    """ASGI middleware answering ``POST /v1/reports`` with a declared size, through the same ``answer``
+    as the route (see the module's docstring); everything else goes on to the app."""
 
     def __init__(self, app: ASGIApp):
         self.app = app
@@ -196,57 +122,17 @@ class ReportFastPath:
                 or scope["path"] != scope.get("root_path", "") + "/v1/reports"):
             await self.app(scope, receive, send)
             return
-        started = time.perf_counter()
-        state = scope["app"].state
-        declared, authorization = None, ""
+        headers = {}
         for name, value in scope["headers"]:
-            if name == b"content-length":
-                declared = value
-            elif name == b"authorization":
-                authorization = value.decode("latin-1")
-        limit = state.settings.max_body_bytes
-        if (state.store is None or declared is None or not declared.isdigit() or int(declared) > limit
-                or not bearer_token_accepted(authorization, state.settings)):
+            wanted = _WANTED.get(name)
+            if wanted is not None:
+                headers[wanted] = value.decode("latin-1")
+        if "content-length" not in headers:  # a chunked body: the route's way in
             await self.app(scope, receive, send)
             return
-        chunks, size, more = [], 0, True
-        while more and size <= limit:
-            message = await receive()
-            if message["type"] != "http.request":
-                break  # the client went away: the route sees the same
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
-        try:
-            report = None if more or size > limit else RankReport.model_validate_json(body)
-        except ValidationError:
-            report = None
-        received = state.clock()
-        if report is None or _clock_errors(state, report, received):  # the route refuses it
-            await self.app(scope, _replay(body, more, receive), send)
-            return
-        headers = _JSON_HEADERS
-        try:
-            status_code, acknowledgement = await _acknowledge(state, report, received, body, started)
-        except StoreUnavailable as error:
-            status_code = status.HTTP_503_SERVICE_UNAVAILABLE
-            acknowledgement = json.dumps({"detail": f"{error}; retry later"}).encode()
-            headers = [*_JSON_HEADERS, (b"retry-after", str(error.retry_after_s).encode())]
-        await send({"type": "http.response.start", "status": status_code,
-                    "headers": [*headers, (b"content-length", str(len(acknowledgement)).encode())]})
-        await send({"type": "http.response.body", "body": acknowledgement})
-
-
-def _replay(body: bytes, more_body: bool, receive: Receive) -> Receive:
-    """``receive`` as if nothing had been read: what was read first, then the rest of the stream."""
-    replayed = False
-
-    async def replay() -> Message:
-        nonlocal replayed
-        if replayed:
-            return await receive()
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": more_body}
-
-    return replay
+        started = time.perf_counter()
+        status_code, body, extra = await answer(scope["app"].state, headers, receive, started)
+        response_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            *((name.lower().encode(), value.encode()) for name, value in extra.items())]
+        await send({"type": "http.response.start", "status": status_code, "headers": response_headers})
+        await send({"type": "http.response.body", "body": body})

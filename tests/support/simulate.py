@@ -55,8 +55,9 @@ class SimulatedRank:
         self.overflow_totals = {}
 
     def report(self, start_unix_s: float, end_unix_s: float, runtime_tokens: list[int],
-               layers: int = 4) -> dict:
-        """The next report: one interval in which the steps ran with these R values."""
+               layers: int = 4, local_tokens: list[int] | None = None) -> dict:
+        """The next report: one interval in which the steps ran with these R values (and, when given,
+        this rank's own local batches: the interval then carries their max, ``max_local_tokens``)."""
         histogram: dict[int, int] = {}
         overflows = 0
         for value in runtime_tokens:
@@ -91,5 +92,7 @@ class SimulatedRank:
                 "overflow_events": interval_overflow,
             },
         }
+        if local_tokens is not None:
+            report["interval"]["max_local_tokens"] = max(local_tokens, default=0)
         self.sequence += 1
         return report

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -24,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capwatch.cli import CommandError
-from capwatch.rank_process import PROGRESS_FIELDS, Phase, RankPlan
+from capwatch.dispatcher.byte_units import format_gib
+from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
+from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
 from capwatch.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 
-LOOPBACK = "127.0.0.1"
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
@@ -75,7 +75,7 @@ def default_state_dir() -> Path:
 
 def build_workload(options: DemoOptions) -> Workload:
     if options.trace is not None:
-        from capwatch.trace import read_trace
+        from capwatch.demo.trace import read_trace
 
         workload = read_trace(options.trace)
         if options.ranks is not None and options.ranks != workload.ranks:
@@ -94,23 +94,6 @@ def build_workload(options: DemoOptions) -> Workload:
 
 
 # --- ports and the service -----------------------------------------------------------------------
-
-def port_is_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        # As uvicorn binds: a port whose old connections linger in TIME_WAIT is free to reuse.
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((LOOPBACK, port))
-        except OSError:
-            return False
-    return True
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((LOOPBACK, 0))
-        return probe.getsockname()[1]
-
 
 def choose_service_port(requested: int | None) -> int:
     if requested is not None:
@@ -142,11 +125,26 @@ def get_json(url: str, timeout_s: float = 10.0):
         return json.loads(response.read())
 
 
+def usable_state_dir(folder: Path) -> Path:
+    """Create ``folder`` if missing and prove a file can be written in it; a path that is a file, or
+    a folder nobody can write (``/proc``, a read-only mount), is a usage error (one line, exit 2)."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        raise CommandError(f"--state-dir {folder}: not a folder the demo can write to "
+                           f"({error.strerror or error}); pass a writable folder") from None
+    return folder
+
+
 class EmbeddedService:
-    """``capwatch serve`` (``service.launch.ServiceProcess``) with the demo's database and settings."""
+    """``capwatch serve`` (``capwatch.demo.service.ServiceProcess``) with the demo's database and settings."""
 
     def __init__(self, state_dir: Path, port: int):
-        from capwatch.service.launch import ServiceProcess
+        from capwatch.demo.service import ServiceProcess
 
         self.state_dir = state_dir
         self.database = state_dir / "demo.sqlite3"
@@ -155,7 +153,7 @@ class EmbeddedService:
         self.url = self.process.url
 
     def start(self) -> "EmbeddedService":
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        usable_state_dir(self.state_dir)
         # The demo's own database, recreated each run so the page shows this run only.
         for suffix in ("", "-wal", "-shm", "-journal"):
             Path(f"{self.database}{suffix}").unlink(missing_ok=True)
@@ -179,7 +177,7 @@ class EmbeddedService:
 # --- the ranks -----------------------------------------------------------------------------------
 
 class RankGroup:
-    """The rank processes, launched by ``dispatcher.launch.spawn_ranks`` on a background thread so
+    """The rank processes, launched by ``capwatch.demo.ranks.spawn_ranks`` on a background thread so
     the foreground can show progress and fetch the advice while ranks hold their exporters up."""
 
     def __init__(self, plan: RankPlan, ranks: int, timeout_s: float):
@@ -194,8 +192,8 @@ class RankGroup:
         self._thread = threading.Thread(target=self._run, name="capwatch-demo-ranks", daemon=True)
 
     def _run(self) -> None:
-        from capwatch.rank_process import run_rank
-        from capwatch.dispatcher.launch import spawn_ranks
+        from capwatch.demo.rank_process import run_rank
+        from capwatch.demo.ranks import spawn_ranks
 
         try:
             self.outcomes = spawn_ranks(self.ranks, run_rank, self.plan, self.progress, timeout_s=self.timeout_s)
@@ -262,7 +260,7 @@ class RankGroup:
 # --- presentation --------------------------------------------------------------------------------
 
 def _gib(value) -> str:
-    return "–" if value is None else f"{value / 2**30:.3f} GiB"
+    return "–" if value is None else format_gib(value, digits=3)
 
 
 def _percent(value) -> str:
@@ -335,6 +333,7 @@ def run_demo(options: DemoOptions) -> int:
                                "`capwatch serve` or drop --service-url") from None
     else:
         port = choose_service_port(options.port)
+        usable_state_dir(state_dir)  # before anything is printed or started
     metrics_base = choose_metrics_base(options.metrics_port, workload.ranks)
     if not options.service_url:
         err.print(f"[dim]starting the service on {LOOPBACK}:{port} "

@@ -1,44 +1,49 @@
-"""Start ``capwatch serve`` as a child process on a free loopback port and wait until it answers.
-For tests, benchmarks and demos: the real server, not an in-process app."""
+"""Start ``capwatch serve`` as a child process on a loopback port and wait until it answers.
+
+The one launcher of the service: the demo's embedded service, and the tests' and benchmarks' real
+server (not an in-process app). It runs ``python -m capwatch serve`` with this interpreter, so it
+serves whatever capwatch this process imports (installed or editable). Port: the one given, or a
+free one (:func:`capwatch.demo.ports.free_port`); the service's own default is 8321.
+"""
 
 from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+from capwatch.demo.ports import LOOPBACK, free_port
 
 
 class ServiceProcess:
+    """``env`` is added to this process's environment (or is the whole environment with
+    ``inherit_env=False``); ``python`` is the interpreter whose capwatch serves (another venv's)."""
+
     def __init__(self, db_path: Path | str, port: int | None = None, extra_args: tuple[str, ...] = (),
-                 env: dict[str, str] | None = None, log_path: Path | str | None = None):
+                 env: dict[str, str] | None = None, log_path: Path | str | None = None, *,
+                 python: Path | str = sys.executable, inherit_env: bool = True, cwd: Path | str | None = None):
+        self.python = str(python)
+        self.inherit_env = inherit_env
+        self.cwd = cwd
         self.db_path = Path(db_path)
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{LOOPBACK}:{self.port}"
         self.extra_args = extra_args
         self.env = env or {}
         self.log_path = Path(log_path) if log_path else self.db_path.with_suffix(".log")
         self.process: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 30.0) -> "ServiceProcess":
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        env = {**os.environ, **self.env} if self.inherit_env else dict(self.env)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "capwatch", "serve", "--host", "127.0.0.1", "--port", str(self.port),
+            [self.python, "-m", "capwatch", "serve", "--host", LOOPBACK, "--port", str(self.port),
              "--db", str(self.db_path), "--log-level", "warning", *self.extra_args],
-            env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            env=env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

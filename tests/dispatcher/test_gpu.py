@@ -1,13 +1,14 @@
-"""GPU checks of the dispatcher; every check skips cleanly (exit 0) where there is no CUDA device.
+"""GPU tests of the dispatcher (marked ``gpu``; skipped where there is no CUDA device).
 
-    PYTHONPATH=. python scripts/gpu_check.py [--json]
+    .venv/bin/python -m pytest tests/dispatcher/test_gpu.py -v -s     # -s prints each check's detail
 
 1. ``nccl_backend``: TorchA2ABackend over NCCL (world size 1, this process) runs an
    instrumented MoE step equal to the single-process reference; counters match the routing.
 2. ``no_host_sync``: the same instrumented step (plain and chunked) under
    ``torch.cuda.set_sync_debug_mode("error")``: any device -> host sync raises.
-3. ``graph_counters``: the counter updates (record_step + record_dispatch) captured in a CUDA
-   graph under sync-debug "error" and replayed N times: the counters advance exactly N steps.
+3. ``graph_counters``: the counter updates (record_step with R and the local batch, record_dispatch)
+   captured in a CUDA graph under sync-debug "error" and replayed N times: the counters advance
+   exactly N steps, the local-batch histogram and max included.
 4. ``graph_step``: the whole instrumented step (NCCL all_to_all + counters) captured and replayed;
    the counters advance once per replay and the output matches the reference.
 5. ``snapshot_during_capture``: a reporter thread snapshots the counters in a tight loop while the
@@ -17,26 +18,22 @@
    flashinfer is importable and the platform is supported): output equals the reference, workspace
    counters equal the routing, and the workspace metainfo equals ``dispatcher.sizing``'s layout.
 
-Each check prints ``PASS``/``FAIL``/``SKIP`` with a reason; the exit code is 1 if any check failed.
+Each check returns a line saying what it proved (printed); a FlashInfer release or platform that
+cannot run a check skips it with the reason.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import sys
-import traceback
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
+import pytest
+import torch
 
-import torch  # noqa: E402
+from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots
+from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs
+from tests.dispatcher.moe import reference_outputs
 
-from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots  # noqa: E402
-from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs  # noqa: E402
-from tests.dispatcher.moe import reference_outputs  # noqa: E402
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
 CASE = MoECase(seed=3, tokens_per_rank=(5,), num_experts=8, top_k=2, hidden=256, dtype=torch.bfloat16)
 TOLERANCE = dict(rtol=2e-2, atol=2e-2)
@@ -118,7 +115,7 @@ def check_graph_counters(replays: int = 7) -> str:
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on a side stream, as graph capture wants
-        counters.record_step(9)
+        counters.record_step(9, 5)
         counters.record_dispatch(send, recv)
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
@@ -127,7 +124,7 @@ def check_graph_counters(replays: int = 7) -> str:
     # Inside the context: entering it synchronises the device on purpose, which is not the step's.
     with torch.cuda.graph(graph):
         with sync_debug_errors():
-            counters.record_step(9)
+            counters.record_step(9, 5)  # R 9, this rank's own local batch 5
             counters.record_dispatch(send, recv)
     for _ in range(replays):
         graph.replay()
@@ -137,8 +134,12 @@ def check_graph_counters(replays: int = 7) -> str:
     calls = after.dispatch_calls - before.dispatch_calls
     sent = after.tokens_sent - before.tokens_sent
     bin_nine = after.runtime_tokens_histogram[9] - before.runtime_tokens_histogram[9]
-    if (steps, calls, sent, bin_nine) != (replays, replays, 6 * replays, replays):
-        raise AssertionError(f"after {replays} replays: steps {steps}, calls {calls}, sent {sent}, bin9 {bin_nine}")
+    local_five = after.local_tokens_histogram[5] - before.local_tokens_histogram[5]
+    if (steps, calls, sent, bin_nine, local_five) != (replays, replays, 6 * replays, replays, replays):
+        raise AssertionError(f"after {replays} replays: steps {steps}, calls {calls}, sent {sent}, bin9 {bin_nine}, "
+                             f"local bin5 {local_five}")
+    if after.max_local_tokens != 5:
+        raise AssertionError(f"max local batch {after.max_local_tokens}, expected 5")
     return f"captured under sync-debug 'error', {replays} replays advanced the counters exactly {replays} steps"
 
 
@@ -288,42 +289,19 @@ CHECKS = {
 }
 
 
-def run_checks() -> dict[str, dict]:
-    results = {}
-    if not torch.cuda.is_available():
-        reason = f"no CUDA device (torch {torch.__version__}, cuda {torch.version.cuda})"
-        return {name: {"status": "SKIP", "detail": reason} for name in CHECKS}
-    for name, check in CHECKS.items():
-        try:
-            results[name] = {"status": "PASS", "detail": check()}
-        except Skip as skip:
-            results[name] = {"status": "SKIP", "detail": str(skip)}
-        except Exception as error:  # report and go on: one broken check must not hide the others
-            results[name] = {"status": "FAIL", "detail": f"{type(error).__name__}: {error}",
-                             "traceback": traceback.format_exc()}
+@pytest.fixture(scope="module", autouse=True)
+def _one_process_group():
+    """The NCCL group of one the checks share, torn down after the module."""
+    yield
     import torch.distributed as dist
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    return results
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="GPU checks of the dispatcher (skip without a GPU)")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args(argv)
-    results = run_checks()
-    if args.json:
-        print(json.dumps(results, indent=2))
-    else:
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
-        print(f"dispatcher GPU checks on {device}")
-        for name, result in results.items():
-            print(f"  {result['status']:4} {name}: {result['detail']}")
-            if result["status"] == "FAIL":
-                print("       " + result["traceback"].replace("\n", "\n       "))
-    return 1 if any(result["status"] == "FAIL" for result in results.values()) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_gpu(name):
+    try:
+        print(f"{name}: {CHECKS[name]()}")
+    except Skip as skip:
+        pytest.skip(str(skip))

@@ -2,7 +2,7 @@
 replays its share of the workload through the instrumented dispatcher, with the per-rank
 exporter and the reporter on — wired exactly as ``telemetry/rank.py`` tells a deployment to.
 
-Runs under ``dispatcher.launch.spawn_ranks``; talks to the parent only through a small shared
+Runs under ``capwatch.demo.ranks.spawn_ranks``; talks to the parent only through a small shared
 progress array (phase, step, overflows per rank), never on the hot path beyond one store.
 """
 
@@ -117,8 +117,19 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                                                        interval_s=plan.report_interval_s,
                                                        bearer_token=plan.bearer_token),
                               final_report_timeout_s=10.0).start()
-    for layer in layers:
-        layer.on_overflow.append(telemetry.on_overflow)  # final report before a raise ends the rank
+    final_sent = False
+
+    def send_final(reason: str) -> None:
+        """Exactly one final report per rank: the reporter stops cutting intervals first, so nothing
+        follows it (``RankTelemetry.on_overflow`` would let reporting resume, as a rank that survives
+        its error should; this rank stops)."""
+        nonlocal final_sent
+        if not final_sent:
+            final_sent = True
+            telemetry.reporter.close(reason, timeout_s=10.0)
+
+    for layer in layers:  # the final report before a raise ends the rank
+        layer.on_overflow.append(lambda event: send_final(event.message) if event.outcome == "raised" else None)
 
     max_local = max((step[rank] for step in plan.token_counts), default=0)
     pool_tokens = max(1, min(max_local, 16_384))
@@ -151,8 +162,7 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
         outcome["overflow"] = str(error)
         _set(progress, rank, 3, 1)
     outcome["loop_s"] = round(time.monotonic() - started, 3)
-    if "overflow" not in outcome:
-        telemetry.reporter.flush_final("demo finished", timeout_s=10.0)
+    send_final("demo finished")  # already sent when an overflow raised
     snapshot = counters.snapshot()
     outcome.update(forward_steps=snapshot.forward_steps, dispatch_calls=snapshot.dispatch_calls,
                    tokens_sent=snapshot.tokens_sent, max_runtime_tokens=snapshot.max_runtime_tokens,
@@ -162,6 +172,6 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     _set(progress, rank, 0, Phase.REPORTED)
     if plan.hold_s > 0 and "overflow" not in outcome:
         time.sleep(plan.hold_s)  # keep /metrics up for a look or a scrape
-    telemetry.close()
+    telemetry.close(final_reason=None)  # the final report went out above
     _set(progress, rank, 0, Phase.FINISHED)
     return outcome

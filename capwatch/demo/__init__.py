@@ -1,0 +1,14 @@
+"""``capwatch demo`` and what it alone needs: the whole product on one machine.
+
+| module | what it is |
+|---|---|
+| ``session`` | the demo's chain: workload -> service -> rank processes -> advice -> table |
+| ``trace`` | JSON Lines traces: read (bounded, one line per error) and write |
+| ``rank_process`` | the body of one demo rank: instrumented dispatcher, exporter, reporter |
+| ``ranks`` | ``spawn_ranks``: N local rank processes in one gloo group, failures reported by root cause |
+| ``service`` | ``ServiceProcess``: ``capwatch serve`` as a child process on a loopback port |
+| ``ports`` | free loopback ports |
+
+The generated workload (``capwatch.workload``) stays beside the CLI: the advice-quality benchmark replays
+it too. Tests and benchmarks launch ranks and services with the same ``ranks`` and ``service`` modules.
+"""

@@ -1,0 +1,20 @@
+"""One link of the advisor's chain: the value it hands on and, when it changed or decided something, why."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    tokens: float
+    reasons: tuple[str, ...] = field(default=())
+
+
+def gib(value: int) -> str:
+    return f"{value / 2**30:.2f} GiB"
+
+
+def pct(rate: float) -> str:
+    return f"{rate:.2%}" if rate else "0%"

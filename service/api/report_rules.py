@@ -1,0 +1,192 @@
+"""The rules a report must pass before it is stored, in the order they apply — the one place both
+ways in read them: the ASGI fast path (``ReportFastPath``) and the router's ``post_report``.
+
+1. the bearer token, when the service has one (401), and no foreign ``Origin`` (403: a browser
+   names the page that sends a request; ranks send none);
+2. ``Content-Type: application/json`` (415: a cross-origin page can post ``text/plain`` without
+   a preflight, never ``application/json``);
+3. the declared size (413), then the body itself: at most ``max_body_bytes`` (413), received within
+   ``body_timeout_s`` (408), and at most ``max_concurrent_bodies`` being received at once (503), so
+   slow clients cannot hold the service;
+4. the schema, strictly, with its cross-field and pricing checks (``telemetry.report``; 422);
+5. the times, against the service's clock (422).
+
+Each refusal is a ``Refusal``: its status, its reason (the ``capwatch_reports_rejected_total`` label)
+and its body, made the same way for both ways in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from urllib.parse import urlsplit
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ValidationError
+from starlette.types import Message, Receive
+
+from capwatch.service.api.deps import bearer_token_accepted
+from capwatch.service.config import Settings
+from capwatch.telemetry.report import RankReport
+
+
+class FieldError(BaseModel):
+    field: str
+    message: str
+    type: str
+
+
+class RejectedReport(BaseModel):
+    detail: str
+    errors: list[FieldError] = []
+
+
+@dataclass(frozen=True)
+class Refusal:
+    status: int
+    reason: str  # capwatch_reports_rejected_total{reason=...}
+    detail: str
+    errors: list[FieldError] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> bytes:
+        return RejectedReport(detail=self.detail, errors=self.errors).model_dump_json().encode()
+
+
+def token_refusal(authorization: str, settings: Settings) -> Refusal | None:
+    if bearer_token_accepted(authorization, settings):
+        return None
+    return Refusal(401, "unauthorized",
+                   "this endpoint needs 'Authorization: Bearer <token>' with the service's CAPWATCH_TOKEN",
+                   headers={"WWW-Authenticate": "Bearer"})
+
+
+def is_json(content_type: str) -> bool:
+    return content_type.split(";", 1)[0].strip().lower() == "application/json"
+
+
+def origin_refusal(origin: str | None, host: str | None) -> Refusal | None:
+    """A browser sends ``Origin`` with a POST: only the service's own page (same scheme-less host and
+    port as the request's ``Host``) may write; ranks send no ``Origin`` at all."""
+    if origin is None:
+        return None
+    if origin != "null" and host is not None and urlsplit(origin).netloc.lower() == host.strip().lower():
+        return None
+    return Refusal(403, "unauthorized", f"reports come from ranks, not from web pages (Origin {origin[:100]!r})")
+
+
+def header_refusal(authorization: str, content_type: str | None, declared_length: str | None,
+                   settings: Settings, origin: str | None = None, host: str | None = None) -> Refusal | None:
+    """Rules 1-3 as far as the headers tell (``authorization`` is the one header: two are refused
+    before any route, see ``capwatch.service.api.guard``)."""
+    refusal = token_refusal(authorization, settings) or origin_refusal(origin, host)
+    if refusal is not None:
+        return refusal
+    if content_type is None or not is_json(content_type):
+        return Refusal(415, "unsupported_media_type",
+                       f"reports are JSON: send 'Content-Type: application/json' (got {content_type or 'none'!r})")
+    if declared_length is not None and (not declared_length.isdigit() or int(declared_length) > settings.max_body_bytes):
+        return too_large(settings)
+    return None
+
+
+def too_large(settings: Settings) -> Refusal:
+    return Refusal(413, "too_large", f"request body exceeds {settings.max_body_bytes} bytes (CAPWATCH_MAX_BODY_BYTES); "
+                                     "report shorter intervals")
+
+
+class BodyGate:
+    """Receives request bodies: bounded in size and time, and in how many are received at once.
+    One per app, used from its event loop only."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.receiving = 0
+
+    async def read(self, receive: Receive) -> tuple[bytes, bool] | Refusal:
+        """The body and whether the client is still there (False: it disconnected), or a refusal."""
+        settings = self.settings
+        if self.receiving >= settings.max_concurrent_bodies:
+            return Refusal(503, "too_slow",
+                           f"{self.receiving} request bodies are being received already (CAPWATCH_MAX_CONCURRENT_BODIES); "
+                           "retry shortly", headers={"Retry-After": "1", "Connection": "close"})
+        self.receiving += 1
+        try:
+            return await asyncio.wait_for(self._read(receive), settings.body_timeout_s)
+        except TimeoutError:
+            return Refusal(408, "too_slow", f"the request body did not arrive within {settings.body_timeout_s:g} s "
+                                            "(CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
+        finally:
+            self.receiving -= 1
+
+    async def _read(self, receive: Receive) -> tuple[bytes, bool] | Refusal:
+        limit = self.settings.max_body_bytes
+        chunks, size, more = [], 0, True
+        while more:
+            message: Message = await receive()
+            if message["type"] != "http.request":
+                return b"".join(chunks), False  # the client went away
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return too_large(self.settings)
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks), True
+
+
+# A rank's clock may drift this far from the service's before its reports are refused: well above
+# NTP error and the reporter's retry backoff, well below what distorts a window of samples.
+CLOCK_TOLERANCE_S = 600.0
+
+
+def clock_tolerance_s(window_s: float) -> float:
+    return max(CLOCK_TOLERANCE_S, 2 * window_s)
+
+
+def clock_errors(report: RankReport, received_unix_s: float, window_s: float, retention_s: float) -> list[FieldError]:
+    """The report's times that the service's clock contradicts (empty when they are plausible).
+    Samples are bucketed by the rank's own interval times, so one report with a wrong clock (say
+    ``end_unix_s=0``) would stretch the history to decades and move the advice. Each time must lie
+    at most ``clock_tolerance_s`` after the receive time and at most the retention before it: the
+    past side is wider because the reporter holds reports back while the service is unreachable
+    and sends them late (as does a back-filling simulation), and such reports are genuine."""
+    tolerance = clock_tolerance_s(window_s)
+    oldest, newest = received_unix_s - retention_s, received_unix_s + tolerance
+    errors = []
+    for name, value in (("sent_unix_s", report.sent_unix_s), ("interval.start_unix_s", report.interval.start_unix_s),
+                        ("interval.end_unix_s", report.interval.end_unix_s)):
+        if not oldest <= value <= newest:
+            errors.append(FieldError(
+                field=name, type="clock_skew",
+                message=(f"{value:.0f} is {value - received_unix_s:+.0f} s from the service's clock, which allows "
+                         f"{retention_s:.0f} s before (retention_s) and {tolerance:.0f} s after; "
+                         "synchronise the rank's clock (NTP)")))
+    return errors
+
+
+def invalid(errors: list[FieldError]) -> Refusal:
+    detail = "invalid report: " + "; ".join(f"{item.field}: {item.message}" for item in errors[:5])
+    return Refusal(422, "invalid", detail, errors)
+
+
+def _field_errors(error: ValidationError) -> list[FieldError]:
+    return [FieldError(field=".".join(str(part) for part in item["loc"]) or "body",
+                       message=item["msg"], type=item["type"]) for item in error.errors(include_url=False)]
+
+
+def parse_report(body: bytes, received_unix_s: float, settings: Settings) -> RankReport | Refusal:
+    """Rules 4 and 5: the report, or why not."""
+    try:
+        report = RankReport.model_validate_json(body)
+    except ValidationError as error:
+        errors = _field_errors(error)
+        if any(item.type == "json_invalid" for item in errors):
+            return Refusal(422, "malformed", "the body is not valid JSON", errors)
+        return invalid(errors)
+    errors = clock_errors(report, received_unix_s, settings.window_s, settings.retention_s)
+    return invalid(errors) if errors else report
+
+
+def json_detail(detail: str) -> bytes:
+    return json.dumps({"detail": detail}).encode()

@@ -1,0 +1,75 @@
+"""SGLang's start-up floor as an advisor stage: never recommend a cap SGLang 0.5.23 would refuse
+(arg_groups/moe_hook.py validate_flashinfer_a2a_token_budget), and say which term binds."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings, strategies as st
+
+from capwatch.service.advisor.floor import deployment_floor, merged_sglang_limits
+from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.telemetry.report import SGLangLimits
+from tests.service.test_advisor import POLICY, day_of, group, history_from
+
+QUIET = history_from(day_of(lambda rng, w, r: rng.randint(50, 100)), cap=4096)
+
+
+def required_by_sglang(mode: str, buffer: int, prefill_graph: int, decode_graph: int, per_request: int) -> int:
+    """_required_flashinfer_a2a_dispatch_tokens_per_rank, restated from the wheel for the property test."""
+    tokens = 0
+    if mode != "decode":
+        tokens = max(buffer, prefill_graph)
+    if mode == "prefill":
+        decode_graph = 0  # _decode_graph_dispatch_tokens_per_rank: (0, 1) on a prefill server
+    return max(tokens, decode_graph * per_request)
+
+
+def test_unified_server_is_floored_at_the_prefill_chunk():
+    limits = SGLangLimits(max_prefill_buffer_tokens=8192, decode_cuda_graph_max_batch_size=256)
+    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    assert advice.floor_cap == 8192 and advice.recommended_cap == 8192 and advice.action == "lower"
+    assert "prefill chunk" in advice.floor_binds
+    assert any("raised to the floor 8192" in reason and "prefill chunk" in reason for reason in advice.reasons)
+
+
+def test_pd_decode_server_ignores_the_prefill_chunk_and_binds_on_the_verify_graph():
+    limits = SGLangLimits(disaggregation_mode="decode", max_prefill_buffer_tokens=16384,
+                          decode_cuda_graph_max_batch_size=128, tokens_per_request=4)
+    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    assert advice.floor_cap == 512 and advice.recommended_cap == 512
+    assert "verify CUDA-graph batch 128 x 4 tokens per request" in advice.floor_binds
+
+
+def test_a_cap_below_the_floor_is_raised_even_on_quiet_traffic():
+    limits = SGLangLimits(max_prefill_buffer_tokens=4096, prefill_cuda_graph_max_batch_size=6144)
+    advice = recommend(QUIET, group(2048, sglang=limits), POLICY)
+    assert advice.action == "raise" and advice.recommended_cap == 6144
+    assert "prefill CUDA-graph batch" in advice.floor_binds
+    rows = whatif(QUIET, group(2048, sglang=limits), [4096, 6144], POLICY)
+    assert [row.below_floor for row in rows] == [True, False]
+
+
+def test_the_group_takes_each_terms_largest_value_over_its_ranks():
+    merged = merged_sglang_limits([
+        {"max_prefill_buffer_tokens": 4096, "decode_cuda_graph_max_batch_size": 64, "tokens_per_request": 4},
+        SGLangLimits(max_prefill_buffer_tokens=8192, decode_cuda_graph_max_batch_size=32),
+        None])
+    assert merged.max_prefill_buffer_tokens == 8192 and merged.decode_cuda_graph_max_batch_size == 64
+    assert merged.tokens_per_request == 4
+    assert merged_sglang_limits([None, {}]) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(mode=st.sampled_from(["null", "prefill", "decode"]), buffer=st.integers(0, 40_000),
+       prefill_graph=st.integers(0, 40_000), decode_graph=st.integers(0, 1024), per_request=st.integers(1, 16),
+       peak=st.integers(1, 30_000), cap=st.integers(1, 40_000))
+def test_advice_is_never_below_sglangs_rule(mode, buffer, prefill_graph, decode_graph, per_request, peak, cap):
+    limits = SGLangLimits(disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
+                          prefill_cuda_graph_max_batch_size=prefill_graph,
+                          decode_cuda_graph_max_batch_size=decode_graph, tokens_per_request=per_request)
+    required = required_by_sglang(mode, buffer, prefill_graph, decode_graph, per_request)
+    floor = deployment_floor(limits, None)
+    assert (floor.tokens if floor else 0) == required
+    history = history_from([[peak] * 40], cap=cap)
+    advice = recommend(history, group(cap, sglang=limits), POLICY)
+    if advice.recommended_cap is not None:
+        assert advice.recommended_cap >= required
