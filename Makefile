@@ -45,7 +45,7 @@ service-venv: $(SERVICE_VENV)/.deps
 # use on CPU), then what its imports need; capwatch last, for its sglang.srt.plugins entry point.
 SGLANG_VENV := .venv-sglang
 SGLANG_PINS := tests/sglang/constraints.txt
-SGLANG_IMPORTS := flashinfer-python transformers orjson psutil pybase64 msgspec pyzmq aiohttp ipython \
+SGLANG_IMPORTS := flashinfer-python transformers orjson psutil pybase64 msgspec pyzmq aiohttp ipython dill \
 	sentencepiece compressed-tensors gguf setproctitle openai partial-json-parser uvicorn fastapi \
 	prometheus-client httpx
 $(SGLANG_VENV)/.deps: $(SGLANG_PINS)

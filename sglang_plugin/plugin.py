@@ -59,8 +59,8 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
     if reason is None and server_args.moe_a2a_backend != "flashinfer":
         reason = f"--moe-a2a-backend is {server_args.moe_a2a_backend!r}, not 'flashinfer': nothing to instrument"
     if reason is not None:
-        logger.warning("capwatch: disabled: %s; SGLang runs without capwatch", reason)
-        _serve_status(settings, versions, local_gpu_index, reason)
+        where = _serve_status(settings, versions, local_gpu_index, reason)
+        logger.warning("capwatch: disabled: %s; SGLang runs without capwatch (%s)", reason, where)
         return None
     session = SchedulerSession(settings, versions, sglang_limits(server_args, versions["sglang"]), local_gpu_index)
     atexit.register(session.close)
@@ -68,16 +68,20 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
     return session
 
 
-def _serve_status(settings: PluginSettings, versions, local_gpu_index: int, reason: str) -> None:
+def _serve_status(settings: PluginSettings, versions, local_gpu_index: int, reason: str) -> str:
+    """Serve the info metric alone; says where, for the one log line."""
     try:
         session = SchedulerSession(settings, versions, None, local_gpu_index, state="disabled", reason=reason)
-        atexit.register(session.close)
     except OSError as error:
-        logger.error("capwatch: cannot serve its info metric: %s", error)
+        return f"no info metric: {error}"
+    atexit.register(session.close)
+    return f"info metric on {session.exporter.url}"
 
 
 def register_hooks(session: SchedulerSession) -> None:
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookSource, HookType
+
+    source = HookSource(plugin_name="capwatch", dist_name="a2a-capwatch")  # outside load_plugins' own context
 
     module = compat.pkgutil.resolve_name(compat.DISPATCHER_MODULE)
     init_signature = inspect.signature(compat.pkgutil.resolve_name(compat.DISPATCHER_INIT))
@@ -105,8 +109,12 @@ def register_hooks(session: SchedulerSession) -> None:
                 return original(dispatcher, hidden_states, topk_output)
         instrumented = moe_a2a.instrumented
         watch = session.roles[instrumented.counters.role]
-        if watch.telemetry is None:
-            session.start_role(watch)
+        if not watch.started:
+            watch.started = True
+            try:
+                session.start_role(watch)
+            except Exception:  # the counters keep counting; SGLang must not notice
+                logger.exception("capwatch: the %s role's reports and series did not start", watch.role)
         dp_global = module.get_dp_global_num_tokens()
         local_tokens = hidden_states.shape[0]
         if dp_global is not None and len(dp_global) > 1:
@@ -127,9 +135,9 @@ def register_hooks(session: SchedulerSession) -> None:
         with session.capturing():
             return original(*args, **kwargs)
 
-    HookRegistry.register(compat.DISPATCHER_INIT, around_init, HookType.AROUND)
-    HookRegistry.register(compat.DISPATCH, around_dispatch, HookType.AROUND)
+    HookRegistry.register(compat.DISPATCHER_INIT, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(compat.DISPATCH, around_dispatch, HookType.AROUND, source=source)
     for target in compat.CAPTURE_TARGETS:
-        HookRegistry.register(target, around_capture, HookType.AROUND)
+        HookRegistry.register(target, around_capture, HookType.AROUND, source=source)
     HookRegistry.apply_hooks()
 

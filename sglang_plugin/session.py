@@ -43,6 +43,7 @@ class RoleWatch:
     layers: list[tuple[float, InstrumentedDispatcher]] = field(default_factory=list)
     workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr -> bytes: each counted once
     telemetry: RankTelemetry | None = None
+    started: bool = False  # a start was tried (at the role's first dispatch)
 
     def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher) -> None:
         self.layers.append((math.inf if layer_id is None else layer_id, instrumented))
@@ -63,7 +64,8 @@ class SchedulerSession:
         self.role_series = RolesCollector()
         self.exporter = RankExporter(self.status, self.role_series)
         self.exporter.serve(settings.exporter(local_gpu_index))
-        logger.info("capwatch: %s; /metrics on %s", state if not reason else f"{state} ({reason})", self.exporter.url)
+        if state == "enabled":
+            logger.info("capwatch: enabled; /metrics on %s", self.exporter.url)
 
     # --- adoption, at FlashinferDispatcher construction ------------------------------------------
 

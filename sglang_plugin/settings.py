@@ -67,7 +67,8 @@ def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
         try:
             check()
         except ValueError as error:
-            first = str(error).splitlines()[0]
+            errors = getattr(error, "errors", None)  # pydantic: the first field's message, not the banner
+            first = errors()[0]["msg"] if callable(errors) else str(error).splitlines()[0]
             raise SettingsError(f"{PREFIX}{names}: {first}") from None
     if not settings.final_report_timeout_s > 0:
         raise SettingsError(f"{PREFIX}FINAL_REPORT_TIMEOUT_S must be > 0, got {settings.final_report_timeout_s}")

@@ -84,7 +84,7 @@ class TorchMoeAlltoAll:
     def combine(self, payload, runtime_max_tokens_per_rank, payload_in_workspace=False, output_dtype=None, **_more):
         assert self._runtime_tokens is not None, "combine called before successful dispatch"
         if payload_in_workspace:
-            payload = self._combine_payload.view(self.ep_size, runtime_max_tokens_per_rank, -1)
+            payload = self._combine_payload  # [ep_size, R, H], written by the experts
         if runtime_max_tokens_per_rank == 0:
             output = payload.new_empty(0, payload.shape[-1])
         else:

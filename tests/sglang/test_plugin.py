@@ -155,8 +155,11 @@ def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
     assert "capwatch: enabled" in run.log(0)
 
 
-@pytest.mark.xfail(strict=True, reason="the advisor reads RankConfig.sglang in the advisor branch of issue 11")
+@pytest.mark.xfail(strict=True, reason="service/views.py group_config does not yet hand the reports' "
+                   "RankConfig.sglang to the advisor (merged_sglang_limits); the floor is the graph batch 32")
 def test_advice_floor_is_sglangs_own_start_up_rule(enabled_run, service):
+    """The advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
+    ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server."""
     run, _, _ = enabled_run
     advice = get_json(f"{service.url}/v1/clusters/{CLUSTER}/advice")
     assert advice["floor_cap"] == run.record(0)["required_cap"]
@@ -210,8 +213,9 @@ def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, serv
 DISABLED_CASES = {
     "not-enabled": ({"SGLANG_PLUGINS": "some-other-plugin"}, {}),
     "bad-setting": ({"CAPWATCH_METRICS_BASE_PORT": "ninety"}, {}),
+    # A function of SGLang's that the CPU ranks never call, gone as if a release had moved it.
     "moved-target": ({}, {"hide_hook_target":
-                          "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture"}),
+                          "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"}),
 }
 
 
@@ -225,7 +229,7 @@ def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, case):
         metrics = run.metrics(0)
         reasons = [dict(labels)["reason"] for (name, labels), _ in metrics.items()
                    if name == "capwatch_sglang_plugin_info" and dict(labels)["state"] == "disabled"]
-        assert reasons and "DecodeCudaGraphRunner.capture is not there" in reasons[0]
+        assert reasons and "cuda_graph_setup.capture_cuda_graphs is not there" in reasons[0]
         assert not any(name.startswith("moe_a2a_") for name, _ in metrics)
     assert run.release() == [0, 0], run.logs()
     for rank in range(run.world):
