@@ -26,7 +26,7 @@ from statistics import NormalDist
 
 from capwatch.dispatcher import sizing
 from capwatch.dispatcher.models import model_geometry
-from capwatch.service.advisor.alignment import align_up
+from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT, align_up
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.history import SampleHistory
@@ -41,7 +41,6 @@ TRAIN_DAYS = 7
 DP_RANKS = 8
 STEPS_PER_WINDOW = 20
 STATIC_CAP = 4096
-ALIGNMENT = 128
 T0 = 1_764_460_800.0  # a UTC midnight
 MODEL = model_geometry("deepseek-v3")
 PRICING = WorkspacePricing(DP_RANKS, sizing.dispatch_bytes_per_token(MODEL.hidden_size, MODEL.top_k),
@@ -139,12 +138,12 @@ def score(suite: Suite, seed: int, policy: AdvisorPolicy) -> list[dict]:
     train, test = peaks[:TRAIN_DAYS * DAY_WINDOWS], peaks[TRAIN_DAYS * DAY_WINDOWS:]
     floor = deployment_floor(suite.limits, None)
     floor_tokens = floor.tokens if floor else 0
-    oracle = max(floor_tokens, align_up(max(test), ALIGNMENT))
+    oracle = max(floor_tokens, CAP_ALIGNMENT, align_up(max(test)))
     oracle_bytes = PRICING.bytes_per_rank(oracle)
     caps = {
         "static 4096": (STATIC_CAP, "-"),
-        "KRR max x 1.15": (align_up(max(train) * 1.15, ALIGNMENT), "-"),
-        "VPA p90 x 1.15": (align_up(_percentile(train, 0.90) * 1.15, ALIGNMENT), "-"),
+        "KRR max x 1.15": (max(CAP_ALIGNMENT, align_up(max(train) * 1.15)), "-"),
+        "VPA p90 x 1.15": (max(CAP_ALIGNMENT, align_up(_percentile(train, 0.90) * 1.15)), "-"),
         "capwatch": capwatch_cap(suite, train, policy),
     }
     rows = []

@@ -104,6 +104,51 @@ PEAK_WINDOW_SECONDS = MetricSpec(
     "moe_a2a_peak_window_seconds", "gauge",
     "Length of the trailing window of moe_a2a_runtime_tokens_window_max.", "seconds")
 
+LOCAL_TOKENS_MAX = MetricSpec(
+    "moe_a2a_local_tokens_max", "gauge",
+    "This rank's own largest local batch since the rank started (absent until it records one).", "tokens")
+
+# What the advisor needs of the configuration, so advice from Prometheus equals advice from reports:
+# the model geometry (prices the workspace and KV-cache tokens) and the floor inputs. Numbers are
+# plain gauges; the categorical SGLang values are labels of one info series.
+MODEL_HIDDEN_SIZE = MetricSpec(
+    "moe_a2a_model_hidden_size", "gauge",
+    "Hidden size of the model (elements of one token's hidden state): the geometry that prices the workspace.", "")
+MODEL_TOP_K = MetricSpec(
+    "moe_a2a_model_top_k", "gauge",
+    "Experts each token is routed to (top-k).", "experts")
+MODEL_EXPERTS = MetricSpec(
+    "moe_a2a_model_experts", "gauge",
+    "Routed experts of the model (all ranks together).", "experts")
+EPLB_STATS_EXPERTS = MetricSpec(
+    "moe_a2a_eplb_stats_experts", "gauge",
+    "Experts the workspace keeps EPLB load counters for (0: none); part of the workspace size.", "experts")
+CUDA_GRAPH_MAX_BATCH_SIZE = MetricSpec(
+    "moe_a2a_cuda_graph_max_batch_size", "gauge",
+    "Largest CUDA-graph decode batch (requests), the advisor's floor input; absent when not reported.", "requests")
+SPECULATIVE_TOKENS = MetricSpec(
+    "moe_a2a_speculative_tokens", "gauge",
+    "Speculative draft tokens each request adds per decode step (0: no speculative decoding).", "tokens")
+SGLANG_INFO = MetricSpec(
+    "moe_a2a_sglang_info", "info",
+    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang).", "",
+    RANK_LABELS + ("sglang_version", "disaggregation_mode", "cap_source"))
+SGLANG_MAX_PREFILL_BUFFER_TOKENS = MetricSpec(
+    "moe_a2a_sglang_max_prefill_buffer_tokens", "gauge",
+    "SGLang's largest prefill chunk (max prefill buffer), a term of its start-up floor for the cap.", "tokens")
+SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS = MetricSpec(
+    "moe_a2a_sglang_prefill_cuda_graph_max_tokens", "gauge",
+    "SGLang's largest prefill CUDA-graph batch in tokens (0: none), a term of its start-up floor for the cap.",
+    "tokens")
+SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS = MetricSpec(
+    "moe_a2a_sglang_decode_cuda_graph_max_requests", "gauge",
+    "SGLang's largest decode/verify CUDA-graph batch in requests (0: none); times tokens per request, a term "
+    "of its start-up floor for the cap.", "requests")
+SGLANG_TOKENS_PER_REQUEST = MetricSpec(
+    "moe_a2a_sglang_tokens_per_request", "gauge",
+    "Tokens each request dispatches per decode/verify step under SGLang (1, or the speculative draft tokens).",
+    "tokens")
+
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
 REPORTS_PENDING = MetricSpec(
     "moe_a2a_reports_pending", "gauge",
@@ -129,9 +174,32 @@ METRICS: tuple[MetricSpec, ...] = (
     DISPATCH_CALLS, FORWARD_STEPS, TOKENS_SENT, TOKENS_RECEIVED, OVERFLOW_EVENTS, CHUNKED_ROUNDS,
     RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
     RUNTIME_TOKENS_WINDOW_MAX, RUNTIME_TOKENS_WINDOW_UTILIZATION, INTERVAL_MAX_LOCAL_TOKENS,
-    LOCAL_TOKENS_WINDOW_MAX, PEAK_WINDOW_SECONDS,
+    LOCAL_TOKENS_WINDOW_MAX, PEAK_WINDOW_SECONDS, LOCAL_TOKENS_MAX,
+    MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS, EPLB_STATS_EXPERTS, CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
+    SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
+    SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORT_AUTH_FAILURES,
 )
+
+# The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:
+# (gauge, RankConfig field) and (gauge, RankConfig.sglang field). A gauge is absent where the field is None.
+RANK_CONFIG_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
+    (CAP_TOKENS, "cap"), (WORKSPACE_BYTES, "workspace_bytes_per_rank"),
+    (WORKSPACE_ALLOCATED_BYTES, "allocated_workspace_bytes"), (DISPATCH_TOKEN_BYTES, "dispatch_bytes_per_token"),
+    (COMBINE_TOKEN_BYTES, "combine_bytes_per_token"), (MODEL_HIDDEN_SIZE, "hidden_size"), (MODEL_TOP_K, "top_k"),
+    (MODEL_EXPERTS, "num_experts"), (EPLB_STATS_EXPERTS, "eplb_stats_num_experts"),
+    (CUDA_GRAPH_MAX_BATCH_SIZE, "cuda_graph_max_batch_size"), (SPECULATIVE_TOKENS, "speculative_tokens"),
+)
+SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
+    (SGLANG_MAX_PREFILL_BUFFER_TOKENS, "max_prefill_buffer_tokens"),
+    (SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS, "prefill_cuda_graph_max_batch_size"),
+    (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
+    (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
+)
+# moe_a2a_info's and moe_a2a_sglang_info's own labels are RankConfig's and RankConfig.sglang's field names
+# (ep_size aside, the identity's); the value "none" on moe_a2a_info, an empty one on the SGLang info, is None.
+INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "payload_format", "flashinfer_version", "overflow_policy")
+SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source")
 
 # Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.
 RUNTIME_TOKEN_BUCKET_FRACTIONS: tuple[float, ...] = (

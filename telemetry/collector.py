@@ -77,6 +77,9 @@ class DispatchCollector(Collector):
             "flashinfer_version": config.flashinfer_version or "none",
             "overflow_policy": config.overflow_policy,
         }
+        # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
+        self._sglang_info = None if config.sglang is None else {
+            label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
         self._buckets = catalogue.runtime_token_buckets(config.cap)
 
     def describe(self) -> Iterator[Metric]:
@@ -91,14 +94,18 @@ class DispatchCollector(Collector):
         labels = self._label_values
         config = self._config
 
-        yield self._gauge(catalogue.CAP_TOKENS, config.cap)
-        yield self._gauge(catalogue.WORKSPACE_BYTES, config.workspace_bytes_per_rank)
-        yield self._gauge(catalogue.WORKSPACE_ALLOCATED_BYTES, config.allocated_workspace_bytes)
-        yield self._gauge(catalogue.DISPATCH_TOKEN_BYTES, config.dispatch_bytes_per_token)
-        yield self._gauge(catalogue.COMBINE_TOKEN_BYTES, config.combine_bytes_per_token)
+        for spec, field in catalogue.RANK_CONFIG_GAUGES:
+            yield self._gauge(spec, getattr(config, field))
         info = _family(catalogue.INFO)
         info.add_metric(labels, self._info)
         yield info
+        sglang_info = _family(catalogue.SGLANG_INFO)
+        if self._sglang_info is not None:
+            sglang_info.add_metric(labels, self._sglang_info)
+        yield sglang_info
+        limits = config.sglang
+        for spec, field in catalogue.SGLANG_LIMIT_GAUGES:
+            yield self._gauge(spec, None if limits is None else getattr(limits, field))
 
         yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
         yield self._counter(catalogue.FORWARD_STEPS, snapshot.forward_steps)
@@ -127,6 +134,7 @@ class DispatchCollector(Collector):
         yield self._gauge(catalogue.INTERVAL_MAX_LOCAL_TOKENS, interval.max_local_tokens if interval is not None else None)
         yield self._gauge(catalogue.LOCAL_TOKENS_WINDOW_MAX, self._local_window.observe(snapshot, self._clock()))
         yield self._gauge(catalogue.PEAK_WINDOW_SECONDS, self._window.window_s)
+        yield self._gauge(catalogue.LOCAL_TOKENS_MAX, snapshot.max_local_tokens or None)
 
         if self._reporter_stats is not None:
             stats = self._reporter_stats()

@@ -7,6 +7,7 @@ import argparse
 import os
 
 from capwatch.arguments import checked, positive_seconds
+from capwatch.dispatcher.byte_units import format_gib
 
 MAX_CAP_TOKENS = 1 << 20  # telemetry.report's bound (not imported: the base install has no pydantic)
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
@@ -39,7 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _gib(value: int | None) -> str:
-    return "-" if value is None else f"{value / 2**30:.2f} GiB"
+    return "-" if value is None else format_gib(value)
 
 
 def _per_day(value: float | None, high: float | None) -> str:

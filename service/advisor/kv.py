@@ -7,7 +7,7 @@ MLA or GQA, per dtype); None when the model is unknown, and then only bytes are 
 
 from __future__ import annotations
 
-from capwatch.service.advisor.stage import gib
+from capwatch.dispatcher.byte_units import format_gib
 
 
 def kv_tokens(workspace_bytes_per_rank: int, kv_bytes_per_token: int | None) -> int | None:
@@ -21,10 +21,10 @@ def kv_trade(action: str, current_bytes: int, recommended_bytes: int, kv_bytes_p
     if action in ("raise", "lower") and recommended_bytes != current_bytes:
         delta = recommended_bytes - current_bytes
         verb = "frees" if delta < 0 else "costs"
-        return (f"{'lowering' if delta < 0 else 'raising'} {verb} {gib(abs(delta))} per rank ≈ "
+        return (f"{'lowering' if delta < 0 else 'raising'} {verb} {format_gib(abs(delta))} per rank ≈ "
                 f"{abs(delta) // kv_bytes_per_token:,} KV-cache tokens per rank "
                 f"({kv_bytes_per_token:,} bytes per token)")
-    return (f"the workspace of {gib(current_bytes)} per rank holds the room of "
+    return (f"the workspace of {format_gib(current_bytes)} per rank holds the room of "
             f"{current_bytes // kv_bytes_per_token:,} KV-cache tokens per rank ({kv_bytes_per_token:,} bytes per token)")
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT
+
 
 class AdvisorPolicy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -21,8 +23,8 @@ class AdvisorPolicy(BaseModel):
     full_confidence_history_s: float = Field(86_400.0, gt=0)
     change_min_history_s: float = Field(43_200.0, ge=0, description="History needed before acting inside bounds.")
     change_min_ratio: float = Field(0.10, ge=0, description="Smallest relative change acted on inside bounds.")
-    alignment: int = Field(128, ge=1, le=1 << 16)
-    min_cap: int = Field(128, ge=1)
+    alignment: int = Field(CAP_ALIGNMENT, ge=1, le=1 << 16)
+    min_cap: int = Field(CAP_ALIGNMENT, ge=1)
     max_cap: int = Field(1 << 20, ge=1)
     budget_bytes_per_rank: int | None = Field(None, ge=1, description="A2A workspace memory budget per rank.")
     # Risk-based sizing (tail.py): the smallest aligned cap whose predicted overflowing windows per day

@@ -6,7 +6,7 @@
       -> size_for_risk    smallest cap meeting the overflow target  tail.py (peaks over threshold, GPD)
       -> size_for_trend   grown by the daily peaks' trend           trend.py (Mann-Kendall, Theil-Sen)
       -> raise_to_floor   never below SGLang's start-up floor       floor.py
-      -> align            a multiple of the alignment               alignment.py
+      -> align            a multiple of the alignment               (here, dispatcher/vocabulary.py's rounding)
       -> clamp_to_budget  within the workspace memory budget        (here, priced by budget.py)
       -> decide           raise now, or a change worth a restart    hysteresis.py
       -> Advice           priced in bytes and KV-cache tokens (kv.py), every stage's reasons in chain order
@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from capwatch.service.advisor.alignment import align, align_down, align_up
+from capwatch.dispatcher.byte_units import format_gib
+from capwatch.dispatcher.vocabulary import CAP_ENV_VAR, Action, align_down, align_up
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
 from capwatch.service.advisor.estimator import size_for_peaks
 from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
@@ -28,12 +29,10 @@ from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import decide
 from capwatch.service.advisor.kv import kv_tokens, kv_trade
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage, gib
+from capwatch.service.advisor.stage import Stage
 from capwatch.service.advisor.tail import size_for_risk, tail_model
 from capwatch.service.advisor.trend import size_for_trend
 from capwatch.telemetry.report import SGLangLimits
-
-ENV_NAME = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class GroupConfig:
 
 
 class Advice(BaseModel):
-    action: str  # raise | lower | hold | insufficient_data
+    action: Action
     current_cap: int
     recommended_cap: int | None
     target_cap: int | None  # the estimate before hysteresis (what "hold" declined to move to)
@@ -119,11 +118,16 @@ def gate(history: SampleHistory, policy: AdvisorPolicy, overflow_now: float) -> 
     return True, short, ""
 
 
+def align(tokens: float, min_cap: int, max_cap: int, alignment: int) -> Stage:
+    """A cap is a multiple of the alignment within [min_cap, max_cap], rounded up (never down)."""
+    return Stage("alignment", min(align_up(max(tokens, min_cap), alignment), align_down(max_cap, alignment)))
+
+
 def clamp_to_budget(tokens: int, budget_cap: int | None, floor_cap: int | None, policy: AdvisorPolicy) -> Stage:
     reasons = []
     if budget_cap is not None and tokens > budget_cap:
         reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
-                       f"{gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {tokens})")
+                       f"{format_gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {tokens})")
         tokens = budget_cap
     if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
         reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
@@ -189,8 +193,8 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     if action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the workspace "
-            f"from {gib(current_bytes)} to {gib(recommended_bytes)} per rank "
-            f"({gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+            f"from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
+            f"({format_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
     traded = kv_trade(action, current_bytes, recommended_bytes, group.kv_bytes_per_token)
     if traded:
         reasons.append(traded)
@@ -203,7 +207,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         workspace_bytes_per_rank_recommended=recommended_bytes,
         workspace_bytes_group_recommended=recommended_bytes * ep_size,
         workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-        env=f"{ENV_NAME}={recommended}", reasons=reasons,
+        env=f"{CAP_ENV_VAR}={recommended}", reasons=reasons,
         predicted_overflow_windows_per_day_current=_rounded(model.overflow_windows_per_day(current)),
         predicted_overflow_windows_per_day_recommended=_rounded(model.overflow_windows_per_day(recommended)),
         predicted_overflow_windows_per_day_recommended_low=_rounded(low),

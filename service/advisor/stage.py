@@ -12,9 +12,5 @@ class Stage:
     reasons: tuple[str, ...] = field(default=())
 
 
-def gib(value: int) -> str:
-    return f"{value / 2**30:.2f} GiB"
-
-
 def pct(rate: float) -> str:
     return f"{rate:.2%}" if rate else "0%"

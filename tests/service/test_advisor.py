@@ -13,7 +13,8 @@ from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import worth_changing
 from capwatch.service.advisor.history import overflow_bump
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import ENV_NAME, GroupConfig, recommend, whatif
+from capwatch.dispatcher.vocabulary import CAP_ENV_VAR
+from capwatch.service.advisor.recommend import GroupConfig, recommend, whatif
 from capwatch.service.advisor.sample import RankInterval, group_samples
 
 WINDOW_S = 60.0
@@ -78,7 +79,7 @@ def test_over_provisioned_cap_is_lowered_with_bytes_saved():
     assert advice.workspace_bytes_per_rank_recommended == PRICING.bytes_per_rank(advice.recommended_cap)
     assert advice.workspace_bytes_group_delta == (advice.workspace_bytes_per_rank_recommended
                                                   - advice.workspace_bytes_per_rank_current) * EP_SIZE < 0
-    assert advice.env == f"{ENV_NAME}={advice.recommended_cap}"
+    assert advice.env == f"{CAP_ENV_VAR}={advice.recommended_cap}"
 
 
 def test_overflowing_cap_is_raised_above_the_peak():

@@ -1,5 +1,5 @@
 """How often a request or a /metrics scrape reads the source, and what the per-cluster gauges say
-per dispatcher. Against Prometheus one ``rank_states`` is ten instant queries and one
+per dispatcher. Against Prometheus one ``rank_states`` is four instant queries and one
 ``sample_history`` four range queries, so these counts are the cost of every scrape."""
 
 from __future__ import annotations

@@ -1,0 +1,118 @@
+"""A rank's config survives the trip through its own exposition: what the Prometheus source rebuilds
+from the rank's series (``rank_config_of``) is the dict its reports carry (``RankConfig.model_dump()``),
+SGLang's floor inputs and the model geometry included, for any config a rank can report."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.dispatcher.models import MODEL_PRESETS
+from capwatch.service.prometheus_source import rank_config_of
+from capwatch.telemetry import catalogue
+from capwatch.telemetry.collector import DispatchCollector
+from capwatch.telemetry.exporter import RankExporter
+from capwatch.telemetry.intervals import IntervalTracker
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
+from tests.telemetry.promtool import promtool_findings
+
+EP_SIZE = 2
+UNIFIED = SGLangLimits(sglang_version="0.5.23", max_prefill_buffer_tokens=2048,
+                       decode_cuda_graph_max_batch_size=256, tokens_per_request=4)
+
+sglang_limits = st.builds(
+    SGLangLimits,
+    # Any text: quotes, backslashes and newlines are escaped in the exposition and must read back.
+    sglang_version=st.none() | st.text(min_size=1, max_size=32),
+    disaggregation_mode=st.sampled_from(["null", "prefill", "decode"]),
+    max_prefill_buffer_tokens=st.integers(0, MAX_CAP_TOKENS),
+    prefill_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
+    decode_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
+    tokens_per_request=st.integers(1, 1024),
+    cap_source=st.sampled_from(["env", "default"]),
+)
+
+
+@st.composite
+def rank_configs(draw) -> RankConfig:
+    geometry = draw(st.sampled_from(sorted(MODEL_PRESETS.values(), key=lambda preset: preset.name)))
+    return rank_config(
+        cap=draw(st.integers(1, 1 << 16)), ep_size=EP_SIZE, hidden_size=geometry.hidden_size,
+        top_k=geometry.top_k, num_experts=geometry.num_experts, backend=draw(st.sampled_from(["torch", "flashinfer"])),
+        overflow_policy=draw(st.sampled_from(["raise", "chunk"])),
+        eplb_stats_num_experts=draw(st.sampled_from([0, geometry.num_experts])),
+        allocated_workspace_bytes=draw(st.none() | st.integers(1, 1 << 40)),
+        cuda_graph_max_batch_size=draw(st.none() | st.integers(1, 4096)),
+        speculative_tokens=draw(st.integers(0, 64)), sglang=draw(st.none() | sglang_limits))
+
+
+def exposition(config: RankConfig) -> bytes:
+    identity = RankIdentity(cluster="trip", ep_rank=1, ep_size=EP_SIZE, boot_id="b1")
+    counters = DispatchCounters(config.cap, EP_SIZE)
+    return RankExporter(DispatchCollector(IntervalTracker(counters), identity, config)).render()
+
+
+def rebuilt(text: bytes) -> dict:
+    """What the Prometheus source reads of one rank: values by series name, the two info series' labels."""
+    values: dict[str, float] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(text.decode()):
+        for sample in family.samples:
+            values[sample.name] = sample.value
+            labels[sample.name] = sample.labels
+    return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rank_configs())
+def test_the_exported_series_rebuild_exactly_the_reported_config(config):
+    assert rebuilt(exposition(config)) == config.model_dump()
+
+
+def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
+    config = rank_config(cap=4096, ep_size=EP_SIZE, hidden_size=2048, top_k=8, num_experts=128, backend="torch",
+                         cuda_graph_max_batch_size=256, speculative_tokens=3, sglang=UNIFIED)
+    text = exposition(config)
+    assert promtool_findings(text) == []
+    families = {family.name: family for family in text_string_to_metric_families(text.decode())}
+    info = families[catalogue.SGLANG_INFO.name].samples
+    assert len(info) == 1 and info[0].value == 1 and info[0].labels == {
+        "cluster": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
+        "disaggregation_mode": "null", "cap_source": "env"}
+    assert families[catalogue.SGLANG_MAX_PREFILL_BUFFER_TOKENS.name].samples[0].value == 2048
+    assert families[catalogue.SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS.name].samples[0].value == 256
+    assert families[catalogue.MODEL_EXPERTS.name].samples[0].value == 128
+
+
+def test_without_sglang_the_sglang_series_are_absent_and_the_config_says_none():
+    config = rank_config(cap=128, ep_size=EP_SIZE, hidden_size=64, top_k=4, num_experts=8, backend="torch")
+    text = exposition(config)
+    families = {family.name: family for family in text_string_to_metric_families(text.decode())}
+    assert families[catalogue.SGLANG_INFO.name].samples == []
+    assert all(families[spec.name].samples == [] for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)
+    assert families[catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name].samples == []  # not reported: absent, not 0
+    assert rebuilt(text) == config.model_dump() and rebuilt(text)["sglang"] is None
+
+
+def test_an_exporter_without_the_geometry_gauges_is_priced_by_its_bytes_per_token_alone():
+    """An exporter older than the geometry gauges: the config keeps no geometry (as before), not a guess."""
+    config = rank_config(cap=128, ep_size=EP_SIZE, hidden_size=64, top_k=4, num_experts=8, backend="torch")
+    kept = "\n".join(line for line in exposition(config).decode().splitlines()
+                     if "moe_a2a_model_" not in line).encode()
+    rebuilt_config = rebuilt(kept)
+    assert not {"hidden_size", "top_k", "num_experts"} & set(rebuilt_config)
+    assert rebuilt_config["workspace_bytes_per_rank"] == config.workspace_bytes_per_rank
+    assert rebuilt_config["dispatch_bytes_per_token"] == config.dispatch_bytes_per_token
+
+
+def test_series_no_rank_could_report_together_fall_back_to_the_unpriced_config():
+    """Geometry FlashInfer would refuse (top-k above the experts): no crash, no geometry kept."""
+    values = {spec.name: 1.0 for spec, _ in catalogue.RANK_CONFIG_GAUGES}
+    values |= {catalogue.MODEL_TOP_K.name: 9.0, catalogue.MODEL_EXPERTS.name: 4.0,
+               catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name: float("inf")}
+    config = rank_config_of(values, {"backend": "torch"}, {"disaggregation_mode": "decode"})
+    assert not {"hidden_size", "top_k", "num_experts"} & set(config) and config["sglang"] is None
+    assert config["cuda_graph_max_batch_size"] is None  # +Inf is not a batch size
