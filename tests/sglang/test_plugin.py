@@ -155,8 +155,6 @@ def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
     assert "capwatch: enabled" in run.log(0)
 
 
-@pytest.mark.xfail(strict=True, reason="service/views.py group_config does not yet hand the reports' "
-                   "RankConfig.sglang to the advisor (merged_sglang_limits); the floor is the graph batch 32")
 def test_advice_floor_is_sglangs_own_start_up_rule(enabled_run, service):
     """The advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
     ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server."""
