@@ -29,6 +29,8 @@ import functools
 import re
 from dataclasses import dataclass
 
+from capwatch.dispatcher.vocabulary import align_up
+
 ALIGNMENT_BYTES = 128  # kCachelineAlignment
 MAX_EP_SIZE = 64  # kMaxRanks of the moe_a2a layout
 INT32_MAX = (1 << 31) - 1  # FlashInfer casts max_num_tokens to int
@@ -59,10 +61,6 @@ LAYOUT_NVLINK_ONE_SIDED = "nvlink_one_sided"
 
 class SizingError(ValueError):
     """Input that FlashInfer would reject, or that cannot describe a real deployment."""
-
-
-def align_up(value: int, alignment: int = ALIGNMENT_BYTES) -> int:
-    return -(-value // alignment) * alignment
 
 
 def _release(version: str) -> tuple[int, int, int]:
@@ -247,15 +245,15 @@ def workspace_layout(
     max_top_k = version.max_top_k
     send_counters_offset = 8  # after the flag and the local token counter (4 B each)
     recv_counters_offset = send_counters_offset + 4 * ep_size
-    dispatch_flags_offset = align_up(8 + 8 * ep_size)
-    combine_flags_offset = dispatch_flags_offset + align_up(4 * ep_size)
-    topk_target_ranks_offset = combine_flags_offset + align_up(4 * ep_size)
-    topk_send_indices_offset = topk_target_ranks_offset + align_up(4 * max_top_k * max_num_tokens)
-    eplb_stats_offset = topk_send_indices_offset + align_up(4 * max_top_k * max_num_tokens)
-    aux_bytes = eplb_stats_offset + align_up(4 * ep_size * eplb_stats_num_experts)
-    payload_offset = align_up(aux_bytes)
-    dispatch_region_bytes = align_up(ep_size * max_num_tokens * dispatch_bytes_per_token)
-    combine_region_bytes = align_up(ep_size * max_num_tokens * combine_bytes_per_token)
+    dispatch_flags_offset = align_up(8 + 8 * ep_size, ALIGNMENT_BYTES)
+    combine_flags_offset = dispatch_flags_offset + align_up(4 * ep_size, ALIGNMENT_BYTES)
+    topk_target_ranks_offset = combine_flags_offset + align_up(4 * ep_size, ALIGNMENT_BYTES)
+    topk_send_indices_offset = topk_target_ranks_offset + align_up(4 * max_top_k * max_num_tokens, ALIGNMENT_BYTES)
+    eplb_stats_offset = topk_send_indices_offset + align_up(4 * max_top_k * max_num_tokens, ALIGNMENT_BYTES)
+    aux_bytes = eplb_stats_offset + align_up(4 * ep_size * eplb_stats_num_experts, ALIGNMENT_BYTES)
+    payload_offset = align_up(aux_bytes, ALIGNMENT_BYTES)
+    dispatch_region_bytes = align_up(ep_size * max_num_tokens * dispatch_bytes_per_token, ALIGNMENT_BYTES)
+    combine_region_bytes = align_up(ep_size * max_num_tokens * combine_bytes_per_token, ALIGNMENT_BYTES)
     return WorkspaceLayout(
         ep_size=ep_size,
         max_num_tokens=max_num_tokens,

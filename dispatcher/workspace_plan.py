@@ -41,10 +41,10 @@ from capwatch.dispatcher.sizing import (
     routing_bytes_per_token,
     workspace_layout,
 )
+from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT
 
 MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
 SGLANG_DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
-CAP_ALIGNMENT = 128
 
 
 class NoCapFits(SizingError):

@@ -12,11 +12,12 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from capwatch.dispatcher.byte_units import format_gib
 from capwatch.dispatcher.sizing import SizingError
+from capwatch.dispatcher.vocabulary import RankState as RankStatus
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.store.rank_state import RankState
 
-RankStatus = Literal["reporting", "stale", "missing"]
 Severity = Literal["critical", "warning", "info"]
 FINDING_KINDS = ("cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",
                  "workspace_mismatch")
@@ -158,9 +159,9 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
         state, reported, expected = doubled[0]
         findings.append(Finding(
             kind="double_counted_workspace", severity="warning", ranks=sorted(s.ep_rank for s, _, _ in doubled),
-            message=(f"rank {state.ep_rank} holds {reported / 2**30:.2f} GiB of A2A workspace, the size for "
+            message=(f"rank {state.ep_rank} holds {format_gib(reported)} of A2A workspace, the size for "
                      f"cap x ep_size = {state.cap * state.ep_size} tokens per rank; its cap of {state.cap} needs only "
-                     f"{expected / 2**30:.2f} GiB — the per-rank cap was multiplied by ep_size twice "
+                     f"{format_gib(expected)} — the per-rank cap was multiplied by ep_size twice "
                      f"(as in sglang PR #25907); size the workspace with the per-rank cap")))
     if mismatched:
         state, reported, expected = mismatched[0]

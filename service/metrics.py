@@ -15,12 +15,11 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.utils import floatToGoString
 
 from capwatch.dashboards import service_metrics as names
+from capwatch.dispatcher.vocabulary import ACTIONS, RANK_STATES
 from capwatch.service.aggregate import FINDING_KINDS
 from capwatch.service.digests import ClusterDigests, RoleDigest
 
 log = logging.getLogger(__name__)
-ACTIONS = ("raise", "lower", "hold", "insufficient_data")
-RANK_STATES = ("reporting", "stale", "missing")
 REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable", "unsupported_media_type",
                   "too_slow")
 

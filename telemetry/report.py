@@ -16,7 +16,7 @@ from capwatch.dispatcher.models import custom_geometry
 from capwatch.dispatcher.sizing import (INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SIZING_PAYLOAD_FORMATS,
                                         SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, SizingError,
                                         check_eplb_stats, check_routing, hidden_bytes_per_token)
-from capwatch.dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+from capwatch.dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
 from capwatch.dispatcher.workspace_plan import plan_workspace
 
 SCHEMA_VERSION = 1
@@ -52,9 +52,6 @@ def not_a_relative_path(name: str) -> str:
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN), AfterValidator(not_a_relative_path)]
 # Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
 # (and listed as an enum in the service's OpenAPI schema).
-Role = Literal[ROLES]  # type: ignore[valid-type]
-OverflowKind = Literal[OVERFLOW_KINDS]  # type: ignore[valid-type]
-OverflowOutcome = Literal[OVERFLOW_OUTCOMES]  # type: ignore[valid-type]
 PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 
 
@@ -107,7 +104,7 @@ class RankConfig(_Strict):
     payload_format: PayloadFormat = "bf16"
     backend: Annotated[str, Field(min_length=1, max_length=64)]
     flashinfer_version: Annotated[str, Field(max_length=32)] | None = None
-    overflow_policy: Literal["raise", "chunk"] = "raise"
+    overflow_policy: OverflowPolicy = "raise"
     eplb_stats_num_experts: Annotated[int, Field(ge=0, le=MAX_NUM_EXPERTS)] = 0
     dispatch_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]
     combine_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]

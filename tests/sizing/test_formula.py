@@ -4,12 +4,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from capwatch.dispatcher.vocabulary import align_up
 from capwatch.dispatcher.sizing import (
     DEFAULT_FLASHINFER_VERSION,
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
     SizingError,
-    align_up,
     combine_bytes_per_token,
     dispatch_bytes_per_token,
     hidden_bytes_per_token,

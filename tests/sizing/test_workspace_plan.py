@@ -3,7 +3,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capwatch.dispatcher.models import MODEL_PRESETS, custom_geometry, model_geometry
-from capwatch.dispatcher.sizing import SizingError, align_up, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.dispatcher.sizing import SizingError, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.dispatcher.vocabulary import align_up
 from capwatch.dispatcher.workspace_plan import largest_cap_within, plan_workspace
 
 DEEPSEEK = model_geometry("deepseek-v3")
