@@ -72,7 +72,7 @@ def _rank(run_dir: Path, rank: int) -> None:
 
 
 def run(quick: bool = False) -> dict:
-    from tests.sglang.ranks import REPO_ROOT, RankRun, sglang_missing
+    from tests.sglang.ranks import RankRun, sglang_missing
 
     missing = sglang_missing()
     if missing is not None:
