@@ -34,6 +34,7 @@ def _rank(run_dir: Path, rank: int) -> None:
 
     from tests.sglang.rank_program import start_rank
 
+    torch.set_num_threads(1)  # two ranks on a small machine: no intra-op threads fighting gloo's
     plan = json.loads((run_dir / "plan.json").read_text())
     sglang = start_rank(plan, rank)
     instrumented = sglang.build(0)
@@ -71,7 +72,7 @@ def _rank(run_dir: Path, rank: int) -> None:
 
 
 def run(quick: bool = False) -> dict:
-    from tests.sglang.ranks import REPO_ROOT, RankRun, sglang_missing
+    from tests.sglang.ranks import RankRun, sglang_missing
 
     missing = sglang_missing()
     if missing is not None:
@@ -81,8 +82,7 @@ def run(quick: bool = False) -> dict:
         run_dir = Path(folder)
         group = RankRun(run_dir, WORLD_SIZE, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_METRICS_BASE_PORT": "0"},
                         program="benchmarks.sglang_dispatch")
-        group.start({"sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup,
-                     "target_layers": [], "steps": []})
+        group.start({"model": MODEL, "sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup})
         codes = group.wait_exit(timeout_s=900)
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"benchmark ranks failed: {codes}\n{group.logs()}")

@@ -5,7 +5,6 @@ and advice from a real ``capwatch serve``, overflows before the rank dies, outpu
 from __future__ import annotations
 
 import json
-import math
 import urllib.request
 
 import pytest
