@@ -174,10 +174,12 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             # SGLang's own rule from the rebuilt limits: its prefill chunk binds (2048), from either source.
             for states, history in ((list(stored.values()), store.sample_history(CLUSTER, "target")),
                                     (list(rebuilt.values()), source.sample_history(CLUSTER, "target"))):
+                config = states[0].config  # the geometry prices the workspace and the KV-cache tokens
                 group = GroupConfig(
                     cap=CAP, pricing=pricing_of(states[0], EP_SIZE),
                     sglang=merged_sglang_limits(state.config.sglang for state in states),
-                    kv_bytes_per_token=kv_bytes_per_token_of(2048, 8, 128))
+                    kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
+                assert group.kv_bytes_per_token and group.pricing.geometry is not None
                 advice = recommend(history, group, prometheus_settings.advisor)
                 assert advice.floor_cap == advice.recommended_cap == 2048 and advice.action == "lower"
                 assert advice.floor_binds == "the prefill chunk (max prefill buffer) of 2048 tokens"
