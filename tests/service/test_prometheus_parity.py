@@ -164,7 +164,7 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             # The same advice either way: lowered to the floor, which binds, with the same reason.
             for field in ("action", "current_cap", "recommended_cap", "target_cap", "floor_cap", "floor_binds",
                           "ep_size", "workspace_bytes_per_rank_current", "workspace_bytes_per_rank_recommended",
-                          "workspace_bytes_group_delta", "env", "kv_bytes_per_token"):
+                          "workspace_bytes_group_delta", "env", "kv_bytes_per_token", "kv_cache_tokens_per_rank_freed"):
                 assert from_prometheus[field] == from_reports[field], field
             assert from_reports["action"] == "lower" and from_reports["floor_binds"]
             assert from_reports["recommended_cap"] == from_reports["floor_cap"] >= 1024
