@@ -151,6 +151,10 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             for ep_rank, state in stored.items():
                 assert rebuilt[ep_rank].config.model_dump() == state.config.model_dump()
                 assert rebuilt[ep_rank].config.sglang == LIMITS
+            # ... in four instant queries however many series a rank has (the cost of every request and scrape).
+            queries: list[str] = []
+            source._client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
+            assert len(source.rank_states(CLUSTER)) == EP_SIZE and queries == ["/api/v1/query"] * 4
             # Each rank's own largest local batch: the hot rank's is R, the other's a third of it.
             assert rebuilt[HOT_RANK].max_local_tokens == rebuilt[HOT_RANK].max_runtime_tokens >= 300
             assert rebuilt[0].max_local_tokens == rebuilt[HOT_RANK].max_runtime_tokens // 3
