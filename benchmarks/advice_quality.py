@@ -27,7 +27,7 @@ import math
 import sys
 import time
 
-from capwatch.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
+from capwatch.demo.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
 from capwatch.dispatcher import sizing
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.advisor.history import SampleHistory

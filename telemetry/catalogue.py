@@ -27,6 +27,11 @@ class MetricSpec:
     labels: tuple[str, ...] = RANK_LABELS
 
 
+# moe_a2a_info's and moe_a2a_sglang_info's own labels are RankConfig's and RankConfig.sglang's field names
+# (ep_size aside, the identity's); the value "none" on moe_a2a_info, an empty one on the SGLang info, is None.
+INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "payload_format", "flashinfer_version", "overflow_policy")
+SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source")
+
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
     "Per-rank token cap (max_num_tokens) the A2A workspace is sized for.", "tokens")
@@ -45,7 +50,7 @@ COMBINE_TOKEN_BYTES = MetricSpec(
 INFO = MetricSpec(
     "moe_a2a_info", "info",
     "Configuration of this rank's A2A dispatcher (value is always 1).", "",
-    RANK_LABELS + ("ep_size", "backend", "payload_format", "flashinfer_version", "overflow_policy"))
+    RANK_LABELS + ("ep_size", *INFO_CONFIG_LABELS))
 DISPATCH_CALLS = MetricSpec(
     "moe_a2a_dispatch_calls_total", "counter",
     "A2A dispatch calls (one per MoE layer per forward step, more when chunked).", "calls")
@@ -132,7 +137,7 @@ SPECULATIVE_TOKENS = MetricSpec(
 SGLANG_INFO = MetricSpec(
     "moe_a2a_sglang_info", "info",
     "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang).", "",
-    RANK_LABELS + ("sglang_version", "disaggregation_mode", "cap_source"))
+    RANK_LABELS + SGLANG_INFO_LABELS)
 SGLANG_MAX_PREFILL_BUFFER_TOKENS = MetricSpec(
     "moe_a2a_sglang_max_prefill_buffer_tokens", "gauge",
     "SGLang's largest prefill chunk (max prefill buffer), a term of its start-up floor for the cap.", "tokens")
@@ -196,10 +201,6 @@ SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
     (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
 )
-# moe_a2a_info's and moe_a2a_sglang_info's own labels are RankConfig's and RankConfig.sglang's field names
-# (ep_size aside, the identity's); the value "none" on moe_a2a_info, an empty one on the SGLang info, is None.
-INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "payload_format", "flashinfer_version", "overflow_policy")
-SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source")
 
 # Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.
 RUNTIME_TOKEN_BUCKET_FRACTIONS: tuple[float, ...] = (

@@ -70,13 +70,8 @@ class DispatchCollector(Collector):
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
-        self._info = {
-            "ep_size": str(identity.ep_size),
-            "backend": config.backend,
-            "payload_format": config.payload_format,
-            "flashinfer_version": config.flashinfer_version or "none",
-            "overflow_policy": config.overflow_policy,
-        }
+        self._info = {"ep_size": str(identity.ep_size),
+                      **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS}}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
             label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}

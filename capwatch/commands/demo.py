@@ -15,7 +15,7 @@ def register(subparsers) -> None:
     from capwatch.demo.session import (DEFAULT_CAP, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_POLICY,
                                        DEFAULT_RANKS, DEFAULT_STEPS)
     from capwatch.demo.trace import LIMITS_HELP, MAX_TRACE_STEPS
-    from capwatch.workload import DEFAULT_MODEL
+    from capwatch.demo.workload import DEFAULT_MODEL
 
     step_count = checked(int, lambda steps: 0 < steps <= MAX_TRACE_STEPS, f"a number of steps in 1..{MAX_TRACE_STEPS}")
 

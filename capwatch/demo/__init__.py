@@ -8,7 +8,7 @@
 | ``ranks`` | ``spawn_ranks``: N local rank processes in one gloo group, failures reported by root cause |
 | ``service`` | ``ServiceProcess``: ``capwatch serve`` as a child process on a loopback port |
 | ``ports`` | free loopback ports |
+| ``workload`` | the generated workload (token counts per step, expert popularity); the advice-quality benchmark replays it too |
 
-The generated workload (``capwatch.workload``) stays beside the CLI: the advice-quality benchmark replays
-it too. Tests and benchmarks launch ranks and services with the same ``ranks`` and ``service`` modules.
+Tests and benchmarks launch ranks and services with the same ``ranks`` and ``service`` modules.
 """

@@ -58,7 +58,7 @@ def _routing_pool(plan: RankPlan, rank: int, pool_tokens: int):
     rank: hot experts are hot everywhere), plus hidden states and router weights."""
     import torch
 
-    from capwatch.workload import expert_popularity
+    from capwatch.demo.workload import expert_popularity
 
     generator = torch.Generator().manual_seed(plan.seed * 1000 + rank)
     popularity = torch.tensor(expert_popularity(plan.num_experts, plan.zipf_exponent, seed=plan.seed))

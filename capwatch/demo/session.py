@@ -26,7 +26,7 @@ from capwatch.cli import CommandError
 from capwatch.dispatcher.byte_units import format_gib
 from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
 from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
-from capwatch.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
+from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 from typing import IO
 
 from capwatch.cli import CommandError
-from capwatch.workload import Workload
+from capwatch.demo.workload import Workload
 from capwatch.dispatcher.sizing import MAX_EP_SIZE
 
 MAX_TOKENS_PER_RANK = 1 << 20

@@ -18,7 +18,7 @@ import pytest
 
 from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from capwatch.demo.trace import write_trace
-from capwatch.workload import Workload
+from capwatch.demo.workload import Workload
 from capwatch.demo.ports import free_port  # noqa: F401  (re-exported for the tests)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

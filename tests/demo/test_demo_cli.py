@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from capwatch.workload import WorkloadSpec, generate_token_counts
+from capwatch.demo.workload import WorkloadSpec, generate_token_counts
 from tests.demo.conftest import (REPO_ROOT, environment, final_reports, free_port, free_port_block, get_json,
                                  run_capwatch, write_timed_trace)
 

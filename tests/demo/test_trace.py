@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from capwatch.demo.trace import TraceError, parse_trace, read_trace, write_trace
-from capwatch.workload import Workload
+from capwatch.demo.workload import Workload
 
 
 def parse(text: str):

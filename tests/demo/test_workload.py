@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from capwatch.workload import (
+from capwatch.demo.workload import (
     WorkloadSpec,
     arrival_rate,
     expert_popularity,

@@ -116,3 +116,21 @@ def test_series_no_rank_could_report_together_fall_back_to_the_unpriced_config()
     config = rank_config_of(values, {"backend": "torch"}, {"disaggregation_mode": "decode"})
     assert not {"hidden_size", "top_k", "num_experts"} & set(config) and config["sglang"] is None
     assert config["cuda_graph_max_batch_size"] is None  # +Inf is not a batch size
+
+
+_names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES)]
+_labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS, "ep_size"]),
+                          st.text(max_size=40), max_size=8)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(_names), st.floats(allow_nan=True, allow_infinity=True) | st.integers(-1, 1 << 60),
+                       max_size=len(_names)), _labels, st.none() | _labels)
+def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_an_error(values, info, sglang_info):
+    """Whatever a Prometheus holds under these names (a hand-written exporter, NaN, +Inf, negatives):
+    either a config that validates, or one without geometry or SGLang limits that prices by its bytes."""
+    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info)
+    if "hidden_size" in config:
+        assert RankConfig.model_validate(config, strict=False).model_dump() == config
+    else:
+        assert not {"top_k", "num_experts"} & set(config)

@@ -151,6 +151,10 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             for ep_rank, state in stored.items():
                 assert rebuilt[ep_rank].config.model_dump() == state.config.model_dump()
                 assert rebuilt[ep_rank].config.sglang == LIMITS
+            # ... in four instant queries however many series a rank has (the cost of every request and scrape).
+            queries: list[str] = []
+            source._client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
+            assert len(source.rank_states(CLUSTER)) == EP_SIZE and queries == ["/api/v1/query"] * 4
             # Each rank's own largest local batch: the hot rank's is R, the other's a third of it.
             assert rebuilt[HOT_RANK].max_local_tokens == rebuilt[HOT_RANK].max_runtime_tokens >= 300
             assert rebuilt[0].max_local_tokens == rebuilt[HOT_RANK].max_runtime_tokens // 3
@@ -164,7 +168,7 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             # The same advice either way: lowered to the floor, which binds, with the same reason.
             for field in ("action", "current_cap", "recommended_cap", "target_cap", "floor_cap", "floor_binds",
                           "ep_size", "workspace_bytes_per_rank_current", "workspace_bytes_per_rank_recommended",
-                          "workspace_bytes_group_delta", "env", "kv_bytes_per_token"):
+                          "workspace_bytes_group_delta", "env", "kv_bytes_per_token", "kv_cache_tokens_per_rank_freed"):
                 assert from_prometheus[field] == from_reports[field], field
             assert from_reports["action"] == "lower" and from_reports["floor_binds"]
             assert from_reports["recommended_cap"] == from_reports["floor_cap"] >= 1024
@@ -174,10 +178,12 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
             # SGLang's own rule from the rebuilt limits: its prefill chunk binds (2048), from either source.
             for states, history in ((list(stored.values()), store.sample_history(CLUSTER, "target")),
                                     (list(rebuilt.values()), source.sample_history(CLUSTER, "target"))):
+                config = states[0].config  # the geometry prices the workspace and the KV-cache tokens
                 group = GroupConfig(
                     cap=CAP, pricing=pricing_of(states[0], EP_SIZE),
                     sglang=merged_sglang_limits(state.config.sglang for state in states),
-                    kv_bytes_per_token=kv_bytes_per_token_of(2048, 8, 128))
+                    kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
+                assert group.kv_bytes_per_token and group.pricing.geometry is not None
                 advice = recommend(history, group, prometheus_settings.advisor)
                 assert advice.floor_cap == advice.recommended_cap == 2048 and advice.action == "lower"
                 assert advice.floor_binds == "the prefill chunk (max prefill buffer) of 2048 tokens"
