@@ -19,7 +19,7 @@ _LAZY_NAMES = {  # public name -> submodule that defines it
     "CounterSnapshot": "counters",
     "DispatchCounters": "counters",
     "pause_snapshots": "counters",
-    "CAP_ENV_VAR": "instrumented",
+    "CAP_ENV_VAR": "vocabulary",
     "CapOverflowError": "instrumented",
     "InstrumentedDispatcher": "instrumented",
     "OverflowEvent": "instrumented",
@@ -34,8 +34,8 @@ __all__ = sorted(_LAZY_NAMES)
 if TYPE_CHECKING:  # for type checkers and IDEs; at run time __getattr__ resolves these
     from .backend import A2ABackend, DispatchPairingError, compute_target_rank_id, local_expert_range
     from .counters import CounterSnapshot, DispatchCounters, pause_snapshots
-    from .instrumented import CAP_ENV_VAR, CapOverflowError, InstrumentedDispatcher, OverflowEvent, suggested_cap
-    from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
+    from .instrumented import CapOverflowError, InstrumentedDispatcher, OverflowEvent, suggested_cap
+    from .vocabulary import CAP_ENV_VAR, OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 
 
 def __getattr__(name: str) -> Any:

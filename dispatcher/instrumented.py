@@ -29,15 +29,12 @@ import torch
 
 from .backend import A2ABackend
 from .counters import DispatchCounters
-
-OVERFLOW_POLICIES = ("raise", "chunk")
-CAP_ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
-CAP_ALIGNMENT = 128
+from .vocabulary import CAP_ALIGNMENT, CAP_ENV_VAR, OVERFLOW_POLICIES, align_up
 
 
 def suggested_cap(tokens_needed: int) -> int:
     """Smallest multiple of 128 that holds ``tokens_needed`` tokens per rank."""
-    return max(CAP_ALIGNMENT, -(-tokens_needed // CAP_ALIGNMENT) * CAP_ALIGNMENT)
+    return max(CAP_ALIGNMENT, align_up(tokens_needed))
 
 
 @dataclass(frozen=True)

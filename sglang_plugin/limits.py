@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from capwatch.dispatcher.vocabulary import CAP_ENV_VAR
 from capwatch.telemetry.report import SGLangLimits
-
-CAP_ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
 
 def sglang_limits(server_args, sglang_version: str | None) -> SGLangLimits:

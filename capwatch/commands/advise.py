@@ -8,6 +8,7 @@ import os
 
 from capwatch.arguments import checked, positive_seconds
 from capwatch.dispatcher.byte_units import format_gib
+from capwatch.dispatcher.vocabulary import ROLES
 
 MAX_CAP_TOKENS = 1 << 20  # telemetry.report's bound (not imported: the base install has no pydantic)
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
@@ -22,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--url", default=os.environ.get("CAPWATCH_URL", "http://127.0.0.1:8321"),
                         help="the service's base URL (default $CAPWATCH_URL or http://127.0.0.1:8321)")
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
-    parser.add_argument("--role", default="target", choices=("target", "draft"), help="which dispatcher")
+    parser.add_argument("--role", default="target", choices=ROLES, help="which dispatcher")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the service")
     parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",

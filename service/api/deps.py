@@ -10,6 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Query, Request
 
+from capwatch.dispatcher.vocabulary import ROLES
 from capwatch.service.config import Settings
 from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import ServiceMetrics
@@ -41,7 +42,8 @@ SourceDep = Annotated[ClusterSource, Depends(get_source)]
 ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
 DigestsDep = Annotated[ClusterDigests, Depends(get_digests)]
-RoleQuery = Annotated[str, Query(pattern="^(target|draft)$", description="Which dispatcher of the ranks.")]
+# Built from the one vocabulary, so a role added there (sp_prefill) can be asked for here too.
+RoleQuery = Annotated[str, Query(pattern=f"^({'|'.join(ROLES)})$", description="Which dispatcher of the ranks.")]
 
 
 def bearer_token_accepted(authorization: str, settings: Settings) -> bool:

@@ -3,7 +3,9 @@ exist elsewhere agree with it (until they import it)."""
 
 from __future__ import annotations
 
+import ast
 import typing
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -37,25 +39,47 @@ def test_alignment_defaults_to_the_cap_grain_and_refuses_nonsense():
         vocabulary.align_up(5, 0)
 
 
-def test_the_copies_elsewhere_spell_the_same_words():
-    """Each still has its own copy (see the consolidation report); a drift fails here first."""
-    from capwatch.dispatcher import instrumented, workspace_plan
+PRODUCT_FOLDERS = ("capwatch", "dispatcher", "telemetry", "service", "dashboards", "sglang_plugin")
+# Each is defined in capwatch.dispatcher.vocabulary and imported everywhere else.
+ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATES",
+                   "CAP_ENV_VAR", "CAP_ALIGNMENT", "align_up", "align_down"}
+
+
+def _product_modules():
+    root = Path(__file__).resolve().parents[2]
+    for folder in PRODUCT_FOLDERS:
+        yield from sorted((root / folder).rglob("*.py"))
+
+
+def test_the_vocabulary_lives_in_one_place():
+    """No product module defines its own copy of a vocabulary name, or spells the cap's variable as a
+    constant of its own (one rule, one place: a copy is where two spellings drift apart)."""
+    copies = []
+    for path in _product_modules():
+        if path.name == "vocabulary.py" and path.parent.name == "dispatcher":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_PLACE_NAMES:
+                copies.append(f"{path}:{node.lineno} defines {node.name}")
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in ONE_PLACE_NAMES:
+                    copies.append(f"{path}:{node.lineno} assigns {target.id}")
+            if isinstance(node, ast.Constant) and node.value == vocabulary.CAP_ENV_VAR:
+                copies.append(f"{path}:{node.lineno} spells {vocabulary.CAP_ENV_VAR} itself")
+    assert not copies, "copies of the vocabulary (import them from capwatch.dispatcher.vocabulary):\n" + \
+        "\n".join(copies)
+
+
+def test_the_schema_and_the_dispatcher_use_the_vocabulary():
+    from capwatch.dispatcher import instrumented
     from capwatch.telemetry.report import OverflowCount, RankConfig, RankIdentity
 
-    assert instrumented.CAP_ENV_VAR == vocabulary.CAP_ENV_VAR
-    assert instrumented.CAP_ALIGNMENT == workspace_plan.CAP_ALIGNMENT == vocabulary.CAP_ALIGNMENT
-    assert instrumented.OVERFLOW_POLICIES == vocabulary.OVERFLOW_POLICIES
     assert typing.get_args(RankIdentity.model_fields["role"].annotation) == vocabulary.ROLES
     assert typing.get_args(RankConfig.model_fields["overflow_policy"].annotation) == vocabulary.OVERFLOW_POLICIES
     assert typing.get_args(OverflowCount.model_fields["kind"].annotation) == vocabulary.OVERFLOW_KINDS
     assert typing.get_args(OverflowCount.model_fields["outcome"].annotation) == vocabulary.OVERFLOW_OUTCOMES
     for needed in (1, 127, 128, 129, 4097):
         assert instrumented.suggested_cap(needed) == max(vocabulary.CAP_ALIGNMENT, vocabulary.align_up(needed))
-
-
-def test_the_services_copies_spell_the_same_words():
-    pytest.importorskip("fastapi")
-    from capwatch.service import aggregate, metrics
-
-    assert metrics.ACTIONS == vocabulary.ACTIONS and metrics.RANK_STATES == vocabulary.RANK_STATES
-    assert typing.get_args(aggregate.RankStatus) == vocabulary.RANK_STATES
