@@ -38,6 +38,8 @@ RANK_STATES: tuple[RankState, ...] = get_args(RankState)
 CAP_ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 # Caps capwatch suggests are multiples of this many tokens.
 CAP_ALIGNMENT = 128
+# The largest cap any part accepts (the report schema, the CLI): beyond it is a typo or an attack.
+MAX_CAP_TOKENS = 1 << 20
 
 
 def align_up(value: int | float, alignment: int = CAP_ALIGNMENT) -> int:

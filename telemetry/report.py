@@ -16,13 +16,12 @@ from capwatch.dispatcher.models import custom_geometry
 from capwatch.dispatcher.sizing import (INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SIZING_PAYLOAD_FORMATS,
                                         SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, SizingError,
                                         check_eplb_stats, check_routing, hidden_bytes_per_token)
-from capwatch.dispatcher.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
+from capwatch.dispatcher.vocabulary import MAX_CAP_TOKENS, OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
 from capwatch.dispatcher.workspace_plan import plan_workspace
 
 SCHEMA_VERSION = 1
 
 # Bounds on what a real deployment can report; anything beyond is a bug or an attack.
-MAX_CAP_TOKENS = 1 << 20
 # The largest over the releases sizing knows (each release's own bound is the cross-field check below).
 _RELEASES = [FlashInferVersion.parse(version) for version in SUPPORTED_FLASHINFER_VERSIONS]
 MAX_TOP_K = max(release.max_top_k for release in _RELEASES)  # FlashInfer's kMaxTopK

@@ -8,9 +8,8 @@ import os
 
 from capwatch.arguments import checked, positive_seconds
 from capwatch.dispatcher.byte_units import format_gib
-from capwatch.dispatcher.vocabulary import ROLES
+from capwatch.dispatcher.vocabulary import MAX_CAP_TOKENS, ROLES
 
-MAX_CAP_TOKENS = 1 << 20  # telemetry.report's bound (not imported: the base install has no pydantic)
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
 PROGRESS_MIN_BYTES = 16 << 20  # a progress bar from this much log on
 

@@ -42,7 +42,7 @@ def test_alignment_defaults_to_the_cap_grain_and_refuses_nonsense():
 PRODUCT_FOLDERS = ("capwatch", "dispatcher", "telemetry", "service", "dashboards", "sglang_plugin")
 # Each is defined in capwatch.dispatcher.vocabulary and imported everywhere else.
 ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATES",
-                   "CAP_ENV_VAR", "CAP_ALIGNMENT", "align_up", "align_down"}
+                   "CAP_ENV_VAR", "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
 
 
 def _product_modules():
