@@ -37,7 +37,13 @@ class ServiceProcess:
         self.log_path = Path(log_path) if log_path else self.db_path.with_suffix(".log")
         self.process: subprocess.Popen | None = None
 
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
     def start(self, timeout_s: float = 30.0) -> "ServiceProcess":
+        if self.running:  # a second process would orphan the first (nothing would stop it)
+            raise RuntimeError(f"capwatch serve is already running on {self.url}")
         env = {**os.environ, **self.env} if self.inherit_env else dict(self.env)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -74,7 +80,8 @@ class ServiceProcess:
                 self.kill()
 
     def __enter__(self) -> "ServiceProcess":
-        return self.start()
+        # ``with ServiceProcess(...):`` starts it; ``with service.start(timeout_s=60):`` is already started.
+        return self if self.running else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
