@@ -171,7 +171,10 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
                           "workspace_bytes_group_delta", "env", "kv_bytes_per_token", "kv_cache_tokens_per_rank_freed"):
                 assert from_prometheus[field] == from_reports[field], field
             assert from_reports["action"] == "lower" and from_reports["floor_binds"]
-            assert from_reports["recommended_cap"] == from_reports["floor_cap"] >= 1024
+            # The service's own views hand SGLang's limits to the advisor: its prefill chunk binds over HTTP.
+            assert from_reports["recommended_cap"] == from_reports["floor_cap"] == 2048
+            assert from_reports["floor_binds"] == "the prefill chunk (max prefill buffer) of 2048 tokens"
+            assert from_reports["kv_cache_tokens_per_rank_freed"] > 0
             assert any(reason.startswith(f"raised to the floor {from_reports['floor_cap']}")
                        for reason in from_prometheus["reasons"])
 
