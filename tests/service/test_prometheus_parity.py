@@ -30,6 +30,7 @@ from capwatch.telemetry.report import RankIdentity, RankReport, SGLangLimits
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, SendResult, classify_status
 from tests.service.conftest import JSON
 from tests.support.prometheus import scrape_config, start_prometheus
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs prometheus (make system-deps)")
 
@@ -73,16 +74,6 @@ def drive(ranks: list[Rank], stop: threading.Event) -> None:
             rank.counters.record_step(runtime_tokens, runtime_tokens if index == HOT_RANK else runtime_tokens // 3)
         step += 1
         time.sleep(0.02)
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from capwatch.telemetry.rank import rank_config
 from capwatch.telemetry.report import RankIdentity
 from tests.support.ports import free_port
 from tests.support.prometheus import scrape_config, start_prometheus
+from tests.support.waiting import wait_for
 
 EP_SIZE = 4
 CAP = 1024
@@ -70,16 +71,6 @@ def drive(ranks: list[Rank], stop: threading.Event, overflow: threading.Event) -
                 rank.counters.record_step(850 + step % 50 if rank_index == HOT_RANK else 100 + step % 100)
         step += 1
         time.sleep(0.05)
-
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
