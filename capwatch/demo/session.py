@@ -435,7 +435,7 @@ def _print_urls(out, service_url: str, cluster: str, metrics_base: int, ranks: i
     lines = [
         ("web dashboard", f"{service_url}/?cluster={cluster}"),
         ("advice (API)", f"{service_url}/v1/clusters/{cluster}/advice"),
-        ("API docs", f"{service_url}/docs"),
+        ("API schema", f"{service_url}/openapi.json"),  # Swagger UI (/docs) is off: it loads a CDN script
         ("service metrics", f"{service_url}/metrics"),
         ("rank metrics", f"http://{LOOPBACK}:{metrics_base}/metrics"
                          + (f" ... :{metrics_base + ranks - 1}/metrics (rank r on {metrics_base} + r)" if ranks > 1 else "")),
