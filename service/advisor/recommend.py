@@ -118,21 +118,26 @@ def gate(history: SampleHistory, policy: AdvisorPolicy, overflow_now: float) -> 
     return True, short, ""
 
 
-def align(tokens: float, min_cap: int, max_cap: int, alignment: int) -> Stage:
-    """A cap is a multiple of the alignment within [min_cap, max_cap], rounded up (never down)."""
-    return Stage("alignment", min(align_up(max(tokens, min_cap), alignment), align_down(max_cap, alignment)))
+def align(tokens: float, min_cap: int, max_cap: int, alignment: int, floor_cap: int | None = None) -> Stage:
+    """A cap is a multiple of the alignment within [min_cap, max_cap], rounded up (never down). The floor
+    outranks max_cap: a cap below it is one the server refuses to start with."""
+    ceiling = max(align_down(max_cap, alignment), align_up(floor_cap, alignment) if floor_cap else 0)
+    return Stage("alignment", min(align_up(max(tokens, min_cap), alignment), ceiling))
 
 
 def clamp_to_budget(tokens: int, budget_cap: int | None, floor_cap: int | None, policy: AdvisorPolicy) -> Stage:
-    reasons = []
-    if budget_cap is not None and tokens > budget_cap:
-        reasons.append(f"clamped to {budget_cap}, the largest cap whose workspace fits the budget of "
-                       f"{format_gib(policy.budget_bytes_per_rank)} per rank (the estimate wanted {tokens})")
-        tokens = budget_cap
-    if floor_cap is not None and budget_cap is not None and budget_cap < floor_cap:
-        reasons.append(f"the memory budget allows at most {budget_cap} tokens, below the floor {floor_cap}: "
-                       "the budget wins, expect overflows at full decode batches")
-    return Stage("budget", tokens, tuple(reasons))
+    """The memory budget lowers the cap, but never below the floor: below it SGLang refuses to start (and
+    a CUDA graph's batch would overflow at capture), so a budget that cannot hold the floor is reported."""
+    if budget_cap is None or tokens <= budget_cap:
+        return Stage("budget", tokens)
+    budget = format_gib(policy.budget_bytes_per_rank)
+    if floor_cap is not None and budget_cap < floor_cap:
+        return Stage("budget", min(tokens, align_up(floor_cap, policy.alignment)), (
+            f"the memory budget of {budget} per rank allows at most {budget_cap} tokens, below the floor "
+            f"{floor_cap} that the server needs to start: the floor wins; raise the budget or lower the floor's "
+            "inputs (prefill chunk, CUDA-graph batch sizes)",))
+    return Stage("budget", budget_cap, (f"clamped to {budget_cap}, the largest cap whose workspace fits the budget "
+                                        f"of {budget} per rank (the estimate wanted {tokens})",))
 
 
 def bounds(lower_tokens: float, upper_tokens: float, recommended: int, floor_cap: int | None,
@@ -179,7 +184,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     risk = size_for_risk(history, model, peaks.tokens, policy)
     trended, trend = size_for_trend(history, risk.tokens, policy)
     floored = raise_to_floor(trended.tokens, floor)
-    aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment)
+    aligned = align(floored.tokens, policy.min_cap, policy.max_cap, policy.alignment, floor_cap)
     budgeted = clamp_to_budget(int(aligned.tokens), budget_cap, floor_cap, policy)
     target_cap = int(budgeted.tokens)
     lower_bound, upper_bound = bounds(found.lower_tokens, found.upper_tokens, target_cap, floor_cap, policy.alignment)

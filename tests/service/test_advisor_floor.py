@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from capwatch.service.advisor.floor import deployment_floor, merged_sglang_limits
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.telemetry.report import SGLangLimits
-from tests.service.test_advisor import POLICY, day_of, group, history_from
+from tests.service.test_advisor import POLICY, PRICING, day_of, group, history_from
 
 QUIET = history_from(day_of(lambda rng, w, r: rng.randint(50, 100)), cap=4096)
 
@@ -73,3 +73,30 @@ def test_advice_is_never_below_sglangs_rule(mode, buffer, prefill_graph, decode_
     advice = recommend(history, group(cap, sglang=limits), POLICY)
     if advice.recommended_cap is not None:
         assert advice.recommended_cap >= required
+
+
+@settings(max_examples=150, deadline=None)
+@given(buffer=st.integers(0, 40_000), decode_graph=st.integers(0, 1024), per_request=st.integers(1, 16),
+       peak=st.integers(1, 30_000), cap=st.integers(1, 40_000),
+       budget_tokens=st.one_of(st.none(), st.integers(128, 40_000)), max_cap=st.integers(128, 40_000))
+def test_neither_the_budget_nor_max_cap_pushes_advice_below_sglangs_rule(buffer, decode_graph, per_request, peak,
+                                                                        cap, budget_tokens, max_cap):
+    """A memory budget (or max_cap) below SGLang's floor cannot win: the server would refuse to start."""
+    limits = SGLangLimits(max_prefill_buffer_tokens=buffer, decode_cuda_graph_max_batch_size=decode_graph,
+                          tokens_per_request=per_request)
+    required = required_by_sglang("null", buffer, 0, decode_graph, per_request)
+    budget = None if budget_tokens is None else PRICING.bytes_per_rank(budget_tokens)
+    policy = POLICY.model_copy(update={"budget_bytes_per_rank": budget, "max_cap": max_cap})
+    advice = recommend(history_from([[peak] * 40], cap=cap), group(cap, sglang=limits), policy)
+    if advice.recommended_cap is not None:
+        assert advice.recommended_cap >= required
+        if budget_tokens is not None and advice.budget_cap is not None and advice.budget_cap < required:
+            assert any("the floor wins" in reason for reason in advice.reasons)
+
+
+def test_a_budget_below_the_floor_is_reported_and_the_floor_wins():
+    limits = SGLangLimits(max_prefill_buffer_tokens=2048)
+    policy = POLICY.model_copy(update={"budget_bytes_per_rank": PRICING.bytes_per_rank(1024)})
+    advice = recommend(QUIET, group(4096, sglang=limits), policy)
+    assert advice.budget_cap == 1024 and advice.recommended_cap == 2048 and advice.action == "lower"
+    assert any("below the floor 2048" in reason and "the floor wins" in reason for reason in advice.reasons)
