@@ -325,6 +325,9 @@ class LogReader:
 
 
 _CHUNK_CHARS = 1 << 22
+# No SGLang line is this long (its server_args dict is tens of KiB): beyond it, a file without newlines
+# (binary, or not a log) is dropped a chunk at a time and counted, so memory stays bounded.
+MAX_LINE_CHARS = 4 * _CHUNK_CHARS
 
 
 def read_logs(paths: list[str], window_s: float, half_life_s: float, bump_factor: float, bump_min_tokens: int,
@@ -345,6 +348,13 @@ def read_logs(paths: list[str], window_s: float, half_life_s: float, bump_factor
                 cut = chunk.rfind("\n") + 1
                 if cut == 0:  # a line longer than a chunk (an args dict can be long): keep reading it
                     carry += chunk
+                    if len(carry) > MAX_LINE_CHARS:
+                        reader.read.lines += 1
+                        reader.read.unusable_lines += 1
+                        carry = ""
+                        while (chunk := text.read(_CHUNK_CHARS)) and "\n" not in chunk:
+                            pass  # the rest of that one over-long line
+                        carry = chunk[chunk.find("\n") + 1:] if chunk else ""
                     continue
                 reader.feed(carry + chunk[:cut])
                 carry = chunk[cut:]

@@ -79,6 +79,12 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
                     raise CommandError(response.json().get("detail", f"unknown cluster {name!r}"))
                 if response.status_code == 422:
                     raise CommandError(f"{name!r} is not a valid cluster name (letters, digits, _ . : -)")
+                if response.status_code == 409:  # this group cannot be advised; the others still can
+                    detail = str(response.json().get("detail", response.text))[:300]
+                    if cluster is not None:
+                        raise CommandError(detail)
+                    results.append({"cluster": name, "role": role, "error": detail})
+                    continue
                 response.raise_for_status()
                 results.append(response.json())
             return results
@@ -99,6 +105,8 @@ def render(advices: list[dict]) -> None:
     for column in ("cluster", "action", "current", "recommended", "bounds", "confidence", "overflow now -> after",
                    "overflow windows/day", "workspace/rank now -> after", "group change"):
         table.add_column(column, justify="left" if column in ("cluster", "action") else "right")
+    unavailable = [advice for advice in advices if "error" in advice]
+    advices = [advice for advice in advices if "error" not in advice]
     for advice in advices:
         bounds = "-" if advice["lower_bound"] is None else f"[{advice['lower_bound']}, {advice['upper_bound']}]"
         delta = advice["workspace_bytes_group_delta"]
@@ -116,12 +124,15 @@ def render(advices: list[dict]) -> None:
         console.print(f"[bold]{advice['cluster']}[/bold]: {advice['env'] or 'no change suggested yet'}")
         for reason in advice["reasons"]:
             console.print(f"  - {reason}", highlight=False)
+    for advice in unavailable:
+        console.print(f"[bold]{advice['cluster']}[/bold]: cannot be advised: {advice['error']}", highlight=False)
 
 
 def advise_from_logs(paths: list[str], cap: int | None, model: str | None, cluster: str | None,
                      whatif: list[int] | None = None) -> dict | list[dict]:
     import os
     import sys
+    import zlib
 
     from capwatch.cli import CommandError
 
@@ -148,8 +159,8 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
             result = advise_from_sglang_logs(paths, cap=cap, model=model, cluster=cluster)
     except LogError as error:
         raise CommandError(str(error)) from None
-    except OSError as error:
-        raise CommandError(f"cannot read the log: {error}") from None
+    except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz raises the latter two
+        raise CommandError(f"cannot read the log: {error or type(error).__name__}; is the file complete?") from None
     if whatif:
         return [row.model_dump(mode="json") for row in result.whatif(whatif)]
     return result.advice.model_dump(mode="json")
@@ -166,13 +177,16 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
     try:
         with httpx.Client(base_url=base, timeout=timeout) as client:
             response = client.get(f"/v1/clusters/{cluster}/whatif", params={"role": role, "cap": caps})
-            if response.status_code in (404, 422):
+            if response.status_code in (404, 409, 422):
                 raise CommandError(str(response.json().get("detail", response.text))[:300])
             response.raise_for_status()
             return response.json()
     except httpx.TransportError as error:
         raise CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
                            "`capwatch serve` or pass --url") from None
+    except httpx.HTTPStatusError as error:
+        raise CommandError(f"the service at {base} answered {error.response.status_code}: "
+                           f"{error.response.text[:200]}") from None
 
 
 def render_whatif(rows: list[dict]) -> None:

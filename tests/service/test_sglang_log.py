@@ -246,6 +246,40 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path, content, message):
     assert missing.returncode == 2 and "is not a readable file" in missing.stderr
 
 
+def test_a_truncated_gzip_log_is_one_line_and_exit_2(tmp_path):
+    """A rotated log copied while it was still being written ends mid-stream: EOFError, not OSError."""
+    import gzip
+
+    lines = [args_line()] + decode_lines(120, lambda m, s, d: 40 + (m % 30) + d)
+    whole = gzip.compress(("\n".join(lines) + "\n").encode())
+    path = tmp_path / "server.log.1.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    result = run_cli("--sglang-log", str(path))
+    assert result.returncode == 2 and "cannot read the log" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
+    """Not a log at all (one 128 MiB line): dropped a chunk at a time and counted, so the reader's peak
+    memory stays far below the file's size; then the usual one-line error."""
+    from capwatch.service.sglang_log import MAX_LINE_CHARS
+
+    size = 8 * MAX_LINE_CHARS
+    path = tmp_path / "blob.log"
+    with open(path, "w") as blob:
+        for _ in range(size // (1 << 20)):
+            blob.write("x" * (1 << 20))
+    probe = ("import resource, subprocess, sys\n"
+             "result = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
+             "print(result.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+             "sys.stderr.write(result.stderr)\n")
+    measured = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "capwatch", "advise",
+                               "--sglang-log", str(path)], capture_output=True, text=True, timeout=300)
+    returncode, peak_kib = map(int, measured.stdout.split())
+    assert returncode == 2 and "no server_args= line" in measured.stderr, measured.stderr
+    assert peak_kib * 1024 < size, f"peak RSS {peak_kib} KiB for a {size >> 20} MiB line: the line was kept"
+
+
 def test_cli_whatif_prices_caps_with_predicted_overflows_per_day(tmp_path):
     lines = [args_line(disaggregation_mode="decode")] + decode_lines(180, lambda m, s, d: 200 + (m % 40) * 5 + d)
     path = write(tmp_path / "decode.log", lines)
