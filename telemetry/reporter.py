@@ -191,6 +191,9 @@ class RankReporter:
         self._backoff_s = options.backoff_initial_s
         self._stopping = False
         self._ticking = True
+        # The totals the last final report carried; close() sends no second final while they still hold
+        # (a rank dying of an overflow: the overflow's final, not a "shutdown" one, is its last word).
+        self._last_final: _Pending | None = None
         self._thread: threading.Thread | None = None
         self._delivered = self._send_failures = self._rejected = self._auth_failures = 0
         self._failing: str | None = None  # what the last failed attempt logged, so a streak logs once
@@ -207,11 +210,20 @@ class RankReporter:
     def close(self, final_reason: str | None = None, timeout_s: float = 2.0) -> bool | None:
         """Stop cutting intervals; with ``final_reason``, send the last one as a final report; stop
         the thread. Within ``timeout_s`` in all; whatever is not accepted by then is dropped.
-        Returns whether the final report was accepted (None without one)."""
+        Returns whether the final report was accepted (None without one). When nothing happened since
+        an earlier final report (a rank exiting after its overflow's), that one stays the rank's last
+        word: close waits for it instead of sending a second."""
         deadline = time.monotonic() + timeout_s
         with self._wake:
             self._ticking = False  # nothing may follow the final report
-        delivered = self.flush_final(final_reason, timeout_s) if final_reason else None
+        last_final = self._last_final
+        if final_reason and last_final is not None and \
+                cumulative_counters(self.tracker.snapshot()) == last_final.counters:
+            # Nothing happened since that final: it stays the last word; wait for it instead.
+            last_final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
+            delivered = last_final.outcome.verdict is Delivery.DELIVERED
+        else:
+            delivered = self.flush_final(final_reason, timeout_s) if final_reason else None
         with self._wake:
             self._stopping = True
             self._wake.notify_all()
@@ -234,6 +246,7 @@ class RankReporter:
             interval, snapshot = self.tracker.close()
             final = _Pending(interval, cumulative_counters(snapshot),
                              final_reason=reason[:MAX_FINAL_REASON_CHARS] or "final")
+            self._last_final = final
             self._enqueue(final)
             self._retry_at = 0.0  # try now, whatever the backoff said
             self._wake.notify_all()

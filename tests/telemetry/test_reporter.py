@@ -202,8 +202,8 @@ def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_i
     assert reporter.flush_final("dying", timeout_s=0.3) is False
     assert time.monotonic() - started < 5
     sink.release.set()  # the service answers again: everything, final included, arrives once
-    assert reporter.close("shutdown", timeout_s=10)
-    assert_exactly_once(sink, reporter, counters, final_reasons=("dying", "shutdown"))
+    assert reporter.close("shutdown", timeout_s=10)  # waits for "dying": nothing happened since, no second final
+    assert_exactly_once(sink, reporter, counters, final_reasons=("dying",))
 
 
 def test_a_final_report_is_never_merged_away_while_the_buffer_is_full(sink):
@@ -234,6 +234,19 @@ def test_flush_final_without_the_thread_sends_inline_and_a_surviving_rank_report
     assert [(r.sequence, r.final_reason, r.interval.forward_steps) for r in reports] == [
         (0, "overflow", 1), (1, "shutdown", 1)]
     assert reports[1].counters.forward_steps == 2
+
+
+def test_a_rank_that_dies_of_its_overflow_sends_one_final_report_not_a_second_on_exit(sink):
+    """The overflow's final report is the rank's last word: close("shutdown") at exit (atexit, the
+    plugin's session) sends no second final over it while nothing happened since."""
+    counters = DispatchCounters(CAP, EP_SIZE)
+    reporter = make_reporter(sink, counters).start()
+    dispatch(counters, 7)
+    assert reporter.flush_final("overflow: needs 40 tokens", timeout_s=5)
+    assert reporter.close("shutdown", timeout_s=5) is True  # the overflow's final, delivered
+    (reports,) = sink.by_boot().values()
+    finals = [report.final_reason for report in reports if report.final]
+    assert finals == ["overflow: needs 40 tokens"]
 
 
 def test_after_a_final_report_a_rank_that_survives_keeps_reporting(sink):
