@@ -135,8 +135,9 @@ class SampleHistory:
             {int(day): [int(peak), int(windows)] for day, peak, windows in data.get("daily", [])},
         )
 
-    def daily_peaks(self, min_coverage: float) -> list[int]:
-        """The largest window peak of each UTC day with at least ``min_coverage`` of its windows seen,
-        oldest first (a partial day's peak would read as a decline)."""
+    def daily_peaks(self, min_coverage: float) -> list[tuple[int, int]]:
+        """(UTC day number, largest window peak) of each day with at least ``min_coverage`` of its windows
+        seen, oldest first (a partial day's peak would read as a decline). The day numbers keep the time
+        axis true across days left out."""
         full = SECONDS_PER_DAY / self.window_s
-        return [peak for _, (peak, windows) in sorted(self.daily.items()) if windows >= min_coverage * full]
+        return [(day, peak) for day, (peak, windows) in sorted(self.daily.items()) if windows >= min_coverage * full]

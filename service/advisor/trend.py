@@ -69,13 +69,13 @@ def mann_kendall_p(values: list[float]) -> tuple[int, float]:
     return s, math.erfc(abs(z) / math.sqrt(2.0))
 
 
-def theil_sen(values: list[float]) -> tuple[float, float]:
-    """(slope, intercept at the last index) of the median pairwise slope line."""
+def theil_sen(days: list[float], values: list[float]) -> tuple[float, float]:
+    """(slope per day, the line's value at the last day) of the median pairwise slope line. Slopes are
+    taken over the days between two points, so days missing in between do not steepen it."""
     n = len(values)
-    slopes = sorted((values[j] - values[i]) / (j - i) for i in range(n) for j in range(i + 1, n))
-    slope = _median(slopes)
-    intercept = _median([value - slope * index for index, value in enumerate(values)])
-    return slope, intercept + slope * (n - 1)
+    slope = _median([(values[j] - values[i]) / (days[j] - days[i]) for i in range(n) for j in range(i + 1, n)])
+    intercept = _median([value - slope * day for day, value in zip(days, values)])
+    return slope, intercept + slope * days[-1]
 
 
 def _median(values: list[float]) -> float:
@@ -84,16 +84,19 @@ def _median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2.0
 
 
-def daily_trend(daily_peaks: list[int], alpha: float, min_days: int, min_rate_per_day: float) -> Trend | None:
-    """None with fewer than ``min_days`` full days or no positive peak."""
-    peaks = [peak for peak in daily_peaks if peak > 0]
-    if len(peaks) < max(min_days, 3):
+def daily_trend(daily_peaks: list[tuple[int, int]], alpha: float, min_days: int,
+                min_rate_per_day: float) -> Trend | None:
+    """From (day number, peak) pairs, oldest first; None with fewer than ``min_days`` full days or no
+    positive peak. Mann-Kendall reads only the order; Theil-Sen the days between points."""
+    kept = [(day, peak) for day, peak in daily_peaks if peak > 0]
+    if len(kept) < max(min_days, 3):
         return None
-    logs = [math.log(peak) for peak in peaks]
+    days = [float(day) for day, _ in kept]
+    logs = [math.log(peak) for _, peak in kept]
     _, p_value = mann_kendall_p(logs)
-    slope, level = theil_sen(logs)
+    slope, level = theil_sen(days, logs)
     significant = p_value < alpha and abs(slope) >= min_rate_per_day
-    return Trend(len(peaks), slope, p_value, significant, math.exp(level))
+    return Trend(len(kept), slope, p_value, significant, math.exp(level))
 
 
 def size_for_trend(history: SampleHistory, sized_tokens: float, policy: AdvisorPolicy) -> tuple[Stage, Trend | None]:

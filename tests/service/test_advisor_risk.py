@@ -111,7 +111,17 @@ def daily_traffic(days: int, growth_per_day: float, seed: int, noise: float = 0.
 def test_mann_kendall_exact_p_values():
     assert mann_kendall_p([1, 2, 3, 4, 5]) == (10, pytest.approx(2 / 120))
     assert mann_kendall_p([3, 1, 2]) == (-1, pytest.approx(1.0))
-    assert daily_trend([100, 100], 0.01, 5, 0.01) is None
+    assert daily_trend([(0, 100), (1, 100)], 0.01, 5, 0.01) is None
+
+
+def test_days_left_out_do_not_steepen_the_growth_rate():
+    """1 %/day growth with a two-week gap (an outage): the rate is per calendar day, as without the gap."""
+    rate = math.log(1.01)
+    steady = [(day, round(1000 * math.exp(rate * day))) for day in range(10)]
+    gapped = [(day, round(1000 * math.exp(rate * day))) for day in (*range(5), *range(19, 24))]
+    for days in (steady, gapped):
+        found = daily_trend(days, 0.01, 5, 0.0)
+        assert found is not None and found.rate_per_day == pytest.approx(rate, rel=0.05)
 
 
 def test_sustained_growth_is_found_and_sized_for_the_horizon():
