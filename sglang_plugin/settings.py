@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,9 +42,12 @@ def _number(environ: Mapping[str, str], name: str, kind: type, default):
     if raw is None or raw == "":
         return default
     try:
-        return kind(raw)
+        value = kind(raw)
     except ValueError:
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
+    if not math.isfinite(value):  # inf would wait forever (or never: Event.wait(inf) raises)
+        raise SettingsError(f"{PREFIX}{name}={raw!r} must be a finite number of seconds")
+    return value
 
 
 def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:

@@ -36,6 +36,8 @@ def test_every_variable_is_read():
     ({"CAPWATCH_SERVICE_URL": "http://m:1", "CAPWATCH_REPORT_INTERVAL_S": "0"}, "CAPWATCH_REPORT_INTERVAL_S"),
     ({"CAPWATCH_CLUSTER": "prod a"}, "CAPWATCH_CLUSTER"),
     ({"CAPWATCH_FINAL_REPORT_TIMEOUT_S": "-1"}, "CAPWATCH_FINAL_REPORT_TIMEOUT_S"),
+    ({"CAPWATCH_FINAL_REPORT_TIMEOUT_S": "inf"}, "CAPWATCH_FINAL_REPORT_TIMEOUT_S"),
+    ({"CAPWATCH_SERVICE_URL": "http://m:1", "CAPWATCH_REPORT_INTERVAL_S": "nan"}, "CAPWATCH_REPORT_INTERVAL_S"),
 ])
 def test_a_bad_variable_is_one_clear_line_naming_it(environ, names):
     with pytest.raises(SettingsError) as error:
