@@ -53,6 +53,19 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
 
+def service_error(base: str, error: Exception) -> Exception:
+    """One line for what went wrong talking to the service: unreachable, or an unexpected answer."""
+    import httpx
+
+    from capwatch.cli import CommandError
+
+    if isinstance(error, httpx.HTTPStatusError):
+        return CommandError(f"the service at {base} answered {error.response.status_code}: "
+                            f"{error.response.text[:200]}")
+    return CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
+                        "`capwatch serve` or pass --url")
+
+
 def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
     import httpx
 
@@ -88,12 +101,8 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
                 response.raise_for_status()
                 results.append(response.json())
             return results
-    except httpx.TransportError as error:
-        raise CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
-                           "`capwatch serve` or pass --url") from None
-    except httpx.HTTPStatusError as error:
-        raise CommandError(f"the service at {base} answered {error.response.status_code}: "
-                           f"{error.response.text[:200]}") from None
+    except httpx.HTTPError as error:
+        raise service_error(base, error) from None
 
 
 def render(advices: list[dict]) -> None:
@@ -181,12 +190,8 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
                 raise CommandError(str(response.json().get("detail", response.text))[:300])
             response.raise_for_status()
             return response.json()
-    except httpx.TransportError as error:
-        raise CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
-                           "`capwatch serve` or pass --url") from None
-    except httpx.HTTPStatusError as error:
-        raise CommandError(f"the service at {base} answered {error.response.status_code}: "
-                           f"{error.response.text[:200]}") from None
+    except httpx.HTTPError as error:
+        raise service_error(base, error) from None
 
 
 def render_whatif(rows: list[dict]) -> None:
