@@ -16,6 +16,10 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 _MAX_SECONDS = 366 * 86_400.0
 
 
+# The names of this machine's loopback: what the service binds and answers by default.
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CAPWATCH_", env_nested_delimiter="__", extra="ignore")
 
@@ -24,7 +28,7 @@ class Settings(BaseSettings):
     db_path: Path = Field(Path("capwatch.db"), description="SQLite database (WAL).")
     token: SecretStr | None = Field(None, description="Bearer token required on write endpoints when set.")
     allowed_hosts: list[str] = Field(
-        ["127.0.0.1", "localhost", "::1"], max_length=64,
+        list(LOOPBACK_HOSTS), max_length=64,
         description=("Host header names the service answers (DNS rebinding defence); add the names it is served "
                      "under, e.g. CAPWATCH_ALLOWED_HOSTS='[\"127.0.0.1\", \"capwatch.internal\"]', or [\"*\"] for any."))
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="Larger request bodies get 413.")

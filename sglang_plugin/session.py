@@ -112,16 +112,15 @@ class SchedulerSession:
     def config(self, watch: RoleWatch) -> RankConfig:
         geometry = watch.geometry
         limits = self.limits
-        base = rank_config(
+        return rank_config(
             cap=geometry["cap"], ep_size=geometry["ep_size"], hidden_size=geometry["hidden_size"],
             top_k=geometry["top_k"], num_experts=geometry["num_experts"], backend=BACKEND_NAME,
             flashinfer_version=self.versions["flashinfer"],
             allocated_workspace_bytes=sum(watch.workspaces.values()),
             cuda_graph_max_batch_size=(limits.decode_cuda_graph_max_batch_size or None) if limits else None,
             speculative_tokens=(limits.tokens_per_request - 1) if limits else 0,
+            sglang=limits,
         )
-        # rank_config() takes no SGLang limits yet: validate the whole config again with them.
-        return RankConfig.model_validate({**base.model_dump(), "sglang": limits.model_dump() if limits else None})
 
     # --- capture, shutdown ---------------------------------------------------------------------------
 

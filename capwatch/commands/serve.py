@@ -122,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic_settings import SettingsError
 
     from capwatch.cli import CommandError
-    from capwatch.service.config import Settings
+    from capwatch.service.config import LOOPBACK_HOSTS, Settings
     from capwatch.service.main import create_app
     from capwatch.service.store.sqlite import StoreDamaged
 
@@ -138,11 +138,11 @@ def run(args: argparse.Namespace) -> int:
         check_db_path(settings.db_path, db_name)
     listener = bind_listener(settings.host, settings.port, setting_name(("host",), set(overrides)),
                              setting_name(("port",), set(overrides)))
-    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.allowed_hosts == \
+    if settings.host not in LOOPBACK_HOSTS and settings.allowed_hosts == \
             Settings.model_fields["allowed_hosts"].default:
         print(f"capwatch serve: warning: listening on {settings.host}, but only requests addressed to a loopback "
               "name are answered; add the names it is reached under to CAPWATCH_ALLOWED_HOSTS", file=sys.stderr)
-    if settings.host not in ("127.0.0.1", "localhost", "::1") and settings.token is None:
+    if settings.host not in LOOPBACK_HOSTS and settings.token is None:
         print(f"capwatch serve: warning: listening on {settings.host} without a token: anyone who can reach it "
               "can post reports; set CAPWATCH_TOKEN", file=sys.stderr)
     try:
