@@ -27,14 +27,15 @@ import math
 import sys
 import time
 
-from capwatch.demo.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
-from capwatch.dispatcher import sizing
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import GroupConfig, recommend
 from capwatch.service.advisor.sample import GroupSample
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
+
 from benchmarks.advice_suites import run_suites
+from capwatch.demo.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
 
 EP_SIZE = 8
 HIDDEN_SIZE, TOP_K = 7168, 8  # DeepSeek-V3
@@ -44,8 +45,8 @@ WINDOW_STEPS = 25  # steps per advisor window (one group sample)
 
 
 def pricing() -> WorkspacePricing:
-    return WorkspacePricing(EP_SIZE, sizing.dispatch_bytes_per_token(HIDDEN_SIZE, TOP_K, "bf16"),
-                            sizing.combine_bytes_per_token(HIDDEN_SIZE))
+    return WorkspacePricing(EP_SIZE, dispatch_bytes_per_token(HIDDEN_SIZE, TOP_K, "bf16"),
+                            combine_bytes_per_token(HIDDEN_SIZE))
 
 
 def scenarios(quick: bool) -> dict[str, tuple[WorkloadSpec, WorkloadSpec]]:

@@ -24,15 +24,15 @@ import random
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from capwatch.dispatcher import sizing
-from capwatch.dispatcher.models import model_geometry
-from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT, align_up
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import GroupConfig, recommend
 from capwatch.service.advisor.sample import GroupSample
+from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
+from capwatch.sizing.model_presets import model_geometry
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.telemetry.report import SGLangLimits
 
 WINDOW_S = 60.0
@@ -43,8 +43,8 @@ STEPS_PER_WINDOW = 20
 STATIC_CAP = 4096
 T0 = 1_764_460_800.0  # a UTC midnight
 MODEL = model_geometry("deepseek-v3")
-PRICING = WorkspacePricing(DP_RANKS, sizing.dispatch_bytes_per_token(MODEL.hidden_size, MODEL.top_k),
-                           sizing.combine_bytes_per_token(MODEL.hidden_size))
+PRICING = WorkspacePricing(DP_RANKS, dispatch_bytes_per_token(MODEL.hidden_size, MODEL.top_k),
+                           combine_bytes_per_token(MODEL.hidden_size))
 KV_BYTES_PER_TOKEN = MODEL.kv_cache.bytes_per_token()
 _NORMAL = NormalDist()
 

@@ -25,8 +25,8 @@ GOAL_RATIO = 1.02
 
 def _rank(rank: int, world_size: int, sizes: tuple[int, ...], iterations: int, warmup: int) -> dict:
     import torch
-
-    from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.counters import DispatchCounters
+    from capwatch.dispatcher.instrumented import InstrumentedDispatcher
     from capwatch.dispatcher.torch_backend import TorchA2ABackend
 
     backend = TorchA2ABackend(NUM_EXPERTS, TOP_K)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 
-from capwatch.dispatcher.models import model_geometry
-from capwatch.dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
-from capwatch.dispatcher.workspace_plan import largest_cap_within, plan_workspace
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.model_presets import model_geometry
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
+from capwatch.sizing.plan import largest_plan_within, plan_workspace
+
 from benchmarks.timing import median_seconds
 
 CAPS = range(128, 32768 + 1, 128)
@@ -33,7 +35,7 @@ def run(quick: bool = False) -> dict:
 
     def budget_answers() -> None:
         for budget_gib in (1, 2, 4, 8):
-            largest_cap_within(budget_gib << 30, geometry, 8)
+            largest_plan_within(budget_gib << 30, geometry, 8)
 
     plan_s = median_seconds(sweep_plans, repeats) / len(CAPS)
     formula_s = median_seconds(sweep_formula, repeats) / len(CAPS)

@@ -21,7 +21,8 @@ import sys
 import tempfile
 import time
 
-from capwatch.service.sglang_log import read_logs
+from capwatch.sglang_logs.reader import read_logs
+
 from tests.support import sglang_logs as sg
 
 GOAL_LINES_PER_S = 500_000
@@ -29,7 +30,7 @@ T0 = 1_764_504_000.0
 # VmHWM (the process's own peak RSS; ru_maxrss would carry the parent's peak across fork + exec).
 _RSS_PROBE = (
     "import sys\n"
-    "from capwatch.service.sglang_log import read_logs\n"
+    "from capwatch.sglang_logs.reader import read_logs\n"
     "read = read_logs(sys.argv[1:], 60.0, 86400.0, 1.2, 16)\n"
     "hwm = [line.split()[1] for line in open('/proc/self/status') if line.startswith('VmHWM')][0]\n"
     "print(read.lines, hwm)\n"

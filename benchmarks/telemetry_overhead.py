@@ -32,14 +32,15 @@ AGGRESSIVE_INTERVAL_S = 0.05  # both the scrape and the report period while "on"
 def _rank(rank: int, world_size: int, service_url: str, blocks: int, steps_per_block: int, ports,
           interval_s: float) -> dict:
     import torch
-
-    from capwatch.demo.ports import free_port
-    from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.counters import DispatchCounters
+    from capwatch.dispatcher.instrumented import InstrumentedDispatcher
     from capwatch.dispatcher.torch_backend import TorchA2ABackend
     from capwatch.telemetry.exporter import ExporterOptions
     from capwatch.telemetry.rank import RankTelemetry, rank_config
     from capwatch.telemetry.report import RankIdentity
     from capwatch.telemetry.reporter import ReporterOptions, new_boot_id
+
+    from capwatch.demo.ports import free_port
 
     backend = TorchA2ABackend(NUM_EXPERTS, TOP_K)
     counters = DispatchCounters(CAP, world_size)

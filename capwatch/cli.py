@@ -42,7 +42,7 @@ def usage_error(error: Exception) -> str | None:
     so the CLI itself imports neither."""
     if isinstance(error, CommandError):
         return str(error)
-    sizing = sys.modules.get("capwatch.dispatcher.sizing")
+    sizing = sys.modules.get("capwatch.sizing.checks")
     if sizing is not None and isinstance(error, sizing.SizingError):
         return str(error)
     pydantic_core = sys.modules.get("pydantic_core")

@@ -25,7 +25,7 @@ from enum import IntEnum
 
 import torch
 
-from .vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES  # re-exported: telemetry imports them from here
+from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 
 
 class Field(IntEnum):

@@ -26,10 +26,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
+
+from capwatch.vocabulary import OVERFLOW_POLICIES
 
 from .backend import A2ABackend
 from .counters import DispatchCounters
-from .vocabulary import CAP_ALIGNMENT, CAP_ENV_VAR, OVERFLOW_POLICIES, align_up
 
 
 def suggested_cap(tokens_needed: int) -> int:
@@ -53,7 +56,7 @@ class OverflowEvent:
     @property
     def message(self) -> str:
         where = f"[{self.role} dispatcher, EP rank {self.ep_rank}/{self.ep_size}]"
-        set_cap = f"{CAP_ENV_VAR}={self.suggested_cap}"
+        set_cap = FLASHINFER.env_line(self.suggested_cap)
         if self.kind == "runtime_over_cap":
             return (
                 f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank (runtime_max_tokens_per_rank) "

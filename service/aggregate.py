@@ -10,13 +10,12 @@ from __future__ import annotations
 from collections import Counter
 from typing import Literal
 
-from pydantic import BaseModel
-
-from capwatch.dispatcher.byte_units import format_gib
-from capwatch.dispatcher.sizing import SizingError
-from capwatch.dispatcher.vocabulary import RankState as RankStatus
 from capwatch.service.advisor.budget import WorkspacePricing
 from capwatch.service.store.rank_state import RankState
+from capwatch.service.vocabulary import RankStatus
+from capwatch.sizing.byte_units import format_gib
+from capwatch.sizing.checks import SizingError
+from pydantic import BaseModel
 
 Severity = Literal["critical", "warning", "info"]
 FINDING_KINDS = ("cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.utils import floatToGoString
-
 from capwatch.dashboards import service_metrics as names
-from capwatch.dispatcher.vocabulary import ACTIONS, RANK_STATES
 from capwatch.service.aggregate import FINDING_KINDS
 from capwatch.service.digests import ClusterDigests, RoleDigest
+from capwatch.service.vocabulary import ACTIONS, RANK_STATUSES
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable", "unsupported_media_type",
@@ -75,7 +74,7 @@ def _samples(digest: RoleDigest) -> dict[str, list[tuple[str | None, float]]]:
     active = {finding.kind: len(finding.ranks) or 1 for finding in view.findings}
     samples[names.CONSISTENCY_FINDINGS] = [(kind, float(active.get(kind, 0))) for kind in FINDING_KINDS]
     counts = {"reporting": view.ranks_reporting, "stale": view.ranks_stale, "missing": view.ranks_missing}
-    samples[names.RANKS] = [(state, float(counts[state])) for state in RANK_STATES]
+    samples[names.RANKS] = [(state, float(counts[state])) for state in RANK_STATUSES]
     return samples
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from capwatch.dispatcher.vocabulary import CAP_ENV_VAR
+from capwatch.sizing.backends import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 
@@ -18,7 +18,7 @@ def sglang_limits(server_args, sglang_version: str | None) -> SGLangLimits:
     if graph is not None and graph.prefill.backend != Backend.DISABLED:
         prefill_graph_bs = graph.prefill.max_bs or 0
     decode_graph_bs, tokens_per_request = moe_hook._decode_graph_dispatch_tokens_per_rank(server_args)
-    configured = getattr(envs, CAP_ENV_VAR).get()
+    configured = getattr(envs, FLASHINFER.cap_env_var).get()
     return SGLangLimits(
         sglang_version=sglang_version,
         disaggregation_mode=str(view.disaggregation_mode),

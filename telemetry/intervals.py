@@ -14,8 +14,10 @@ import threading
 import time
 from itertools import accumulate
 
-from capwatch.dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, CounterSnapshot, DispatchCounters
+from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters
 from capwatch.telemetry.report import CumulativeCounters, Interval, OverflowCount
+
+from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES
 
 
 def zero_snapshot(cap: int, ep_size: int, role: str, taken_at: float) -> CounterSnapshot:

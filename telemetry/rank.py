@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from capwatch.dispatcher.models import custom_geometry
-from capwatch.dispatcher.workspace_plan import plan_workspace
 from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.sizing.model_presets import custom_geometry
+from capwatch.sizing.plan import plan_workspace
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
 from capwatch.telemetry.intervals import IntervalTracker

@@ -10,14 +10,20 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal
 
+from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError
+from capwatch.sizing.flashinfer_releases import (
+    SUPPORTED_FLASHINFER_VERSIONS,
+    FlashInferVersion,
+    check_eplb_stats,
+    check_routing,
+)
+from capwatch.sizing.model_presets import custom_geometry
+from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
+from capwatch.sizing.plan import plan_workspace
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from capwatch.dispatcher.models import custom_geometry
-from capwatch.dispatcher.sizing import (INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SIZING_PAYLOAD_FORMATS,
-                                        SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, SizingError,
-                                        check_eplb_stats, check_routing, hidden_bytes_per_token)
-from capwatch.dispatcher.vocabulary import MAX_CAP_TOKENS, OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
-from capwatch.dispatcher.workspace_plan import plan_workspace
+from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
 
 SCHEMA_VERSION = 1
 

@@ -7,8 +7,9 @@ import argparse
 import os
 
 from capwatch.arguments import checked, positive_seconds
-from capwatch.dispatcher.byte_units import format_gib
-from capwatch.dispatcher.vocabulary import MAX_CAP_TOKENS, ROLES
+from capwatch.sizing.byte_units import format_gib
+from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.vocabulary import ROLES
 
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
 PROGRESS_MIN_BYTES = 16 << 20  # a progress bar from this much log on
@@ -149,7 +150,7 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise CommandError(f"--sglang-log {path!r} is not a readable file")
     try:
-        from capwatch.service.sglang_log import LogError, advise_from_sglang_logs
+        from capwatch.sglang_logs.advise import LogError, advise_from_sglang_logs
     except ImportError as error:
         raise CommandError(f"advice from logs needs {error.name}, which this install lacks: "
                            "pip install --force-reinstall a2a-capwatch") from None

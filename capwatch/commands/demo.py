@@ -7,13 +7,19 @@ from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
 from capwatch.cli import CommandError
-from capwatch.dispatcher.vocabulary import OVERFLOW_POLICIES
+from capwatch.vocabulary import OVERFLOW_POLICIES
 
 
 def register(subparsers) -> None:
     # Cheap: constants only (torch, FastAPI and the service load when the demo runs).
-    from capwatch.demo.session import (DEFAULT_CAP, DEFAULT_METRICS_PORT, DEFAULT_PORT, DEFAULT_POLICY,
-                                       DEFAULT_RANKS, DEFAULT_STEPS)
+    from capwatch.demo.session import (
+        DEFAULT_CAP,
+        DEFAULT_METRICS_PORT,
+        DEFAULT_POLICY,
+        DEFAULT_PORT,
+        DEFAULT_RANKS,
+        DEFAULT_STEPS,
+    )
     from capwatch.demo.trace import LIMITS_HELP, MAX_TRACE_STEPS
     from capwatch.demo.workload import DEFAULT_MODEL
 
@@ -59,9 +65,8 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
-
     from capwatch.demo.session import DemoOptions, run_demo
+    from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
 
     if args.cap > MAX_CAP_TOKENS:
         raise CommandError(f"--cap {args.cap} exceeds {MAX_CAP_TOKENS} tokens per rank")

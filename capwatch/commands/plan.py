@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 
+from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
+
 # Plain constants (no sizing work at import): the limits --help states.
-from capwatch.dispatcher.sizing import LAMPORT_MAX_TOKENS_PER_RANK, MAX_EP_SIZE, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
+from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
+from capwatch.sizing.flashinfer_releases import MAX_EP_SIZE
 
 DESCRIPTION = """\
 Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
@@ -70,7 +73,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _integer(flag: str, text: str, minimum: int = 1) -> int:
-    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.sizing.checks import SizingError
 
     digits = str(text).strip().replace("_", "")
     if len(digits) > MAX_NUMBER_CHARACTERS:
@@ -86,7 +89,7 @@ def _integer(flag: str, text: str, minimum: int = 1) -> int:
 
 def parse_caps(values: list[str]) -> list[int]:
     """``["1024", "2048,4096", "256:1024:256"]`` -> caps in the order given, duplicates dropped."""
-    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.sizing.checks import SizingError
 
     caps: list[int] = []
     for value in values:
@@ -113,8 +116,8 @@ def parse_caps(values: list[str]) -> list[int]:
 
 
 def _geometry(args: argparse.Namespace):
-    from capwatch.dispatcher.models import custom_geometry, model_geometry
-    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.sizing.checks import SizingError
+    from capwatch.sizing.model_presets import custom_geometry, model_geometry
 
     custom = {"--hidden-size": args.hidden_size, "--top-k": args.top_k, "--num-experts": args.num_experts}
     given = [flag for flag, value in custom.items() if value is not None]
@@ -133,9 +136,9 @@ def _geometry(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     import json
 
-    from capwatch.dispatcher.byte_units import parse_byte_size
-    from capwatch.dispatcher.sizing import SizingError
-    from capwatch.dispatcher.workspace_plan import MODES, largest_cap_within, plan_workspace
+    from capwatch.sizing.byte_units import parse_byte_size
+    from capwatch.sizing.checks import SizingError
+    from capwatch.sizing.plan import MODES, largest_plan_within, plan_workspace
 
     if (args.cap is None) == (args.budget is None):
         raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
@@ -155,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
         if len(args.budget.strip()) > MAX_NUMBER_CHARACTERS:
             raise SizingError(f"--budget {_shown(args.budget)} is not a size like 2GiB or 512MiB")
         budget = parse_byte_size(args.budget)
-        best = largest_cap_within(budget, **options)
+        best = largest_plan_within(budget, **options)
         try:  # the next aligned cap, to show it does not fit
             above = plan_workspace(**{**options, "cap": best.cap + 128})
         except SizingError:  # past FlashInfer's int32 token count
@@ -183,7 +186,7 @@ def _print_table(plans, geometry, title_note: str = "", budget: int | None = Non
     from rich.console import Console
     from rich.table import Table
 
-    from capwatch.dispatcher.byte_units import format_bytes
+    from capwatch.sizing.byte_units import format_bytes
 
     first = plans[0]
     console = Console()

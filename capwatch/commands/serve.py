@@ -54,7 +54,6 @@ def settings_error_line(error, from_flags: set[str]) -> str:
 
 def check_db_path(path, name: str) -> None:
     """The database must be a writable file, or creatable: fail before anything starts."""
-    import os
 
     from capwatch.cli import CommandError
 

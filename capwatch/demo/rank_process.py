@@ -74,7 +74,7 @@ def _expert_fn(plan: RankPlan, rank: int, ep_size: int):
     the slots that chose a local expert (so combine sums real per-token contributions)."""
     import torch
 
-    from capwatch.dispatcher import local_expert_range
+    from capwatch.dispatcher.backend import local_expert_range
 
     local = local_expert_range(rank, plan.num_experts, ep_size)
     projection = (torch.randn(plan.hidden_size, plan.hidden_size,
@@ -94,7 +94,8 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     is returned as ``{"overflow": message}`` after the final report went out."""
     import torch
 
-    from capwatch.dispatcher import CapOverflowError, DispatchCounters, InstrumentedDispatcher
+    from capwatch.dispatcher.counters import DispatchCounters
+    from capwatch.dispatcher.instrumented import CapOverflowError, InstrumentedDispatcher
     from capwatch.dispatcher.torch_backend import TorchA2ABackend
     from capwatch.telemetry.exporter import ExporterOptions
     from capwatch.telemetry.rank import RankTelemetry, rank_config

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capwatch.cli import CommandError
-from capwatch.dispatcher.byte_units import format_gib
 from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
 from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
+from capwatch.sizing.byte_units import format_gib
 
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
@@ -308,9 +308,9 @@ def print_advice(out, advice: dict, cluster: str) -> None:
 
 def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from capwatch.commands.advise import fetch_advice
-    from rich.markup import escape
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, quiet=options.json)

@@ -37,8 +37,8 @@ def scaled_geometry(model: str = DEFAULT_MODEL, ep_size: int = 4) -> ModelGeomet
     """The sizing module's preset scaled down for CPUs: hidden size /64 clamped to 64..256 (a power
     of two); experts and top-k kept, so the routing fan-out per token is the real model's. Experts
     are only multiplied (keeping top_k / num_experts) when there are fewer than ranks."""
-    from capwatch.dispatcher.models import known_model_names, model_geometry
-    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.sizing.checks import SizingError
+    from capwatch.sizing.model_presets import known_model_names, model_geometry
 
     try:
         preset = model_geometry(model)

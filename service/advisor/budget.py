@@ -1,14 +1,14 @@
 """A per-rank memory budget for the A2A workspace, priced by the one pricing function
-(``capwatch.dispatcher.workspace_plan.plan_workspace``), which knows every FlashInfer layout."""
+(``capwatch.sizing.plan.plan_workspace``), which knows every FlashInfer layout."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capwatch.dispatcher.models import ModelGeometry, custom_geometry
-from capwatch.dispatcher.sizing import MAX_EP_SIZE, SizingError, workspace_bytes_per_rank  # noqa: F401
-from capwatch.dispatcher.workspace_plan import NoCapFits, WorkspacePlan, plan_workspace
-from capwatch.dispatcher.workspace_plan import largest_cap_within as _largest_plan_within
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank  # noqa: F401
+from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
+from capwatch.sizing.plan import NoCapFits, WorkspacePlan, largest_plan_within, plan_workspace
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, al
     even one step does not: the planner's own search when the geometry is known."""
     if pricing.geometry is not None:
         try:
-            return _largest_plan_within(
+            return largest_plan_within(
                 budget_bytes_per_rank, pricing.geometry, pricing.ep_size, pricing.payload_format,
                 pricing.eplb_stats_num_experts, pricing.flashinfer_version, alignment=alignment, max_cap=max_cap,
                 bytes_per_token=(pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token)).cap

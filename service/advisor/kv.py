@@ -1,13 +1,13 @@
 """What the workspace bytes trade: KV-cache tokens per rank (the memory both live in).
 
 Lowering the cap frees workspace bytes that the KV pool can take (SGLang sizes the pool from the free
-memory at start-up), raising it costs them. ``kv_bytes_per_token`` is the model's (``dispatcher/models.py``:
+memory at start-up), raising it costs them. ``kv_bytes_per_token`` is the model's (``sizing/model_presets.py``:
 MLA or GQA, per dtype); None when the model is unknown, and then only bytes are stated.
 """
 
 from __future__ import annotations
 
-from capwatch.dispatcher.byte_units import format_gib
+from capwatch.sizing.byte_units import format_gib
 
 
 def kv_tokens(workspace_bytes_per_rank: int, kv_bytes_per_token: int | None) -> int | None:
@@ -32,7 +32,7 @@ def kv_bytes_per_token_of(hidden_size: int | None, top_k: int | None, num_expert
                           kv_cache_dtype: str | None = None) -> int | None:
     """KV bytes per token for a rank's reported MoE geometry, when it matches one preset (ranks report
     geometry, not a model name); None otherwise."""
-    from capwatch.dispatcher.models import preset_for_geometry
+    from capwatch.sizing.model_presets import preset_for_geometry
 
     if not (hidden_size and top_k and num_experts):
         return None

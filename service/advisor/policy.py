@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+from capwatch.sizing.caps import CAP_ALIGNMENT
 from pydantic import BaseModel, ConfigDict, Field
-
-from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT
 
 
 class AdvisorPolicy(BaseModel):

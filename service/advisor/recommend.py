@@ -6,7 +6,7 @@
       -> size_for_risk    smallest cap meeting the overflow target  tail.py (peaks over threshold, GPD)
       -> size_for_trend   grown by the daily peaks' trend           trend.py (Mann-Kendall, Theil-Sen)
       -> raise_to_floor   never below SGLang's start-up floor       floor.py
-      -> align            a multiple of the alignment               (here, dispatcher/vocabulary.py's rounding)
+      -> align            a multiple of the alignment               (here, sizing/caps.py's rounding)
       -> clamp_to_budget  within the workspace memory budget        (here, priced by budget.py)
       -> decide           raise now, or a change worth a restart    hysteresis.py
       -> Advice           priced in bytes and KV-cache tokens (kv.py), every stage's reasons in chain order
@@ -18,10 +18,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
-
-from capwatch.dispatcher.byte_units import format_gib
-from capwatch.dispatcher.vocabulary import CAP_ENV_VAR, Action, align_down, align_up
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
 from capwatch.service.advisor.estimator import size_for_peaks
 from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
@@ -32,7 +28,12 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.stage import Stage
 from capwatch.service.advisor.tail import size_for_risk, tail_model
 from capwatch.service.advisor.trend import size_for_trend
+from capwatch.service.vocabulary import Action
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.byte_units import format_gib
+from capwatch.sizing.caps import align_down, align_up
 from capwatch.telemetry.report import SGLangLimits
+from pydantic import BaseModel
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ class GroupConfig:
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
-    kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (dispatcher/models.py)
+    kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
 
 
 class Advice(BaseModel):
@@ -212,7 +213,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         workspace_bytes_per_rank_recommended=recommended_bytes,
         workspace_bytes_group_recommended=recommended_bytes * ep_size,
         workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-        env=f"{CAP_ENV_VAR}={recommended}", reasons=reasons,
+        env=FLASHINFER.env_line(recommended), reasons=reasons,
         predicted_overflow_windows_per_day_current=_rounded(model.overflow_windows_per_day(current)),
         predicted_overflow_windows_per_day_recommended=_rounded(model.overflow_windows_per_day(recommended)),
         predicted_overflow_windows_per_day_recommended_low=_rounded(low),

@@ -8,13 +8,13 @@ import hmac
 from collections.abc import Callable
 from typing import Annotated
 
-from fastapi import Depends, Query, Request
-
-from capwatch.dispatcher.vocabulary import ROLES
 from capwatch.service.config import Settings
 from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import ServiceMetrics
 from capwatch.service.views import ClusterSource
+from fastapi import Depends, Query, Request
+
+from capwatch.vocabulary import ROLES
 
 
 async def get_settings(request: Request) -> Settings:

@@ -18,12 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from capwatch.dashboards import service_metrics
-from capwatch.dispatcher import sizing
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
+from capwatch.telemetry import catalogue
+
 from capwatch.demo.ranks import spawn_ranks
 from capwatch.demo.service import ServiceProcess
-from capwatch.telemetry import catalogue
 from tests.dashboards import e2e_rank, lint
 from tests.dashboards.conftest import RULES_FILE
 from tests.support.local_batch import LOCAL_BATCH_RECORDED
@@ -196,9 +197,9 @@ def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack, rule_
 def test_values_agree_with_the_run(stack):
     """The numbers behind the panels are the run's: 4 ranks at cap 64, FlashInfer's workspace formula."""
     assert stack.values(f'moe_a2a_cap_tokens{{cluster="{CLUSTER}"}}') == {str(r): e2e_rank.CAP for r in range(EP_SIZE)}
-    per_rank = sizing.workspace_bytes_per_rank(
-        EP_SIZE, e2e_rank.CAP, sizing.dispatch_bytes_per_token(e2e_rank.HIDDEN, e2e_rank.TOP_K, "fp16"),
-        sizing.combine_bytes_per_token(e2e_rank.HIDDEN))
+    per_rank = workspace_bytes_per_rank(
+        EP_SIZE, e2e_rank.CAP, dispatch_bytes_per_token(e2e_rank.HIDDEN, e2e_rank.TOP_K, "fp16"),
+        combine_bytes_per_token(e2e_rank.HIDDEN))
     group = stack.values(f'cluster_dispatcher:moe_a2a_workspace_bytes:sum{{cluster="{CLUSTER}"}}')
     assert group == {"": EP_SIZE * per_rank}
     assert stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}') == {"": EP_SIZE}

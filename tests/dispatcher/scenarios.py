@@ -7,10 +7,12 @@ import dataclasses
 import sys
 
 import torch
-
-from capwatch.dispatcher import CapOverflowError, DispatchCounters, DispatchPairingError, InstrumentedDispatcher
-from tests.support.host_reads import HostReadError, forbid_host_reads
+from capwatch.dispatcher.backend import DispatchPairingError
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.dispatcher.instrumented import CapOverflowError, InstrumentedDispatcher
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
+
+from tests.support.host_reads import HostReadError, forbid_host_reads
 
 from .moe import INVALID_EXPERT_ID, MoECase, expert_fn, make_inputs
 

@@ -14,11 +14,16 @@ import re
 import zipfile
 from pathlib import Path
 
-import pytest
-
 import capwatch.dispatcher.flashinfer_backend as adapters
-from capwatch.dispatcher.flashinfer_backend import LEGACY_METAINFO_INDEX, MOE_A2A_API, MOE_EP_API, ApiUse, missing_parameters
-from capwatch.dispatcher.sizing import workspace_layout
+import pytest
+from capwatch.dispatcher.flashinfer_backend import (
+    LEGACY_METAINFO_INDEX,
+    MOE_A2A_API,
+    MOE_EP_API,
+    ApiUse,
+    missing_parameters,
+)
+from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Imports the adapters make only on some versions, and the first version that has them.

@@ -16,7 +16,7 @@
    succeeds, paused snapshots return the one taken on entry, replays are counted exactly.
 6. ``flashinfer_moe_alltoall`` / ``flashinfer_moe_ep``: the FlashInfer adapters at ep_size 1 (if
    flashinfer is importable and the platform is supported): output equals the reference, workspace
-   counters equal the routing, and the workspace metainfo equals ``dispatcher.sizing``'s layout.
+   counters equal the routing, and the workspace metainfo equals ``capwatch.sizing.flashinfer_moe_a2a``'s layout.
 
 Each check returns a line saying what it proved (printed); a FlashInfer release or platform that
 cannot run a check skips it with the reason.
@@ -28,10 +28,17 @@ import contextlib
 
 import pytest
 import torch
+from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
+from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 
-from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher, pause_snapshots
-from tests.dispatcher.moe import INVALID_EXPERT_ID, MoECase, expert_fn, expected_send_counts, make_inputs
-from tests.dispatcher.moe import reference_outputs
+from tests.dispatcher.moe import (
+    INVALID_EXPERT_ID,
+    MoECase,
+    expected_send_counts,
+    expert_fn,
+    make_inputs,
+    reference_outputs,
+)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -243,7 +250,7 @@ def check_flashinfer_moe_alltoall() -> str:
     except ImportError as error:
         raise Skip(f"flashinfer.comm.MoeAlltoAll not importable ({error})")
     from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend, flashinfer_version
-    from capwatch.dispatcher.sizing import workspace_layout
+    from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
 
     _init_group()
     inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
@@ -258,7 +265,7 @@ def check_flashinfer_moe_alltoall() -> str:
     if backend.metainfo != expected_metainfo:
         raise AssertionError(f"flashinfer metainfo {backend.metainfo} != sizing {expected_metainfo}")
     if backend.alltoall.workspace_size_per_rank != layout.workspace_bytes_per_rank:
-        raise AssertionError("workspace size differs from dispatcher.sizing")
+        raise AssertionError("workspace size differs from capwatch.sizing")
     return f"flashinfer {flashinfer_version()}: metainfo == sizing; " + _flashinfer_step(
         backend, expected, ids, payloads, compute, inputs)
 

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from capwatch.dispatcher import CAP_ENV_VAR
+from capwatch.sizing.backends import FLASHINFER
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,6 +24,6 @@ def test_guards_raise_and_count_under_python_dash_o():
     assert report["parent_optimize"] == 1
     for rank in report["ranks"]:
         assert rank["optimize"] == 1
-        assert "needs 6 tokens" in rank["over_cap_message"] and f"{CAP_ENV_VAR}=128" in rank["over_cap_message"]
+        assert "needs 6 tokens" in rank["over_cap_message"] and f"{FLASHINFER.cap_env_var}=128" in rank["over_cap_message"]
         assert rank["over_cap_counted"] == 1
         assert "3 local tokens" in rank["local_message"] and rank["local_counted"] == 1

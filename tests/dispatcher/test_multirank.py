@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from capwatch.sizing.backends import FLASHINFER
 
-from capwatch.dispatcher import CAP_ENV_VAR
 from capwatch.demo.ranks import spawn_ranks
 
 from .moe import INVALID_EXPERT_ID, MoECase, expected_received, expected_send_counts, make_inputs, reference_outputs
@@ -125,7 +125,7 @@ def test_over_cap_raises_a_message_naming_cap_tokens_and_env_and_still_counts(ru
         message = got["message"]
         assert message is not None, "R > cap did not raise"
         assert f"needs {rows} tokens" in message and f"cap is {CHUNK_CAP}" in message
-        assert f"{CAP_ENV_VAR}=128" in message
+        assert f"{FLASHINFER.cap_env_var}=128" in message
         assert got["counters"]["overflow_events"][("runtime_over_cap", "raised")] == 1
         assert got["counters"]["dispatch_calls"] == 0  # raised before anything was sent
         assert [(e["kind"], e["outcome"], e["suggested_cap"]) for e in got["events"]] == [
@@ -140,7 +140,7 @@ def test_local_tokens_over_runtime_raise_and_count(run):
     for rank in range(world_size):
         got = results[rank]["local_over_runtime"]
         assert got["message"] is not None and "3 local tokens" in got["message"]
-        assert "runtime_max_tokens_per_rank is 2" in got["message"] and CAP_ENV_VAR in got["message"]
+        assert "runtime_max_tokens_per_rank is 2" in got["message"] and FLASHINFER.cap_env_var in got["message"]
         assert got["counters"]["overflow_events"][("local_over_runtime", "raised")] == 1
         assert got["counters"]["dispatch_calls"] == 0
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 import random
 
 import pytest
-
-from capwatch.dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
 from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
 from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
-from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.history import SampleHistory, overflow_bump
 from capwatch.service.advisor.hysteresis import worth_changing
-from capwatch.service.advisor.history import overflow_bump
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.dispatcher.vocabulary import CAP_ENV_VAR
 from capwatch.service.advisor.recommend import GroupConfig, recommend, whatif
 from capwatch.service.advisor.sample import RankInterval, group_samples
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
 WINDOW_S = 60.0
 DAY_S = 86_400.0
@@ -79,7 +78,7 @@ def test_over_provisioned_cap_is_lowered_with_bytes_saved():
     assert advice.workspace_bytes_per_rank_recommended == PRICING.bytes_per_rank(advice.recommended_cap)
     assert advice.workspace_bytes_group_delta == (advice.workspace_bytes_per_rank_recommended
                                                   - advice.workspace_bytes_per_rank_current) * EP_SIZE < 0
-    assert advice.env == f"{CAP_ENV_VAR}={advice.recommended_cap}"
+    assert advice.env == f"{FLASHINFER.cap_env_var}={advice.recommended_cap}"
 
 
 def test_overflowing_cap_is_raised_above_the_peak():

@@ -6,14 +6,14 @@ import math
 import random
 
 import pytest
-
-from capwatch.dispatcher.models import model_geometry, preset_for_geometry
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.service.advisor.tail import fit_pwm, tail_model
 from capwatch.service.advisor.trend import daily_trend, mann_kendall_p
+from capwatch.sizing.model_presets import model_geometry, preset_for_geometry
+
 from tests.service.test_advisor import group
 
 POLICY = AdvisorPolicy()

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from capwatch.service.config import Settings
-from capwatch.service.main import create_app
-from tests.support.simulate import SimulatedRank
 from tests.service.conftest import JSON, T0
+from tests.support.simulate import SimulatedRank
 
 WINDOW_S = 60.0
 

@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from capwatch.service.config import Settings
 from pydantic import ValidationError
 
 from capwatch import cli
-from capwatch.service.config import Settings
 from tests.support.service import REPO_ROOT, free_port
 
 
@@ -93,7 +93,7 @@ def test_a_bug_is_not_dressed_up_as_a_usage_error(monkeypatch):
     monkeypatch.setattr(advise, "fetch_advice", broken)
     with pytest.raises(ValueError, match="a programming mistake"):
         cli.main(["advise"])
-    from capwatch.dispatcher.sizing import SizingError
+    from capwatch.sizing.checks import SizingError
 
     assert cli.usage_error(SizingError("--cap must be positive")) == "--cap must be positive"
     assert cli.usage_error(ValueError("bug")) is None and cli.usage_error(KeyError("bug")) is None

@@ -7,13 +7,15 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
-
-from capwatch.dispatcher.sizing import SUPPORTED_FLASHINFER_VERSIONS
-from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import ReportNotStorable
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS
 from capwatch.telemetry.report import MAX_COUNT, RankReport
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
 from tests.service.conftest import JSON, T0
+from tests.support.simulate import SimulatedRank
 
 CHUNKED = "chunked"
 DECLARED = "declared"
@@ -61,10 +63,9 @@ def test_a_text_plain_post_from_a_foreign_page_is_refused_with_415(client, store
 
 @pytest.mark.parametrize("way", [DECLARED, CHUNKED])
 def test_two_authorization_headers_are_refused_on_every_path(tmp_path, clock, way):
-    from fastapi.testclient import TestClient
-
     from capwatch.service.config import Settings
     from capwatch.service.main import create_app
+    from fastapi.testclient import TestClient
 
     settings = Settings(db_path=tmp_path / "t.db", token="s3cret")
     twice = [("Authorization", "Bearer s3cret"), ("Authorization", "Bearer nope")]
@@ -153,10 +154,10 @@ groups = st.lists(st.tuples(st.integers(0, 2), st.sampled_from([1, 2, 8, 64, 128
 @hypothesis_settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
 @given(reports=groups)
 def test_random_schema_valid_reports_never_break_the_read_side_of_another_cluster(tmp_path_factory, reports):
-    from fastapi.testclient import TestClient
-
     from capwatch.service.config import Settings
     from capwatch.service.main import create_app
+    from fastapi.testclient import TestClient
+
     from tests.service.conftest import FakeClock
 
     clock = FakeClock(T0 + 60)

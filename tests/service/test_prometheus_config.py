@@ -4,19 +4,19 @@ SGLang's floor inputs and the model geometry included, for any config a rank can
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from prometheus_client.parser import text_string_to_metric_families
-
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.dispatcher.models import MODEL_PRESETS
 from capwatch.service.prometheus_source import rank_config_of
+from capwatch.sizing.model_presets import MODEL_PRESETS
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
 from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.telemetry.promtool import promtool_findings
 
 EP_SIZE = 2

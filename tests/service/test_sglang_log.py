@@ -11,11 +11,13 @@ import subprocess
 import sys
 
 import pytest
-from hypothesis import given, settings, strategies as st
-
 from capwatch.service.advisor.recommend import ClusterAdvice
-from capwatch.service.sglang_args import parse_args_dict, server_config
-from capwatch.service.sglang_log import _OPEN_WINDOWS, LogReader, advise_from_sglang_logs, read_logs
+from capwatch.sglang_logs.advise import advise_from_sglang_logs
+from capwatch.sglang_logs.reader import _OPEN_WINDOWS, LogReader, read_logs
+from capwatch.sglang_logs.server_args import parse_args_dict, server_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from tests.support import sglang_logs as sg
 
 T0 = 1_764_504_000.0  # 2025-11-30 12:00:00 UTC, a window start
@@ -262,7 +264,7 @@ def test_a_truncated_gzip_log_is_one_line_and_exit_2(tmp_path):
 def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
     """Not a log at all (one 128 MiB line): dropped a chunk at a time and counted, so the reader's peak
     memory stays far below the file's size; then the usual one-line error."""
-    from capwatch.service.sglang_log import MAX_LINE_CHARS
+    from capwatch.sglang_logs.reader import MAX_LINE_CHARS
 
     size = 8 * MAX_LINE_CHARS
     path = tmp_path / "blob.log"

@@ -5,20 +5,19 @@ per dispatcher. Against Prometheus one ``rank_states`` is four instant queries a
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections import Counter
 
 import pytest
-from fastapi.testclient import TestClient
-from prometheus_client.parser import text_string_to_metric_families
-
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from capwatch.service.prometheus_source import PrometheusSource
-from tests.support.simulate import SimulatedRank
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
 from tests.service.conftest import JSON, T0, FakeClock
 from tests.support.prometheus import scrape_config, start_prometheus
+from tests.support.simulate import SimulatedRank
 
 
 class CountingSource:

@@ -6,7 +6,7 @@ and ``get_combine_payload_tensor_in_workspace`` contract and moves the tokens wi
 workspace per (size, rank, ep_size, max tokens), shaped ``uint8 [ep_size, workspace_size_per_rank]``
 with FlashInfer's layout, so the layers of one namespace share it; after each dispatch it writes this
 rank's send and receive counters into the workspace words at the metainfo offsets, as FlashInfer's
-kernel does. The workspace size function is capwatch's exact formula (``sizing``).
+kernel does. The workspace size function is capwatch's exact formula (``capwatch.sizing.flashinfer_moe_a2a``).
 
 ``install(module)`` puts both on SGLang's ``token_dispatcher.flashinfer`` module, where
 ``FlashinferDispatcher`` looks them up at construction.
@@ -15,16 +15,15 @@ kernel does. The workspace size function is capwatch's exact formula (``sizing``
 from __future__ import annotations
 
 import torch
-
-from capwatch.dispatcher import sizing
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank, workspace_layout
 
 FLASHINFER_VERSION = "0.7.2"  # what sglang 0.5.23 pins
 
 
 def moe_a2a_get_workspace_size_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
                                         combine_payload_size_per_token, eplb_stats_num_experts=0, **_backend):
-    return sizing.workspace_bytes_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
+    return workspace_bytes_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
                                            combine_payload_size_per_token, eplb_stats_num_experts, FLASHINFER_VERSION)
 
 
@@ -50,7 +49,7 @@ class TorchMoeAlltoAll:
         self._backend = entry["backend"]
         # FlashInfer's metainfo (byte offsets of the flag, the counters, ...) by capwatch's layout of 0.7.2;
         # the counter offsets do not depend on the payload sizes.
-        layout = sizing.workspace_layout(self.ep_size, max_num_tokens, 1, 1, eplb_stats_num_experts, FLASHINFER_VERSION)
+        layout = workspace_layout(self.ep_size, max_num_tokens, 1, 1, eplb_stats_num_experts, FLASHINFER_VERSION)
         self.metainfo = torch.tensor(layout.metainfo, dtype=torch.int64)
         send, recv = layout.send_counters_offset, layout.recv_counters_offset
         self._send_words = self.workspace[self.ep_rank, send : send + 4 * self.ep_size].view(torch.int32)

@@ -10,9 +10,9 @@ import urllib.request
 import pytest
 import torch
 
-from tests.support.service import ServiceProcess
 from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
 from tests.support.ports import free_port
+from tests.support.service import ServiceProcess
 
 CLUSTER = "sglang-e2e"
 NAMESPACE_PADDING = 128  # SGLang's _WORKSPACE_NAMESPACE_ALIGNMENT: DECODE 0, SPECULATIVE 1, SP_PREFILL 2
@@ -196,7 +196,7 @@ def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, serv
             assert "CapOverflowError" in log and "needs 40 tokens per rank" in log, log[-3000:]
         else:  # SGLang's own assert, as without capwatch
             assert "AssertionError: FlashInfer A2A runtime token geometry exceeds its fixed workspace" in log, log[-3000:]
-        assert f"SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=128" in log
+        assert "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=128" in log
     view = get_json(f"{service.url}/v1/clusters/{cluster}")
     assert view["cap"] == OVERFLOW_CAP
     assert view["group_max_runtime_tokens"] == 40

@@ -14,16 +14,12 @@ import itertools
 from types import SimpleNamespace
 
 import pytest
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
+from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.sizing.payloads import MOE_EP_QUANT_FORMATS, hidden_bytes_per_token
 
-from capwatch.dispatcher.sizing import (
-    MOE_EP_QUANT_FORMATS,
-    SUPPORTED_FLASHINFER_VERSIONS,
-    FlashInferVersion,
-    SizingError,
-    hidden_bytes_per_token,
-    nvlink_one_sided_layout,
-    workspace_layout,
-)
 from tests.sizing import flashinfer_source as source
 
 PACKAGES = source.packages_under_test()

@@ -1,22 +1,18 @@
 """The FlashInfer workspace formulas: worked value, per-format payloads, versions, properties."""
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from capwatch.dispatcher.vocabulary import align_up
-from capwatch.dispatcher.sizing import (
+from capwatch.sizing.caps import align_up
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank, workspace_layout
+from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_releases import (
     DEFAULT_FLASHINFER_VERSION,
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
-    SizingError,
-    combine_bytes_per_token,
-    dispatch_bytes_per_token,
-    hidden_bytes_per_token,
-    nvlink_one_sided_layout,
-    workspace_bytes_per_rank,
-    workspace_layout,
 )
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token, hidden_bytes_per_token
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 LEGACY_VERSIONS = [v for v in SUPPORTED_FLASHINFER_VERSIONS if FlashInferVersion.parse(v).layout == "moe_a2a"]
 EPLB_VERSIONS = [v for v in LEGACY_VERSIONS if FlashInferVersion.parse(v).supports_eplb_stats]

@@ -6,14 +6,10 @@ import itertools
 from pathlib import Path
 
 import pytest
-
-from capwatch.dispatcher.sizing import (
-    SUPPORTED_FLASHINFER_VERSIONS,
-    FlashInferVersion,
-    hidden_bytes_per_token,
-    nvlink_one_sided_layout,
-    workspace_bytes_per_rank,
-)
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.sizing.payloads import hidden_bytes_per_token
 
 pytestmark = pytest.mark.gpu
 if not any(Path("/dev").glob("nvidia[0-9]*")):  # before importing torch, which takes seconds

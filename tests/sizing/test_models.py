@@ -1,7 +1,12 @@
 import pytest
-
-from capwatch.dispatcher.models import MODEL_ALIASES, MODEL_PRESETS, custom_geometry, known_model_names, model_geometry
-from capwatch.dispatcher.sizing import SizingError
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.model_presets import (
+    MODEL_ALIASES,
+    MODEL_PRESETS,
+    custom_geometry,
+    known_model_names,
+    model_geometry,
+)
 
 # (hidden_size, routed experts, top-k) from each model's published config.json.
 PUBLISHED = {

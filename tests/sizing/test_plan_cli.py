@@ -9,9 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from capwatch.dispatcher.models import model_geometry
-from capwatch.dispatcher.workspace_plan import plan_workspace
+from capwatch.sizing.model_presets import model_geometry
+from capwatch.sizing.plan import plan_workspace
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,11 +1,12 @@
 import pytest
+from capwatch.sizing.caps import align_up
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.model_presets import MODEL_PRESETS, custom_geometry, model_geometry
+from capwatch.sizing.payloads import dispatch_bytes_per_token
+from capwatch.sizing.plan import largest_plan_within, plan_workspace
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from capwatch.dispatcher.models import MODEL_PRESETS, custom_geometry, model_geometry
-from capwatch.dispatcher.sizing import SizingError, dispatch_bytes_per_token, workspace_bytes_per_rank
-from capwatch.dispatcher.vocabulary import align_up
-from capwatch.dispatcher.workspace_plan import largest_cap_within, plan_workspace
 
 DEEPSEEK = model_geometry("deepseek-v3")
 
@@ -123,7 +124,7 @@ def test_budget_answer_is_the_largest_fitting_aligned_cap(name, ep_size, budget,
         version = "0.7.2.post1"
     options = dict(geometry=geometry, ep_size=ep_size, payload_format=fmt, flashinfer_version=version, mode=mode)
     try:
-        best = largest_cap_within(budget, **options)
+        best = largest_plan_within(budget, **options)
     except SizingError as error:
         assert "no cap fits" in str(error)
         assert plan_workspace(cap=128, **options).workspace_bytes_per_rank > budget
@@ -134,14 +135,14 @@ def test_budget_answer_is_the_largest_fitting_aligned_cap(name, ep_size, budget,
 
 
 def test_budget_example_two_gib():
-    best = largest_cap_within(2 << 30, DEEPSEEK, 8)
+    best = largest_plan_within(2 << 30, DEEPSEEK, 8)
     assert best.cap == 9216 and best.workspace_bytes_per_rank <= 2 << 30
     assert plan_workspace(DEEPSEEK, 8, 9344).workspace_bytes_per_rank > 2 << 30
 
 
 def test_budget_below_the_smallest_cap_is_an_error():
     with pytest.raises(SizingError, match="no cap fits"):
-        largest_cap_within(1 << 20, DEEPSEEK, 8)
+        largest_plan_within(1 << 20, DEEPSEEK, 8)
 
 
 def test_monotone_in_cap_for_every_mode_and_preset():

@@ -9,7 +9,8 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from capwatch.dispatcher.sizing import combine_bytes_per_token, dispatch_bytes_per_token, workspace_bytes_per_rank
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
 
 @dataclass

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-
-from capwatch.dispatcher import DispatchCounters, InstrumentedDispatcher
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.intervals import coherent

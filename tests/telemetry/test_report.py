@@ -5,13 +5,15 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
-from pydantic import ValidationError
-
-from capwatch.dispatcher.counters import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES, DispatchCounters
-from capwatch.dispatcher.sizing import SIZING_PAYLOAD_FORMATS, SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
 from capwatch.telemetry.rank import rank_config
 from capwatch.telemetry.report import MAX_TOP_K, OverflowKind, OverflowOutcome, PayloadFormat, RankIdentity, Role
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
+from pydantic import ValidationError
+
+from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 
 from .sink import ReportSink
 

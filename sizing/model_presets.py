@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from capwatch.dispatcher.sizing import SizingError, check_positive as _positive
-
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.checks import check_positive as _positive
 
 KV_DTYPE_BYTES = {"auto": 2, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1,
                   "fp8": 1, "mxfp8": 1, "nvfp4": 0.5, "fp4_e2m1": 0.5}  # "auto": the model's bf16 weights

@@ -1,5 +1,6 @@
-"""The shared vocabulary: one spelling of every word, one alignment, and the copies that still
-exist elsewhere agree with it (until they import it)."""
+"""The shared vocabulary: one spelling of every word (``capwatch.vocabulary`` for every layer,
+``capwatch.service.vocabulary`` for the service's own), one cap alignment (``capwatch.sizing.caps``),
+and no product module with a copy of its own."""
 
 from __future__ import annotations
 
@@ -8,16 +9,20 @@ import typing
 from pathlib import Path
 
 import pytest
+from capwatch.service import vocabulary as service_vocabulary
+from capwatch.sizing import caps
+from capwatch.sizing.backends import BACKENDS
 from hypothesis import given
 from hypothesis import strategies as st
 
-from capwatch.dispatcher import vocabulary
+from capwatch import vocabulary
 
 
 @pytest.mark.parametrize("literal, values", [
     (vocabulary.Role, vocabulary.ROLES), (vocabulary.OverflowPolicy, vocabulary.OVERFLOW_POLICIES),
     (vocabulary.OverflowKind, vocabulary.OVERFLOW_KINDS), (vocabulary.OverflowOutcome, vocabulary.OVERFLOW_OUTCOMES),
-    (vocabulary.Action, vocabulary.ACTIONS), (vocabulary.RankState, vocabulary.RANK_STATES),
+    (service_vocabulary.Action, service_vocabulary.ACTIONS),
+    (service_vocabulary.RankStatus, service_vocabulary.RANK_STATUSES),
 ])
 def test_each_tuple_is_its_literal(literal, values):
     assert values == typing.get_args(literal) and len(set(values)) == len(values)
@@ -25,24 +30,29 @@ def test_each_tuple_is_its_literal(literal, values):
 
 @given(st.integers(min_value=0, max_value=1 << 40), st.integers(min_value=1, max_value=1 << 12))
 def test_align_up_and_down_bracket_the_value_on_the_grain(value, alignment):
-    up, down = vocabulary.align_up(value, alignment), vocabulary.align_down(value, alignment)
+    up, down = caps.align_up(value, alignment), caps.align_down(value, alignment)
     assert up % alignment == 0 and down % alignment == 0
     assert down <= value <= up and up - down in (0, alignment)
     assert (up == value) == (value % alignment == 0)
 
 
 def test_alignment_defaults_to_the_cap_grain_and_refuses_nonsense():
-    assert (vocabulary.align_up(1), vocabulary.align_up(128), vocabulary.align_up(129), vocabulary.align_up(0)) \
+    assert (caps.align_up(1), caps.align_up(128), caps.align_up(129), caps.align_up(0)) \
         == (128, 128, 256, 0)
-    assert vocabulary.align_up(300.5) == 384
+    assert caps.align_up(300.5) == 384
     with pytest.raises(ValueError, match="alignment must be positive"):
-        vocabulary.align_up(5, 0)
+        caps.align_up(5, 0)
 
 
-PRODUCT_FOLDERS = ("capwatch", "dispatcher", "telemetry", "service", "dashboards", "sglang_plugin")
-# Each is defined in capwatch.dispatcher.vocabulary and imported everywhere else.
-ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATES",
-                   "CAP_ENV_VAR", "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
+PRODUCT_FOLDERS = ("capwatch", "sizing", "dispatcher", "telemetry", "service", "sglang_logs", "dashboards",
+                   "sglang_plugin")
+# Each is defined once (capwatch/vocabulary.py, service/vocabulary.py, sizing/caps.py) and imported elsewhere.
+ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATUSES",
+                   "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
+
+
+# Each backend's cap variable is spelled once, in sizing/backends.py.
+CAP_VARIABLES = {rules.cap_env_var for rules in BACKENDS.values()}
 
 
 def _product_modules():
@@ -56,7 +66,7 @@ def test_the_vocabulary_lives_in_one_place():
     constant of its own (one rule, one place: a copy is where two spellings drift apart)."""
     copies = []
     for path in _product_modules():
-        if path.name == "vocabulary.py" and path.parent.name == "dispatcher":
+        if path.name == "vocabulary.py" or (path.name in ("caps.py", "backends.py") and path.parent.name == "sizing"):
             continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
@@ -67,9 +77,9 @@ def test_the_vocabulary_lives_in_one_place():
             for target in targets:
                 if isinstance(target, ast.Name) and target.id in ONE_PLACE_NAMES:
                     copies.append(f"{path}:{node.lineno} assigns {target.id}")
-            if isinstance(node, ast.Constant) and node.value == vocabulary.CAP_ENV_VAR:
-                copies.append(f"{path}:{node.lineno} spells {vocabulary.CAP_ENV_VAR} itself")
-    assert not copies, "copies of the vocabulary (import them from capwatch.dispatcher.vocabulary):\n" + \
+            if isinstance(node, ast.Constant) and node.value in CAP_VARIABLES:
+                copies.append(f"{path}:{node.lineno} spells {node.value} itself")
+    assert not copies, "copies of the vocabulary (import them from where they are defined):\n" + \
         "\n".join(copies)
 
 
@@ -82,4 +92,4 @@ def test_the_schema_and_the_dispatcher_use_the_vocabulary():
     assert typing.get_args(OverflowCount.model_fields["kind"].annotation) == vocabulary.OVERFLOW_KINDS
     assert typing.get_args(OverflowCount.model_fields["outcome"].annotation) == vocabulary.OVERFLOW_OUTCOMES
     for needed in (1, 127, 128, 129, 4097):
-        assert instrumented.suggested_cap(needed) == max(vocabulary.CAP_ALIGNMENT, vocabulary.align_up(needed))
+        assert instrumented.suggested_cap(needed) == max(caps.CAP_ALIGNMENT, caps.align_up(needed))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from capwatch.dispatcher.sizing import SizingError
+from capwatch.sizing.checks import SizingError
 
 BYTE_UNITS: dict[str, int] = {
     "": 1, "b": 1, "byte": 1, "bytes": 1,

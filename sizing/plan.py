@@ -21,27 +21,26 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from capwatch.dispatcher.models import ModelGeometry
-from capwatch.dispatcher.sizing import (
-    INT32_MAX,
-    LAMPORT_MAX_TOKENS_PER_RANK,
+from capwatch.sizing.caps import CAP_ALIGNMENT
+from capwatch.sizing.checks import INT32_MAX, SizingError, check_positive
+from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
+from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK, nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_releases import (
     LAYOUT_MOE_A2A,
     FlashInferVersion,
-    SizingError,
     check_ep_size,
     check_eplb_stats,
     check_max_num_tokens,
-    check_payload_format,
-    check_positive,
     check_routing,
+)
+from capwatch.sizing.model_presets import ModelGeometry
+from capwatch.sizing.payloads import (
+    check_payload_format,
     combine_bytes_per_token,
     dispatch_bytes_per_token,
     hidden_bytes_per_token,
-    nvlink_one_sided_layout,
     routing_bytes_per_token,
-    workspace_layout,
 )
-from capwatch.dispatcher.vocabulary import CAP_ALIGNMENT
 
 MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
 SGLANG_DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
@@ -187,7 +186,7 @@ def plan_workspace(
     )
 
 
-def largest_cap_within(
+def largest_plan_within(
     budget_bytes: int,
     geometry: ModelGeometry,
     ep_size: int,
