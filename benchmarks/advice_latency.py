@@ -24,7 +24,7 @@ from capwatch.demo.service import ServiceProcess
 from capwatch.service.main import store_options
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
-from capwatch.service.views import cluster_advice
+from capwatch.service.queries import cluster_advice
 from capwatch.telemetry.report import RankReport
 from benchmarks.timing import median_ms
 from benchmarks.standalone import standalone

@@ -27,7 +27,7 @@ import math
 import sys
 import time
 
-from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import GroupConfig, recommend

@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from capwatch.service.advisor.recommend import Advice
-from capwatch.service.aggregate import ClusterView, rank_status
+from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
 from capwatch.service.store.rank_state import RankState
-from capwatch.service.views import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view
+from capwatch.service.queries import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class ClusterSummary(BaseModel):
 
 
 @dataclass(frozen=True)
-class RoleDigest:
+class GroupDigest:
     cluster: str
     role: str
     view: ClusterView
@@ -63,12 +63,8 @@ class RoleDigest:
     summary_json: bytes  # the ClusterSummary, serialised once
 
 
-def role_order(states: list[RankState]) -> list[str]:
-    return sorted({state.role for state in states}, key=lambda role: (role != "target", role))
-
-
 def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankState], now_s: float,
-             settings: Settings) -> RoleDigest | None:
+             settings: Settings) -> GroupDigest | None:
     try:
         view = cluster_view(source, cluster, role, now_s, settings, states)
     except LookupError:
@@ -86,7 +82,7 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
         findings=[finding.kind for finding in view.findings], action=advice.action if advice else None,
         recommended_cap=advice.recommended_cap if advice else None, last_report_unix_s=view.last_report_unix_s,
         error=error)
-    return RoleDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
+    return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
 
 
 # A read recomputes changed groups for at most this long, stalest first; the rest are served as last
@@ -98,11 +94,11 @@ RECOMPUTE_BUDGET_S = 0.05
 @dataclass
 class _Cached:
     key: tuple
-    digest: RoleDigest | None
+    digest: GroupDigest | None
     computed: float  # time.perf_counter() when computed
 
 
-class ClusterDigests:
+class GroupDigests:
     """The digests of every group, reused while the group's data and rank states are unchanged."""
 
     def __init__(self, source: ClusterSource, settings: Settings, clock: Callable[[], float],
@@ -123,7 +119,7 @@ class ClusterDigests:
                 tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) for state in states))
 
     def _compute(self, cluster: str, role: str, states: list[RankState], now_s: float,
-                 key: tuple | None) -> RoleDigest | None:
+                 key: tuple | None) -> GroupDigest | None:
         """The group's digest for ``role``; None when it has no such ranks. An error computing it is the
         group's own: logged, and the group left out of this answer."""
         try:
@@ -143,7 +139,7 @@ class ClusterDigests:
         except Exception:
             log.exception("cannot compute the groups' digests at start; reads will")
 
-    def every_group(self, all_roles: bool) -> list[RoleDigest]:
+    def every_group(self, all_roles: bool) -> list[GroupDigest]:
         """One digest per group (its first role, target first), or per group and role."""
         now = self.clock()
         started = time.perf_counter()
@@ -159,7 +155,7 @@ class ClusterDigests:
             roles = role_order(states)
             for role in roles if all_roles else roles[:1]:
                 entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
-        digests: dict[tuple[str, str], RoleDigest | None] = {
+        digests: dict[tuple[str, str], GroupDigest | None] = {
             (cluster, role): cached.digest for cluster, role, _, key, cached in entries
             if key is not None and cached is not None and cached.key == key}
         changed = [entry for entry in entries if (entry[0], entry[1]) not in digests]

@@ -18,11 +18,11 @@ from capwatch.service.api.guard import RequestGuard
 from capwatch.service.api.report_rules import BodyGate
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
 from capwatch.service.config import Settings
-from capwatch.service.digests import ClusterDigests
+from capwatch.service.digests import GroupDigests
 from capwatch.service.metrics import build_metrics
 from capwatch.service.prometheus_source import PrometheusSource, SourceUnavailable
 from capwatch.service.store.sqlite import Store, StoreOptions
-from capwatch.service.views import ClusterSource
+from capwatch.service.queries import ClusterSource
 from capwatch.telemetry.report import RankReport
 
 DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises
@@ -88,7 +88,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.store = store
     app.state.source = source
     app.state.clock = clock
-    app.state.digests = digests = ClusterDigests(source, settings, clock)
+    app.state.digests = digests = GroupDigests(source, settings, clock)
     app.state.metrics = build_metrics(registry, digests)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)

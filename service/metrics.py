@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from capwatch.dashboards import service_metrics as names
-from capwatch.service.aggregate import FINDING_KINDS
-from capwatch.service.digests import ClusterDigests, RoleDigest
+from capwatch.service.findings import FINDING_KINDS
+from capwatch.service.digests import GroupDigest, GroupDigests
 from capwatch.service.vocabulary import ACTIONS, RANK_STATUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.utils import floatToGoString
@@ -57,7 +57,7 @@ FAMILIES: tuple[tuple[str, str, str | None], ...] = (
 )
 
 
-def _samples(digest: RoleDigest) -> dict[str, list[tuple[str | None, float]]]:
+def _samples(digest: GroupDigest) -> dict[str, list[tuple[str | None, float]]]:
     """The digest's samples per family: (value of the extra label, value)."""
     view, advice = digest.view, digest.advice
     samples: dict[str, list[tuple[str | None, float]]] = {name: [] for name, _, _ in FAMILIES}
@@ -78,7 +78,7 @@ def _samples(digest: RoleDigest) -> dict[str, list[tuple[str | None, float]]]:
     return samples
 
 
-def _labels(digest: RoleDigest, extra: str | None, value: str | None) -> str:
+def _labels(digest: GroupDigest, extra: str | None, value: str | None) -> str:
     """Sorted by name, as prometheus_client writes them."""
     pairs = [("cluster", digest.cluster), ("dispatcher", digest.role)]
     if value is not None:
@@ -99,11 +99,11 @@ class ClusterExposition:
     escaping (telemetry.report's Name pattern; fixed vocabularies), so each group's lines are
     rendered once, when its digest changes, and a scrape joins them."""
 
-    def __init__(self, digests: ClusterDigests):
+    def __init__(self, digests: GroupDigests):
         self.digests = digests
-        self._rendered: dict[tuple[str, str], tuple[RoleDigest, dict[str, bytes]]] = {}
+        self._rendered: dict[tuple[str, str], tuple[GroupDigest, dict[str, bytes]]] = {}
 
-    def _lines(self, digest: RoleDigest) -> dict[str, bytes]:
+    def _lines(self, digest: GroupDigest) -> dict[str, bytes]:
         key = (digest.cluster, digest.role)
         cached = self._rendered.get(key)
         if cached is not None and cached[0] is digest:
@@ -132,7 +132,7 @@ class ClusterExposition:
         return b"".join(parts)
 
 
-def build_metrics(registry: CollectorRegistry, digests: ClusterDigests) -> ServiceMetrics:
+def build_metrics(registry: CollectorRegistry, digests: GroupDigests) -> ServiceMetrics:
     metrics = ServiceMetrics(registry)
     metrics.clusters = ClusterExposition(digests)
     return metrics

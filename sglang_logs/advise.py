@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import ClusterAdvice, GroupConfig, WhatIf, recommend, whatif
 from capwatch.service.config import Settings

@@ -1,54 +1,10 @@
-"""A per-rank memory budget for the A2A workspace, priced by the one pricing function
-(``capwatch.sizing.plan.plan_workspace``), which knows every FlashInfer layout."""
+"""The A2A workspace memory budget per rank (``CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK``): the largest cap
+whose workspace fits it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from capwatch.sizing.checks import SizingError
-from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank  # noqa: F401
-from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
-from capwatch.sizing.plan import NoCapFits, WorkspacePlan, largest_plan_within, plan_workspace
-
-
-@dataclass(frozen=True)
-class WorkspacePricing:
-    """What one rank's workspace costs per cap (everything but the cap comes from the reports).
-
-    Built from a report with ``of_config``: the geometry and format are then known, so every layout
-    prices (0.7.4's ``NVLinkOneSidedAlltoAll`` sizes from them; ``moe_a2a`` from the reported bytes
-    per token). Without a geometry only the ``moe_a2a`` layout can be priced (its inputs are the
-    bytes per token alone)."""
-
-    ep_size: int
-    dispatch_bytes_per_token: int
-    combine_bytes_per_token: int
-    eplb_stats_num_experts: int = 0
-    flashinfer_version: str | None = None
-    geometry: ModelGeometry | None = None
-    payload_format: str = "bf16"
-
-    @classmethod
-    def of_config(cls, config, ep_size: int) -> "WorkspacePricing":
-        """The pricing of a reported ``RankConfig`` in a group of ``ep_size`` ranks."""
-        geometry = (custom_geometry(config.hidden_size, config.top_k, config.num_experts)
-                    if getattr(config, "hidden_size", None) is not None else None)  # a source that cannot see it
-        return cls(ep_size, config.dispatch_bytes_per_token, config.combine_bytes_per_token,
-                   config.eplb_stats_num_experts, config.flashinfer_version, geometry, config.payload_format)
-
-    def plan(self, cap: int) -> WorkspacePlan:
-        if self.geometry is None:
-            raise SizingError("pricing without the model geometry knows only the moe_a2a layout")
-        return plan_workspace(self.geometry, self.ep_size, cap, self.payload_format, self.eplb_stats_num_experts,
-                              self.flashinfer_version,
-                              bytes_per_token=(self.dispatch_bytes_per_token, self.combine_bytes_per_token))
-
-    def bytes_per_rank(self, cap: int) -> int:
-        if self.geometry is None:  # moe_a2a's own inputs: the bytes per token
-            return workspace_bytes_per_rank(
-                self.ep_size, cap, self.dispatch_bytes_per_token, self.combine_bytes_per_token,
-                self.eplb_stats_num_experts, self.flashinfer_version)
-        return self.plan(cap).workspace_bytes_per_rank
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.sizing.plan import NoCapFits, largest_plan_within
 
 
 def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, alignment: int,

@@ -61,12 +61,6 @@ def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int
     return Floor(tokens, binds, why)
 
 
-def floor_tokens(cuda_graph_max_batch_size: int | None, speculative_tokens: int = 0,
-                 sglang: SGLangLimits | None = None) -> int | None:
-    floor = deployment_floor(sglang, cuda_graph_max_batch_size, speculative_tokens)
-    return None if floor is None else floor.tokens
-
-
 def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLangLimits | None:
     """One group's limits from its ranks' reports: each term's largest value (the cap is one number for
     all of them, so the strictest rank's rule applies). None when no rank reports them."""

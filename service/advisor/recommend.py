@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
-from capwatch.service.advisor.estimator import size_for_peaks
+from capwatch.service.advisor.budget import largest_cap_within
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.peaks import size_for_peaks
 from capwatch.service.advisor.floor import deployment_floor, raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import decide

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from typing import Annotated
 
 from capwatch.service.config import Settings
-from capwatch.service.digests import ClusterDigests
+from capwatch.service.digests import GroupDigests
 from capwatch.service.metrics import ServiceMetrics
-from capwatch.service.views import ClusterSource
+from capwatch.service.queries import ClusterSource
 from fastapi import Depends, Query, Request
 
 from capwatch.vocabulary import ROLES
@@ -33,7 +33,7 @@ async def get_metrics(request: Request) -> ServiceMetrics:
     return request.app.state.metrics
 
 
-async def get_digests(request: Request) -> ClusterDigests:
+async def get_digests(request: Request) -> GroupDigests:
     return request.app.state.digests
 
 
@@ -41,7 +41,7 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SourceDep = Annotated[ClusterSource, Depends(get_source)]
 ClockDep = Annotated[Callable[[], float], Depends(get_clock)]
 MetricsDep = Annotated[ServiceMetrics, Depends(get_metrics)]
-DigestsDep = Annotated[ClusterDigests, Depends(get_digests)]
+DigestsDep = Annotated[GroupDigests, Depends(get_digests)]
 # Built from the one vocabulary, so a role added there (sp_prefill) can be asked for here too.
 RoleQuery = Annotated[str, Query(pattern=f"^({'|'.join(ROLES)})$", description="Which dispatcher of the ranks.")]
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from capwatch.service.advisor.budget import WorkspacePricing, largest_cap_within
+from capwatch.service.advisor.budget import largest_cap_within
+from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
 from capwatch.service.advisor.history import SampleHistory, overflow_bump
 from capwatch.service.advisor.hysteresis import worth_changing

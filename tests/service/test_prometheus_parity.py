@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
+from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.recommend import GroupConfig, recommend
-from capwatch.service.aggregate import pricing_of
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
 from capwatch.service.prometheus_source import PrometheusSource
@@ -174,7 +174,7 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
                                     (list(rebuilt.values()), source.sample_history(CLUSTER, "target"))):
                 config = states[0].config  # the geometry prices the workspace and the KV-cache tokens
                 group = GroupConfig(
-                    cap=CAP, pricing=pricing_of(states[0], EP_SIZE),
+                    cap=CAP, pricing=WorkspacePricing.of_config(states[0].config, EP_SIZE),
                     sglang=merged_sglang_limits(state.config.sglang for state in states),
                     kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
                 assert group.kv_bytes_per_token and group.pricing.geometry is not None

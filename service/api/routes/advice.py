@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from capwatch.service.advisor.recommend import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
-from capwatch.service.views import AdviceUnavailable, cluster_advice, cluster_whatif
+from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_whatif
 from capwatch.telemetry.report import MAX_CAP_TOKENS
 
 router = APIRouter(prefix="/v1/clusters", tags=["advice"])

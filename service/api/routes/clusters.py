@@ -8,10 +8,10 @@ from fastapi import APIRouter, HTTPException, Path, Query, Response, status
 from pydantic import AfterValidator, BaseModel
 
 from capwatch.service.advisor.sample import RankInterval, group_samples
-from capwatch.service.aggregate import ClusterView
+from capwatch.service.cluster_view import ClusterView
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.digests import ClusterSummary
-from capwatch.service.views import cluster_view
+from capwatch.service.queries import cluster_view
 from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])

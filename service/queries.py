@@ -1,5 +1,6 @@
-"""Glue between a data source (the SQLite store, or a Prometheus server) and the pure pieces:
-aggregation and the advisor. Routes, the /metrics collector and the CLI all come through here."""
+"""The queries over a data source (the SQLite store, or a Prometheus server), and the protocol a source
+implements: a group's view (``cluster_view.py``), its advice and what-if (the advisor), from the source's rank
+states and history. Routes and the group digests come through here."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
 from capwatch.service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
-from capwatch.service.aggregate import ClusterView, pricing_of, rank_status, summarize_cluster
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.store.rank_state import RankState
 from capwatch.service.store.sqlite import IntervalRow
@@ -69,7 +71,7 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
     graph_batches = [batch for batch in graph_batches if batch is not None]
     config = widest.config
     return GroupConfig(
-        cap=widest.cap, pricing=pricing_of(widest, ep_size),
+        cap=widest.cap, pricing=WorkspacePricing.of_config(widest.config, ep_size),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(state.config.speculative_tokens for state in live),
         sglang=merged_sglang_limits(state.config.sglang for state in live),

@@ -1,0 +1,101 @@
+"""Consistency findings: the failure modes operators hit when an EP group's ranks disagree.
+
+Ranks that disagree on the cap or ep_size (hangs, illegal memory access — sglang #30242, DeepEP #208), a
+workspace sized for cap x ep_size (the double count of sglang PR #25907), a workspace FlashInfer's formula
+does not explain, and ranks that stopped reporting. Pure: the group's rank states and their views in,
+findings out (``cluster_view.py`` puts them in the view).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import TYPE_CHECKING, Literal
+
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.store.rank_state import RankState
+from capwatch.sizing.byte_units import format_gib
+from pydantic import BaseModel
+
+if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
+    from capwatch.service.cluster_view import RankView
+
+Severity = Literal["critical", "warning", "info"]
+FINDING_KINDS = ("cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",
+                 "workspace_mismatch")
+# Reported bytes within this share of the cap x ep_size size count as the double count.
+DOUBLE_COUNT_TOLERANCE = 0.02
+
+
+class Finding(BaseModel):
+    kind: str
+    severity: Severity
+    message: str
+    ranks: list[int]
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return ", ".join(str(rank) for rank in ranks)
+
+
+def _disagreement(states: list[RankState], setting: str) -> tuple[Counter, int, list[int]]:
+    """How many ranks run each value of ``setting``, the majority value, and the ranks that differ from it."""
+    counts = Counter(getattr(state, setting) for state in states)
+    majority = counts.most_common(1)[0][0] if counts else None
+    odd = sorted(state.ep_rank for state in states if getattr(state, setting) != majority)
+    return counts, majority, odd
+
+
+def consistency_findings(states: list[RankState], views: list[RankView], ep_size: int) -> list[Finding]:
+    """``views``: one per expected rank, the states' ranks first (in ``states`` order), then never-seen ranks."""
+    findings: list[Finding] = []
+    live = [state for state, view in zip(states, views) if view.state != "missing"] or states
+    caps, majority, odd = _disagreement(live, "cap")
+    if odd:
+        findings.append(Finding(
+            kind="cap_mismatch", severity="critical", ranks=odd,
+            message=(f"ranks disagree on the cap: {dict(sorted(caps.items()))} (cap: ranks); every rank must run the "
+                     f"same {majority}-token cap or dispatches can hang or read out of bounds — "
+                     f"restart rank(s) {_ranks_text(odd)} with the group's value")))
+    sizes, majority, odd = _disagreement(live, "ep_size")
+    if odd:
+        findings.append(Finding(
+            kind="ep_size_mismatch", severity="critical", ranks=odd,
+            message=(f"ranks disagree on ep_size: {dict(sorted(sizes.items()))} (ep_size: ranks); rank(s) "
+                     f"{_ranks_text(odd)} belong to another group or were launched with a different configuration")))
+    doubled, mismatched = [], []
+    for state, view in zip(states, views):
+        reported, expected = view.workspace_bytes_per_rank, view.expected_workspace_bytes_per_rank
+        if expected is None or reported is None or reported == expected:
+            continue
+        sized_for_group = (WorkspacePricing.of_config(state.config, state.ep_size).known_bytes_per_rank(
+            state.cap * state.ep_size) if state.ep_size > 1 else None)
+        if sized_for_group and abs(reported - sized_for_group) <= DOUBLE_COUNT_TOLERANCE * sized_for_group:
+            doubled.append((state, reported, expected))
+        elif abs(reported - expected) > DOUBLE_COUNT_TOLERANCE * expected:
+            mismatched.append((state, reported, expected))
+    if doubled:
+        state, reported, expected = doubled[0]
+        findings.append(Finding(
+            kind="double_counted_workspace", severity="warning", ranks=sorted(s.ep_rank for s, _, _ in doubled),
+            message=(f"rank {state.ep_rank} holds {format_gib(reported)} of A2A workspace, the size for "
+                     f"cap x ep_size = {state.cap * state.ep_size} tokens per rank; its cap of {state.cap} needs only "
+                     f"{format_gib(expected)} — the per-rank cap was multiplied by ep_size twice "
+                     f"(as in sglang PR #25907); size the workspace with the per-rank cap")))
+    if mismatched:
+        state, reported, expected = mismatched[0]
+        findings.append(Finding(
+            kind="workspace_mismatch", severity="info", ranks=sorted(s.ep_rank for s, _, _ in mismatched),
+            message=(f"rank {state.ep_rank} reports {reported} workspace bytes; FlashInfer's formula gives "
+                     f"{expected} for its configuration (check flashinfer_version and the payload sizes)")))
+    missing = sorted(view.ep_rank for view in views if view.state == "missing")
+    if missing:
+        findings.append(Finding(
+            kind="missing_rank", severity="critical", ranks=missing,
+            message=(f"{len(missing)} of {ep_size} ranks are missing (never reported, or silent too long): "
+                     f"{_ranks_text(missing)}; the view and advice only cover the others")))
+    stale = sorted(view.ep_rank for view in views if view.state == "stale")
+    if stale:
+        findings.append(Finding(
+            kind="stale_rank", severity="warning", ranks=stale,
+            message=f"rank(s) {_ranks_text(stale)} have not reported recently; their numbers may be out of date"))
+    return findings
