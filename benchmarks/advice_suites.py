@@ -24,11 +24,12 @@ import random
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import GroupConfig, recommend
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.recommend import recommend
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 from capwatch.sizing.model_presets import model_geometry

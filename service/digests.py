@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from capwatch.service.advisor.recommend import Advice
+from capwatch.service.advisor.advice import Advice
 from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
 from capwatch.service.store.rank_state import RankState

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from capwatch.service.advisor.advice import Advice, WhatIf
+from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
-from capwatch.service.advisor.recommend import Advice, GroupConfig, WhatIf, recommend, whatif
 from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.store.rank_state import RankState

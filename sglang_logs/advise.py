@@ -8,9 +8,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import ClusterAdvice, GroupConfig, WhatIf, recommend, whatif
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.reader import LogError, LogRead, Segment, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig

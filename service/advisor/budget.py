@@ -1,10 +1,18 @@
-"""The A2A workspace memory budget per rank (``CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK``): the largest cap
-whose workspace fits it."""
+"""The budget stage: the A2A workspace memory budget per rank (``CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK``)
+lowers the cap to the largest whose workspace fits it, but never below SGLang's start-up floor."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.stage import Step
+from capwatch.sizing.byte_units import format_gib
+from capwatch.sizing.caps import align_up
 from capwatch.sizing.plan import NoCapFits, largest_plan_within
+
+if TYPE_CHECKING:  # evidence.py measures with largest_cap_within() below
+    from capwatch.service.advisor.evidence import Evidence
 
 
 def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, alignment: int,
@@ -27,3 +35,19 @@ def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, al
         else:
             high = middle - 1
     return low * alignment if low else None
+
+
+def clamp_to_budget(given: Evidence, sized: float) -> Step[float]:
+    """Below the floor SGLang refuses to start (and a CUDA graph's batch would overflow at capture), so a
+    budget that cannot hold the floor is reported and the floor wins."""
+    tokens, budget_cap, floor_cap, policy = int(sized), given.budget_cap, given.floor_cap, given.policy
+    if budget_cap is None or tokens <= budget_cap:
+        return Step(tokens)
+    budget = format_gib(policy.budget_bytes_per_rank)
+    if floor_cap is not None and budget_cap < floor_cap:
+        return Step(min(tokens, align_up(floor_cap, policy.alignment)), (
+            f"the memory budget of {budget} per rank allows at most {budget_cap} tokens, below the floor "
+            f"{floor_cap} that the server needs to start: the floor wins; raise the budget or lower the floor's "
+            "inputs (prefill chunk, CUDA-graph batch sizes)",))
+    return Step(budget_cap, (f"clamped to {budget_cap}, the largest cap whose workspace fits the budget "
+                             f"of {budget} per rank (the estimate wanted {tokens})",))

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.stage import Stage
+from capwatch.service.advisor.stage import Step
 from capwatch.telemetry.report import SGLangLimits
+
+if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
+    from capwatch.service.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -79,9 +83,8 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
         cap_source="env" if any(item.cap_source == "env" for item in found) else "default")
 
 
-def raise_to_floor(tokens: float, floor: Floor | None) -> Stage:
-    if floor is None:
-        return Stage("floor", tokens)
-    if tokens >= floor.tokens:
-        return Stage("floor", tokens)
-    return Stage("floor", floor.tokens, (f"raised to the floor {floor.tokens}: {floor.binds} ({floor.why})",))
+def raise_to_floor(given: Evidence, sized: float) -> Step[float]:
+    floor = given.floor
+    if floor is None or sized >= floor.tokens:
+        return Step(sized)
+    return Step(floor.tokens, (f"raised to the floor {floor.tokens}: {floor.binds} ({floor.why})",))

@@ -1,9 +1,18 @@
-"""Changing the cap needs a restart, so only act when it matters (VPA's updater rule): the
-current cap lies outside [lower, upper], or enough time is covered by samples (not merely spanned) and the change is big."""
+"""The last stage: changing the cap needs a restart, so only act when it matters (VPA's updater rule): the
+current cap lies outside [lower, upper], or enough time is covered by samples (not merely spanned) and the
+change is big. A cap that is being exceeded, or that sits below the floor, is raised now."""
 
 from __future__ import annotations
 
-from capwatch.service.advisor.stage import pct
+from typing import TYPE_CHECKING
+
+from capwatch.service.advisor.advice import Decision
+from capwatch.service.advisor.stage import Step, pct
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.caps import align_down, align_up
+
+if TYPE_CHECKING:
+    from capwatch.service.advisor.evidence import Evidence
 
 
 def worth_changing(current_cap: int, recommended_cap: int, lower_bound: int, upper_bound: int,
@@ -22,18 +31,38 @@ def worth_changing(current_cap: int, recommended_cap: int, lower_bound: int, upp
                    f"{change:.0%} change is not worth a restart")
 
 
-def decide(current_cap: int, recommended_cap: int, lower_bound: int, upper_bound: int, overflow_now: float,
-           overflow_windows: int, floor_cap: int | None, short_history: bool, covered_history_s: float,
-           min_history_s: float, min_change_ratio: float) -> tuple[str, str]:
-    """The last stage: (action, why). A cap that is being exceeded, or that sits below the floor,
-    fails dispatches: raise now, whatever the hysteresis says. Everything else waits for a change
-    worth a restart."""
-    if (overflow_now > 0.0 or overflow_windows > 0 and current_cap < recommended_cap) and recommended_cap > current_cap:
-        return "raise", f"{pct(overflow_now)} of windows peaked above the current cap {current_cap}"
-    if floor_cap is not None and current_cap < floor_cap and recommended_cap > current_cap:
-        return "raise", f"the current cap {current_cap} is below the floor {floor_cap}"
-    if short_history:
-        return ("hold" if recommended_cap <= current_cap else "raise"), "history is still short: not lowering yet"
-    change, why = worth_changing(current_cap, recommended_cap, lower_bound, upper_bound, covered_history_s,
-                                 min_history_s, min_change_ratio)
-    return (("raise" if recommended_cap > current_cap else "lower") if change else "hold"), why
+def bounds(given: Evidence, target_cap: int) -> tuple[int, int]:
+    """[lower, upper] the current cap may sit in without a change: the peaks estimate's bounds, aligned, never
+    below the floor, and around the target."""
+    found, alignment, floor_cap = given.peaks, given.policy.alignment, given.floor_cap
+    lower = align_down(found.lower_tokens, alignment) or alignment
+    upper = align_up(found.upper_tokens, alignment)
+    if floor_cap is not None:
+        lower = max(lower, floor_cap)
+    return min(lower, target_cap), max(upper, target_cap)
+
+
+def _action(given: Evidence, target: int, lower: int, upper: int) -> tuple[str, str]:
+    current, floor_cap, overflow_now = given.current_cap, given.floor_cap, given.overflow_now
+    overflowed = given.history.overflow_windows > 0
+    if (overflow_now > 0.0 or overflowed and current < target) and target > current:
+        return "raise", f"{pct(overflow_now)} of windows peaked above the current cap {current}"
+    if floor_cap is not None and current < floor_cap and target > current:
+        return "raise", f"the current cap {current} is below the floor {floor_cap}"
+    if given.short_history:
+        return ("hold" if target <= current else "raise"), "history is still short: not lowering yet"
+    policy = given.policy
+    change, why = worth_changing(current, target, lower, upper, given.history.covered_s, policy.change_min_history_s,
+                                 policy.change_min_ratio)
+    return (("raise" if target > current else "lower") if change else "hold"), why
+
+
+def decide(given: Evidence, sized: float) -> Step[Decision]:
+    """Hold the current cap, or move to the sized target: the advice's ``Decision`` and why."""
+    target = int(sized)
+    lower, upper = bounds(given, target)
+    action, why = _action(given, target, lower, upper)
+    recommended = given.current_cap if action == "hold" else target
+    return Step(Decision(action=action, recommended_cap=recommended, target_cap=target, lower_bound=lower,
+                         upper_bound=upper, confidence=round(given.peaks.confidence, 4),
+                         env=FLASHINFER.env_line(recommended)), (why,))

@@ -1,4 +1,5 @@
-"""Target and bounds from the history (VPA's estimator chain, tuned for a cap that crashes).
+"""The peaks stage: target and bounds from the remembered window peaks (VPA's percentile estimator, tuned for
+a cap that crashes).
 
 target = percentile(target_percentile) of the group samples and overflow bumps, x (1 + margin).
 The default percentile is 1.0 — the largest sample still remembered — because one overflow is
@@ -11,10 +12,13 @@ does not churn a value that needs a restart. confidence = covered time / a full 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage
+from capwatch.service.advisor.stage import Step
+
+if TYPE_CHECKING:  # evidence.py measures with estimate() below
+    from capwatch.service.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -40,10 +44,10 @@ def estimate(history: SampleHistory, target_percentile: float, lower_percentile:
     return Estimate(target, min(lower, target), upper, confidence_ratio)
 
 
-def size_for_peaks(history: SampleHistory, policy: AdvisorPolicy) -> tuple[Stage, Estimate]:
-    """The first stage: what the remembered peaks (and overflow bumps) ask for."""
-    found = estimate(history, policy.target_percentile, policy.lower_percentile, policy.safety_margin,
-                     policy.full_confidence_history_s)
+def size_for_peaks(given: Evidence, sized: float) -> Step[float]:
+    """The first stage, so ``sized`` is 0: what the remembered peaks (and overflow bumps) ask for. Its bounds
+    and confidence (``given.peaks``) are the hysteresis band ``decide`` uses."""
+    found, history, policy = given.peaks, given.history, given.policy
     which = ("the largest remembered sample" if policy.target_percentile >= 1
              else f"the p{policy.target_percentile * 100:g} sample")
     reasons = [f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} "
@@ -52,4 +56,4 @@ def size_for_peaks(history: SampleHistory, policy: AdvisorPolicy) -> tuple[Stage
     if history.overflow_windows:
         reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
                        f"{policy.bump_factor:g}x above what was used")
-    return Stage("peaks", found.target_tokens, tuple(reasons)), found
+    return Step(found.target_tokens, tuple(reasons))

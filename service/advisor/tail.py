@@ -18,11 +18,15 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from capwatch.service.advisor.histogram import DecayingHistogram, bucket_range
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage
+from capwatch.service.advisor.stage import Step
+
+if TYPE_CHECKING:  # evidence.py measures with tail_model() below
+    from capwatch.service.advisor.evidence import Evidence
 
 SECONDS_PER_DAY = 86_400.0
 _MAX_SHAPE = 0.2  # a prior: traffic is bounded (max running requests, KV room); shapes above 0.2 come from mixtures
@@ -218,18 +222,19 @@ def smallest_cap_meeting(model: TailModel, target_per_day: float, start: int, al
     return low * alignment
 
 
-def size_for_risk(history: SampleHistory, model: TailModel, peaks_tokens: float, policy: AdvisorPolicy) -> Stage:
+def size_for_risk(given: Evidence, sized: float) -> Step[float]:
     """With a tail fit, the smallest aligned cap at or above every remembered sample (overflow bumps
     included) whose predicted overflowing windows per day meet the target: the risk replaces the
-    fixed margin. Without one, the peaks stage's margin stands."""
+    fixed margin. Without one, the peaks stage's margin (``sized``) stands."""
+    model, policy = given.tail, given.policy
     target = policy.target_overflow_windows_per_day
     if model.fit is None:
-        return Stage("risk", peaks_tokens, (model.describe() + "; the margin above the largest sample stands",))
-    remembered = history.estimator_histogram().percentile(1.0)
+        return Step(sized, (model.describe() + "; the margin above the largest sample stands",))
+    remembered = given.history.estimator_histogram().percentile(1.0)
     start = max(remembered * (1.0 + policy.risk_min_margin), policy.min_cap)
     cap = smallest_cap_meeting(model, target, int(math.ceil(start)), policy.alignment, policy.max_cap)
     low, high = model.band(cap)
-    return Stage("risk", cap, (
+    return Step(cap, (
         f"{model.describe()}; {cap} is the smallest aligned cap at least {policy.risk_min_margin:.0%} above the "
         f"remembered peaks ({remembered}) whose predicted overflows, {model.overflow_windows_per_day(cap):.3g} windows per day "
         f"(band {low:.2g}..{high:.2g}), meet the target of {target:.3g} per day "

@@ -14,10 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage
+from capwatch.service.advisor.stage import Step
+
+if TYPE_CHECKING:  # evidence.py measures with daily_trend() below
+    from capwatch.service.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -99,23 +101,20 @@ def daily_trend(daily_peaks: list[tuple[int, int]], alpha: float, min_days: int,
     return Trend(len(kept), slope, p_value, significant, math.exp(level))
 
 
-def size_for_trend(history: SampleHistory, sized_tokens: float, policy: AdvisorPolicy) -> tuple[Stage, Trend | None]:
+def size_for_trend(given: Evidence, sized: float) -> Step[float]:
     """Growth: scale the sized cap by the growth the trend predicts over the horizon. Decline: said,
     not acted on (the remembered peaks decay on their own; a cap sized too small crashes)."""
-    found = daily_trend(history.daily_peaks(policy.trend_min_day_coverage), policy.trend_alpha,
-                        policy.trend_min_days, policy.trend_min_rate_per_day)
+    found, policy = given.trend, given.policy
     if found is None:
-        return Stage("trend", sized_tokens), None
+        return Step(sized)
     horizon_days = policy.trend_horizon_s / 86_400.0
     described = (f"daily peaks over {found.days} full days {'grow' if found.rate_per_day > 0 else 'shrink'} "
                  f"{abs(math.expm1(found.rate_per_day)):.1%} a day (Theil-Sen; Mann-Kendall p={found.p_value:.2g})")
     if not found.significant:
-        return Stage("trend", sized_tokens, (f"no sustained trend: {described}, below the bar of p<{policy.trend_alpha:g} "
-                                             f"and {policy.trend_min_rate_per_day:.0%} a day",)), found
+        return Step(sized, (f"no sustained trend: {described}, below the bar of p<{policy.trend_alpha:g} "
+                            f"and {policy.trend_min_rate_per_day:.0%} a day",))
     if found.rate_per_day < 0:
-        return Stage("trend", sized_tokens, (f"{described}: not sized below the remembered peaks, which decay "
-                                             "on their own",)), found
+        return Step(sized, (f"{described}: not sized below the remembered peaks, which decay on their own",))
     growth = math.exp(found.rate_per_day * horizon_days)
-    return Stage("trend", sized_tokens * growth, (
-        f"{described}: sized for the peak expected {horizon_days:g} days ahead, x{growth:.3f} -> "
-        f"{sized_tokens * growth:.0f} tokens",)), found
+    return Step(sized * growth, (f"{described}: sized for the peak expected {horizon_days:g} days ahead, "
+                                 f"x{growth:.3f} -> {sized * growth:.0f} tokens",))

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from capwatch.service.advisor.recommend import ClusterAdvice
+from capwatch.service.advisor.advice import ClusterAdvice
 from capwatch.sglang_logs.advise import advise_from_sglang_logs
 from capwatch.sglang_logs.reader import _OPEN_WINDOWS, LogReader, read_logs
 from capwatch.sglang_logs.server_args import parse_args_dict, server_config

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from capwatch.service.advisor.recommend import ClusterAdvice, WhatIf
+from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_whatif

@@ -1,0 +1,117 @@
+"""What the advisor answers: an ``Advice`` built from typed parts, each made by one piece of the chain, and the
+what-if rows. The JSON is flat — every part's fields side by side, then the reasons — as ``/advice``,
+``capwatch advise --json`` and the web page read it; each field is declared once, in its part."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from capwatch.service.vocabulary import Action
+from pydantic import BaseModel
+
+
+class Decision(BaseModel):
+    """What to do (``hysteresis.decide``): the action, the cap, and the band it was weighed against."""
+
+    action: Action
+    recommended_cap: int | None
+    target_cap: int | None  # the estimate before hysteresis (what "hold" declined to move to)
+    lower_bound: int | None
+    upper_bound: int | None
+    confidence: float
+    env: str | None  # the line that sets the recommended cap
+
+    @classmethod
+    def insufficient_data(cls) -> Decision:
+        return cls(action="insufficient_data", recommended_cap=None, target_cap=None, lower_bound=None,
+                   upper_bound=None, confidence=0.0, env=None)
+
+
+class Deployment(BaseModel):
+    """What the group runs now and what bounds any cap for it: known before any history."""
+
+    current_cap: int
+    ep_size: int
+    workspace_bytes_per_rank_current: int
+    workspace_bytes_group_current: int
+    floor_cap: int | None
+    floor_binds: str | None = None  # which term of the floor sets it
+    budget_cap: int | None
+    kv_bytes_per_token: int | None = None
+
+
+class Coverage(BaseModel):
+    """How much history the advice stands on."""
+
+    sample_count: int
+    overflow_windows: int
+    history_s: float  # first to last sample: stretched by gaps and by a rank clock far off
+    covered_history_s: float  # what the history gates use: min(history_s, sample_count x window)
+    max_peak_runtime_tokens: int
+
+
+class Forecast(BaseModel):
+    """What the history predicts at the current and the recommended cap: the share of windows above each, the
+    expected overflowing windows per day (``tail.py``) with the recommended cap's band, and the trend."""
+
+    predicted_overflow_rate_current: float | None
+    predicted_overflow_rate_recommended: float | None
+    predicted_overflow_windows_per_day_current: float | None = None
+    predicted_overflow_windows_per_day_recommended: float | None = None
+    predicted_overflow_windows_per_day_recommended_low: float | None = None
+    predicted_overflow_windows_per_day_recommended_high: float | None = None
+    tail_fit: bool = False  # a generalized Pareto tail was fitted (else the empirical histogram predicts)
+    trend_rate_per_day: float | None = None  # ln-growth of daily peaks per day (Theil-Sen), when measured
+    trend_significant: bool = False
+
+
+class Price(BaseModel):
+    """What the recommended cap costs: workspace bytes, and the KV-cache tokens they free (``kv.py``)."""
+
+    workspace_bytes_per_rank_recommended: int | None
+    workspace_bytes_group_recommended: int | None
+    workspace_bytes_group_delta: int | None
+    kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
+
+    @classmethod
+    def none(cls) -> Price:
+        return cls(workspace_bytes_per_rank_recommended=None, workspace_bytes_group_recommended=None,
+                   workspace_bytes_group_delta=None)
+
+
+# The parts, in the order their fields appear (pydantic lists a later base's fields first).
+class Advice(Price, Forecast, Coverage, Deployment, Decision):
+    reasons: list[str]
+
+    @classmethod
+    def of(cls, decision: Decision, deployment: Deployment, coverage: Coverage, forecast: Forecast, price: Price,
+           reasons: Iterable[str]) -> Advice:
+        parts = (decision, deployment, coverage, forecast, price)
+        return cls(**{name: value for part in parts for name, value in part}, reasons=list(reasons))
+
+
+class ClusterAdvice(Advice):
+    """What ``GET /v1/clusters/{cluster}/advice`` answers (and ``capwatch advise --json`` prints)."""
+
+    cluster: str
+    role: str
+    generated_unix_s: float
+
+    @classmethod
+    def of_group(cls, advice: Advice, cluster: str, role: str, generated_unix_s: float) -> ClusterAdvice:
+        return cls(**dict(advice), cluster=cluster, role=role, generated_unix_s=generated_unix_s)
+
+
+class WhatIf(BaseModel):
+    cap: int
+    predicted_overflow_rate: float | None
+    workspace_bytes_per_rank: int
+    workspace_bytes_group: int
+    workspace_bytes_group_delta: int
+    aligned: bool
+    below_floor: bool
+    within_budget: bool | None
+    predicted_overflow_windows_per_day: float | None = None
+    predicted_overflow_windows_per_day_low: float | None = None
+    predicted_overflow_windows_per_day_high: float | None = None
+    kv_cache_tokens_per_rank_freed: int | None = None  # against the current cap (< 0: the cap costs KV room)

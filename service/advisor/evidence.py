@@ -1,0 +1,103 @@
+"""The stages' one typed input: what is known about an EP group, and what is measured from it, once.
+
+Known: the group's configuration as its ranks report it (``GroupConfig``), its history of window peaks and the
+policy. Measured from them, each the first time a stage asks and then kept: the peaks estimate with its bounds
+(``peaks.py``), the tail model (``tail.py``: a 48-fit bootstrap), the daily peaks' trend (``trend.py``), SGLang's
+start-up floor (``floor.py``) and the largest cap the memory budget allows (``budget.py``). Nothing is measured
+before the gate has let the history through: an empty one has nothing to measure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from capwatch.service.advisor.budget import largest_cap_within
+from capwatch.service.advisor.floor import Floor, deployment_floor
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.peaks import Estimate, estimate
+from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.tail import TailModel, tail_model
+from capwatch.service.advisor.trend import Trend, daily_trend
+from capwatch.telemetry.report import SGLangLimits
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """The EP group's configuration as the ranks report it (the cap is the max over ranks)."""
+
+    cap: int
+    pricing: WorkspacePricing
+    cuda_graph_max_batch_size: int | None = None
+    speculative_tokens: int = 0
+    sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
+    kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
+
+
+@dataclass(frozen=True, eq=False)
+class Evidence:
+    """What every stage reads. Frozen: a stage cannot change what the next one sees."""
+
+    history: SampleHistory
+    group: GroupConfig
+    policy: AdvisorPolicy
+
+    # --- known without a history ---------------------------------------------------------------
+
+    @property
+    def current_cap(self) -> int:
+        return self.group.cap
+
+    @cached_property
+    def current_bytes_per_rank(self) -> int:
+        return self.group.pricing.bytes_per_rank(self.group.cap)
+
+    @cached_property
+    def floor(self) -> Floor | None:
+        group = self.group
+        return deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+
+    @property
+    def floor_cap(self) -> int | None:
+        return None if self.floor is None else self.floor.tokens
+
+    @cached_property
+    def budget_cap(self) -> int | None:
+        policy = self.policy
+        if policy.budget_bytes_per_rank is None:
+            return None
+        return largest_cap_within(policy.budget_bytes_per_rank, self.group.pricing, policy.alignment, policy.max_cap)
+
+    # --- read off the history --------------------------------------------------------------------
+
+    @cached_property
+    def overflow_now(self) -> float:
+        """The share of remembered windows that peaked above the current cap."""
+        usage = self.history.usage
+        return 0.0 if usage.is_empty() else usage.share_above(self.group.cap)
+
+    @property
+    def short_history(self) -> bool:
+        """Fewer samples, or less covered time, than the policy asks for before lowering. Covered time, not
+        the span: gaps and a rank clock far in the past must not pass for history."""
+        history, policy = self.history, self.policy
+        return history.sample_count < policy.min_samples or history.covered_s < policy.min_history_s
+
+    # --- measured, once (only past the gate: each needs at least one sample) ----------------------
+
+    @cached_property
+    def peaks(self) -> Estimate:
+        policy = self.policy
+        return estimate(self.history, policy.target_percentile, policy.lower_percentile, policy.safety_margin,
+                        policy.full_confidence_history_s)
+
+    @cached_property
+    def tail(self) -> TailModel:
+        return tail_model(self.history, self.policy)
+
+    @cached_property
+    def trend(self) -> Trend | None:
+        policy = self.policy
+        return daily_trend(self.history.daily_peaks(policy.trend_min_day_coverage), policy.trend_alpha,
+                           policy.trend_min_days, policy.trend_min_rate_per_day)
