@@ -4,7 +4,9 @@ The history is built the way the service builds it: the last ``recent`` hours as
 reports through the store's ingest path (one per rank per minute), everything older as the
 per-window group samples those reports turn into (the max over the group's 64 ranks), folded by
 the store's own maintenance into one decaying histogram per group. Then the advice is timed in
-process and over HTTP against a real ``capwatch serve`` on the same database.
+process and over HTTP against a real ``capwatch serve`` on the same database. In process, side by
+side: the whole chain computed fresh (what a group whose data changed costs) and the group's digest
+reused (what ``GET /advice`` serves while the data is unchanged); over HTTP, the digest.
 
     python -m benchmarks.advice_latency [--quick]
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from capwatch.service.config import Settings
+from capwatch.service.digests import GroupDigests
 from capwatch.demo.service import ServiceProcess
 from capwatch.service.main import store_options
 from tests.support.simulate import SimulatedRank
@@ -102,6 +105,10 @@ def run(quick: bool = False) -> dict:
                 lambda: cluster_advice(store, "group3", "target", time.time(), settings), 30)
             figures["in_process_all_groups_median_ms"] = median_ms(
                 lambda: [cluster_advice(store, f"group{g}", "target", time.time(), settings) for g in range(GROUPS)], 5)
+            digests = GroupDigests(store, settings, time.time)
+            digests.group("group3", "target", time.time())
+            figures["in_process_advice_from_digest_median_ms"] = median_ms(
+                lambda: digests.group("group3", "target", time.time()), 30)
         finally:
             store.close()
         with ServiceProcess(settings.db_path) as server, httpx.Client(base_url=server.url, timeout=60) as client:

@@ -1,5 +1,5 @@
-"""Each EP group's one-line digest (its view and advice), for the list view and ``/metrics``,
-recomputed only when the group changed.
+"""Each EP group's digest (its view and advice), for the list view, ``/metrics`` and ``/advice``, recomputed
+only when the group changed.
 
 ``GET /v1/clusters`` and ``/metrics`` cover every cluster. Recomputing every view and advice on
 each call made both grow with clusters nobody asked about (3,000 clusters: 1.7 s and 2.1 s, and the
@@ -10,6 +10,20 @@ only way the clock enters a digest. Both are cheap to read, so a call recomputes
 changed and reuses the rest, serialised once. A cache per window would still recompute every
 group once per window; paging would change the API the page and ``capwatch advise`` read. A source
 without generations (Prometheus, which caches its own queries) is computed on every call.
+
+The generation is read before the rank states and the history: a commit landing while a digest is computed
+leaves it cached under the older generation, so the next read recomputes it (read after, the digest would be
+kept as current with the states from before the commit).
+
+How stale each reader may be:
+
+- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): a group whose data or rank statuses changed is
+  recomputed within the read's budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, the group is served
+  as last computed — the advice of an older generation, seconds old — until a later read catches it up.
+- ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
+  generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
+  clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
+  that catches the list up too.
 
 A group whose advice cannot be computed gets a digest with its error: that group shows it, every
 other group and the list keep working.
@@ -29,7 +43,7 @@ from capwatch.service.advisor.advice import Advice
 from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
 from capwatch.service.store.rank_state import RankState
-from capwatch.service.queries import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view
+from capwatch.service.queries import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view, role_states
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +69,8 @@ class ClusterSummary(BaseModel):
 
 @dataclass(frozen=True)
 class GroupDigest:
+    """One EP group (a cluster's ranks of one role): its view, and its advice or why there is none."""
+
     cluster: str
     role: str
     view: ClusterView
@@ -64,11 +80,9 @@ class GroupDigest:
 
 
 def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankState], now_s: float,
-             settings: Settings) -> GroupDigest | None:
-    try:
-        view = cluster_view(source, cluster, role, now_s, settings, states)
-    except LookupError:
-        return None  # no ranks of this role (any more)
+             settings: Settings) -> GroupDigest:
+    """LookupError when the cluster has no ranks of ``role``."""
+    view = cluster_view(source, cluster, role, now_s, settings, states)
     advice, error = None, None
     try:
         advice = cluster_advice(source, cluster, role, now_s, settings, states)
@@ -111,26 +125,46 @@ class GroupDigests:
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._lock = threading.Lock()
 
-    def _key(self, cluster: str, states: list[RankState], now_s: float) -> tuple | None:
-        if self._generation is None:
-            return None
+    def _read(self, cluster: str, now_s: float) -> tuple[tuple | None, list[RankState]]:
+        """The cluster's cache key and rank states: the generation first (see the module's docstring)."""
+        generation = None if self._generation is None else self._generation(cluster)
+        states = self.source.rank_states(cluster)
+        if generation is None:
+            return None, states
         settings = self.settings
-        return (self._generation(cluster),
-                tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) for state in states))
+        return (generation, tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
+                                  for state in states)), states
 
-    def _compute(self, cluster: str, role: str, states: list[RankState], now_s: float,
-                 key: tuple | None) -> GroupDigest | None:
-        """The group's digest for ``role``; None when it has no such ranks. An error computing it is the
-        group's own: logged, and the group left out of this answer."""
-        try:
-            digest = _compute(self.source, cluster, role, states, now_s, self.settings)
-        except Exception:  # a bug must not take the other groups down with it
-            log.exception("cannot compute cluster %s, dispatcher %s", cluster, role)
-            return None
+    def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
+        cached = self._cache.get((cluster, role))
+        return cached.digest if key is not None and cached is not None and cached.key == key else None
+
+    def _computed(self, cluster: str, role: str, states: list[RankState], now_s: float,
+                  key: tuple | None) -> GroupDigest:
+        digest = _compute(self.source, cluster, role, states, now_s, self.settings)
         if key is not None:
             with self._lock:
                 self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter())
         return digest
+
+    def _computed_or_left_out(self, cluster: str, role: str, states: list[RankState], now_s: float,
+                              key: tuple | None) -> GroupDigest | None:
+        """The group's digest for ``role``; None when it has no such ranks. An error computing it is the
+        group's own: logged, and the group left out of this answer."""
+        try:
+            return self._computed(cluster, role, states, now_s, key)
+        except LookupError:
+            return None  # no ranks of this role (any more)
+        except Exception:  # a bug must not take the other groups down with it
+            log.exception("cannot compute cluster %s, dispatcher %s", cluster, role)
+            return None
+
+    def group(self, cluster: str, role: str, now_s: float) -> GroupDigest:
+        """One group's digest, current for its committed data (never served stale; see the module's docstring).
+        ``UnknownCluster`` (a LookupError) when the cluster has no ranks of ``role``; any other error is raised."""
+        key, states = self._read(cluster, now_s)
+        role_states(self.source, cluster, role, states)
+        return self._cached(cluster, role, key) or self._computed(cluster, role, states, now_s, key)
 
     def warm(self) -> None:
         """Compute every group's digests (at start, so the first read finds them)."""
@@ -147,11 +181,10 @@ class GroupDigests:
         clusters = self.source.clusters()
         for cluster in clusters:
             try:
-                states = self.source.rank_states(cluster)
+                key, states = self._read(cluster, now)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
-            key = self._key(cluster, states, now)
             roles = role_order(states)
             for role in roles if all_roles else roles[:1]:
                 entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
@@ -165,7 +198,7 @@ class GroupDigests:
             if cached is not None and time.perf_counter() > deadline:
                 digests[(cluster, role)] = cached.digest  # as last computed; a later read catches up
             else:
-                digests[(cluster, role)] = self._compute(cluster, role, states, now, key)
+                digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
         if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
             known = set(clusters)
             with self._lock:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from capwatch.sizing.caps import CAP_ALIGNMENT
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class AdvisorPolicy(BaseModel):
@@ -42,3 +42,13 @@ class AdvisorPolicy(BaseModel):
     trend_min_days: int = Field(5, ge=3, description="Full days of daily peaks needed before a trend is called.")
     trend_min_rate_per_day: float = Field(0.01, ge=0, description="Smallest |growth| per day acted on (0.01 = 1 %).")
     trend_min_day_coverage: float = Field(0.5, gt=0, le=1, description="Share of a day's windows for it to count.")
+
+    @model_validator(mode="after")
+    def _an_aligned_cap_fits(self) -> AdvisorPolicy:
+        # Refused at start: otherwise every group's advice would fail (a cap of 0) or ignore min_cap.
+        if self.max_cap < self.alignment:
+            raise ValueError(f"max_cap {self.max_cap} is below the alignment {self.alignment}, so no aligned cap "
+                             "fits: raise max_cap or lower the alignment")
+        if self.min_cap > self.max_cap:
+            raise ValueError(f"min_cap {self.min_cap} is above max_cap {self.max_cap}: lower min_cap or raise max_cap")
+        return self

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import recommend
+from capwatch.service.config import Settings
 from tests.support.simulate import SimulatedRank
 from tests.service.conftest import T0
 from tests.service.test_advisor import WINDOW_S, group, history_from
@@ -46,7 +48,13 @@ def test_hysteresis_waits_for_twelve_covered_hours_not_a_gap():
     assert recommend(steady, group(1024), AdvisorPolicy()).action == "lower"
 
 
-def test_a_report_stamped_at_epoch_zero_does_not_lower_the_cap_through_the_api(client, clock, settings):
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    """The service's settings with EAGER's advisor: what ``client`` (tests.service.conftest) is built with."""
+    return Settings(db_path=tmp_path / "capwatch.db", maintenance_interval_s=3600.0, advisor=EAGER)
+
+
+def test_a_report_stamped_at_epoch_zero_does_not_lower_the_cap_through_the_api(client, clock):
     """End to end: real store, real routes; one rank's clock reads 0. Ingest refuses the report, and
     what was stored is still too short a history to act on."""
     ranks = [SimulatedRank("skew", rank, 2, cap=1024) for rank in range(2)]
@@ -58,7 +66,6 @@ def test_a_report_stamped_at_epoch_zero_does_not_lower_the_cap_through_the_api(c
     skewed = ranks[0].report(0.0, 0.0, [100])
     refused = client.post("/v1/reports", content=json.dumps(skewed))
     assert refused.status_code == 422 and "end_unix_s" in refused.text  # ingest refuses it outright
-    client.app.state.settings = settings.model_copy(update={"advisor": EAGER})
     advice = client.get("/v1/clusters/skew/advice").json()
     assert advice["action"] == "insufficient_data", advice
     assert advice["covered_history_s"] <= 3 * 60

@@ -1,4 +1,6 @@
-"""``/v1/clusters/{cluster}/advice`` and ``/whatif``: the advisor over the group's history."""
+"""``/v1/clusters/{cluster}/advice`` and ``/whatif``: the advisor over the group's history. The advice is the
+group's digest (``capwatch.service.digests``: recomputed only when the group's data changed, never stale); a
+what-if prices the caps asked for, on the same data."""
 
 from __future__ import annotations
 
@@ -7,9 +9,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query, status
 
 from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
-from capwatch.service.api.deps import ClockDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
-from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_whatif
+from capwatch.service.queries import AdviceUnavailable, cluster_whatif
 from capwatch.telemetry.report import MAX_CAP_TOKENS
 
 router = APIRouter(prefix="/v1/clusters", tags=["advice"])
@@ -19,22 +21,22 @@ UNAVAILABLE = {409: {"description": "The cluster's ranks report configurations t
                                       "advised together (the detail says why); other clusters are unaffected"}}
 
 
-def unavailable(error: AdviceUnavailable) -> HTTPException:
-    return HTTPException(status.HTTP_409_CONFLICT, str(error))
+def unavailable(detail: str) -> HTTPException:
+    return HTTPException(status.HTTP_409_CONFLICT, detail)
 
 
 @router.get("/{cluster}/advice", response_model=ClusterAdvice, summary="Raise, lower or hold the cap, and why",
             responses={404: {"description": "Unknown cluster or role"}, **UNAVAILABLE})
-def get_advice(cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
+def get_advice(cluster: ClusterName, digests: DigestsDep, clock: ClockDep,
                role: RoleQuery = "target") -> ClusterAdvice:
     now = clock()
     try:
-        advice = cluster_advice(source, cluster, role, now, settings)
+        digest = digests.group(cluster, role, now)
     except LookupError as error:
         raise not_found(error) from None
-    except AdviceUnavailable as error:
-        raise unavailable(error) from None
-    return ClusterAdvice(**advice.model_dump(), cluster=cluster, role=role, generated_unix_s=now)
+    if digest.advice is None:
+        raise unavailable(digest.error)
+    return ClusterAdvice.of_group(digest.advice, cluster, role, generated_unix_s=now)
 
 
 @router.get("/{cluster}/whatif", response_model=list[WhatIf],
@@ -54,4 +56,4 @@ def get_whatif(
     except LookupError as error:
         raise not_found(error) from None
     except AdviceUnavailable as error:
-        raise unavailable(error) from None
+        raise unavailable(str(error)) from None

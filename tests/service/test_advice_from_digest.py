@@ -1,0 +1,193 @@
+"""``GET /advice`` answers the group's digest: the same advice a fresh computation gives on the same data, and
+never stale — not even where ``GET /v1/clusters`` may still show a changed group as last computed (its read
+budget). A real SQLite store, the real app and routes; the clock is the app's own, moved by the tests."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
+from capwatch.service.advisor.advice import ClusterAdvice
+from capwatch.service.config import Settings
+from capwatch.service.main import create_app, store_options
+from capwatch.service.queries import AdviceUnavailable, cluster_advice
+from capwatch.service.store.sqlite import Store
+from capwatch.telemetry.report import RankReport
+from fastapi.testclient import TestClient
+from tests.service.conftest import JSON, FakeClock
+from tests.support.simulate import SimulatedRank
+
+WINDOW_S = 60.0
+GROUPS = ("g0", "g1")
+
+
+@contextmanager
+def service(directory: Path, recompute_budget_s: float | None = None, source=None):
+    """The app on a real store; ``recompute_budget_s`` 0: the list view serves every changed group as last
+    computed, the most staleness it allows."""
+    settings = Settings(db_path=directory / "capwatch.db", maintenance_interval_s=3600.0, fold_after_s=1800.0,
+                        advisor={"full_confidence_history_s": 1800.0})
+    clock = FakeClock()
+    store = Store(settings.db_path, store_options(settings), clock)
+    try:
+        app = create_app(settings, store=store, clock=clock, source=source(store) if source else None)
+        if recompute_budget_s is not None:
+            app.state.digests.recompute_budget_s = recompute_budget_s
+        with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            yield client, store, clock, settings
+    finally:
+        store.close()
+
+
+class Group:
+    def __init__(self, cluster: str, ranks: int = 2, cap: int = 4096):
+        self.ranks = [SimulatedRank(cluster, rank, ranks, cap=cap) for rank in range(ranks)]
+
+    def window(self, store: Store, clock: FakeClock, peak: int, ranks: int | None = None) -> None:
+        """One window: its ranks (all, or the first ``ranks``) report ``peak``; the clock moves past it."""
+        begin = clock.now
+        clock.now = begin + WINDOW_S
+        for rank in self.ranks[:ranks]:
+            body = rank.report(begin, begin + WINDOW_S - 1, [peak // 2, peak])
+            store.ingest(RankReport.model_validate(body, strict=False), clock.now)
+
+
+def fresh(store: Store, settings: Settings, cluster: str, now: float) -> dict:
+    """What /advice must answer: the advisor computed now, from the store, with nothing cached."""
+    advice = cluster_advice(store, cluster, "target", now, settings)
+    return json.loads(ClusterAdvice.of_group(advice, cluster, "target", now).model_dump_json())
+
+
+def listed(client) -> dict[str, dict]:
+    return {entry["cluster"]: entry for entry in client.get("/v1/clusters").json()}
+
+
+OPERATIONS = st.one_of(
+    st.tuples(st.just("window"), st.sampled_from(GROUPS), st.integers(50, 6000), st.sampled_from([None, 1])),
+    st.tuples(st.just("restart"), st.sampled_from(GROUPS), st.sampled_from([512, 2048, 4096, 8192])),
+    st.tuples(st.just("silence"), st.sampled_from([30.0, 90.0, 400.0])),  # ranks turn stale, then missing
+    st.tuples(st.just("fold")),
+    st.tuples(st.just("list")),
+    st.tuples(st.just("advice"), st.sampled_from((*GROUPS, "nope"))),
+)
+
+
+@hypothesis_settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(baseline=st.integers(0, 30), operations=st.lists(OPERATIONS, max_size=25))
+def test_the_advice_is_what_a_fresh_computation_gives_whatever_happened_before(baseline, operations):
+    with tempfile.TemporaryDirectory() as directory, service(Path(directory), recompute_budget_s=0.0) as (
+            client, store, clock, settings):
+        groups = {name: Group(name) for name in GROUPS}
+        for _ in range(baseline):
+            for group in groups.values():
+                group.window(store, clock, 300)
+                clock.now -= WINDOW_S  # both groups report the same window
+            clock.now += WINDOW_S
+        for operation, *arguments in [*operations, ("advice", "g0"), ("advice", "g1")]:
+            if operation == "window":
+                name, peak, ranks = arguments
+                groups[name].window(store, clock, peak, ranks)
+            elif operation == "restart":  # a rank comes back with another cap: the states change
+                name, cap = arguments
+                rank = groups[name].ranks[-1]
+                rank.restart()
+                rank.cap = cap
+                groups[name].window(store, clock, 200)
+            elif operation == "silence":
+                clock.now += arguments[0]
+            elif operation == "fold":  # every window so far folds into the decaying histogram
+                clock.now += settings.fold_after_s + WINDOW_S
+                store.maintain()
+            elif operation == "list":
+                assert client.get("/v1/clusters").status_code == 200
+            else:
+                cluster = arguments[0]
+                response = client.get(f"/v1/clusters/{cluster}/advice")
+                try:
+                    expected = fresh(store, settings, cluster, clock.now)
+                except LookupError:
+                    assert response.status_code == 404, response.text
+                    continue
+                except AdviceUnavailable as unavailable:
+                    assert response.status_code == 409 and response.json()["detail"] == str(unavailable)
+                    continue
+                assert response.status_code == 200, response.text
+                assert response.json() == expected
+
+
+def test_a_changed_group_answers_fresh_advice_while_the_list_may_still_show_its_last_digest(tmp_path):
+    with service(tmp_path, recompute_budget_s=0.0) as (client, store, clock, settings):
+        group = Group("g0")
+        for _ in range(40):
+            group.window(store, clock, 300)
+        assert listed(client)["g0"]["action"] == "lower"  # computed: nothing was cached yet
+        assert client.get("/v1/clusters/g0/advice").json()["action"] == "lower"
+
+        group.window(store, clock, 5000)  # above the 4096 cap: an overflow
+        assert listed(client)["g0"]["action"] == "lower"  # past its budget (0 s), the list shows the last digest
+        advice = client.get("/v1/clusters/g0/advice").json()
+        assert advice["action"] == "raise" and advice["overflow_windows"] == 1
+        assert advice == fresh(store, settings, "g0", clock.now)
+        assert listed(client)["g0"]["action"] == "raise"  # the advice's computation caught the list up
+
+        # /whatif prices the same data: at the recommended cap it says what the advice says.
+        [row] = client.get("/v1/clusters/g0/whatif", params={"cap": advice["recommended_cap"]}).json()
+        assert row["predicted_overflow_windows_per_day"] == advice["predicted_overflow_windows_per_day_recommended"]
+        assert row["predicted_overflow_rate"] == advice["predicted_overflow_rate_recommended"]
+        assert row["workspace_bytes_per_rank"] == advice["workspace_bytes_per_rank_recommended"]
+
+
+def test_the_advice_is_computed_once_per_change_of_the_group(tmp_path):
+    with service(tmp_path) as (client, store, clock, settings):
+        group = Group("g0")
+        for _ in range(30):
+            group.window(store, clock, 300)
+        digests = client.app.state.digests
+        first = digests.group("g0", "target", clock.now)
+        assert digests.group("g0", "target", clock.now) is first  # same data, same rank statuses: reused
+        quiet = clock.now + settings.stale_after_s  # the ranks turn stale: recomputed, to the same advice
+        assert digests.group("g0", "target", quiet) is not first
+        assert digests.group("g0", "target", quiet).advice == first.advice
+        group.window(store, clock, 900)  # new data: recomputed
+        assert digests.group("g0", "target", clock.now).advice.max_peak_runtime_tokens == 900
+
+
+class CommitsBetweenReads:
+    """The real store, where one report commits right after a reader has taken the rank states: the
+    interleaving of a request computing a digest while a rank's report lands, made deterministic."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.pending: tuple[RankReport, float] | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    def rank_states(self, cluster: str):
+        states = self.store.rank_states(cluster)
+        if self.pending is not None:
+            (report, received), self.pending = self.pending, None
+            self.store.ingest(report, received)
+        return states
+
+
+def test_a_report_committed_while_the_advice_is_computed_is_in_the_next_answer(tmp_path):
+    with service(tmp_path, source=CommitsBetweenReads) as (client, store, clock, settings):
+        group = Group("g0")
+        for _ in range(30):
+            group.window(store, clock, 300)
+        assert client.get("/v1/clusters/g0/advice").json()["current_cap"] == 4096
+        rank = group.ranks[1]
+        rank.restart()
+        rank.cap = 8192  # the group's cap is the largest its live ranks run
+        body = rank.report(clock.now - WINDOW_S, clock.now - 1, [300])
+        client.app.state.source.pending = (RankReport.model_validate(body, strict=False), clock.now)
+        client.get("/v1/clusters/g0/advice")  # computed from the states read before the commit
+        advice = client.get("/v1/clusters/g0/advice").json()
+        assert advice["current_cap"] == 8192 and advice == fresh(store, settings, "g0", clock.now)
