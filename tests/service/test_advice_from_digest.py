@@ -9,10 +9,6 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from hypothesis import HealthCheck, given
-from hypothesis import settings as hypothesis_settings
-from hypothesis import strategies as st
-
 from capwatch.service.advisor.advice import ClusterAdvice
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
@@ -20,6 +16,10 @@ from capwatch.service.queries import AdviceUnavailable, cluster_advice
 from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+
 from tests.service.conftest import JSON, FakeClock
 from tests.support.simulate import SimulatedRank
 

@@ -7,8 +7,6 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from capwatch.service.advisor.alignment import align
 from capwatch.service.advisor.budget import clamp_to_budget
 from capwatch.service.advisor.evidence import Evidence
@@ -21,6 +19,9 @@ from capwatch.service.advisor.sample import GroupSample
 from capwatch.service.advisor.tail import size_for_risk
 from capwatch.service.advisor.trend import size_for_trend
 from capwatch.telemetry.report import SGLangLimits
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from tests.service.test_advisor import PRICING, group
 
 T0 = 1_700_006_400.0
