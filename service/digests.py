@@ -108,7 +108,7 @@ RECOMPUTE_BUDGET_S = 0.05
 @dataclass
 class _Cached:
     key: tuple
-    digest: GroupDigest | None
+    digest: GroupDigest
     computed: float  # time.perf_counter() when computed
 
 

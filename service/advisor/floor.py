@@ -84,6 +84,7 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
 
 
 def raise_to_floor(given: Evidence, sized: float) -> Step[float]:
+    """Never below the floor: the server would refuse to start, or a full CUDA-graph batch would overflow."""
     floor = given.floor
     if floor is None or sized >= floor.tokens:
         return Step(sized)
