@@ -11,7 +11,7 @@ from capwatch.service.advisor.sample import RankInterval, group_samples
 from capwatch.service.cluster_view import ClusterView
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.digests import ClusterSummary
-from capwatch.service.queries import cluster_view
+from capwatch.service.queries import cluster_view, role_states
 from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
@@ -87,7 +87,7 @@ def get_history(
     limit: Annotated[int, Query(ge=1, le=100_000, description="Most rank intervals returned (newest kept)")] = 20_000,
 ) -> ClusterHistory:
     try:
-        cluster_view(source, cluster, role, clock(), settings)
+        role_states(source, cluster, role)  # the group exists
     except LookupError as error:
         raise not_found(error) from None
     until = until_s or clock()
