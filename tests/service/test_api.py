@@ -193,6 +193,8 @@ def test_unknown_cluster_and_role_are_404(client):
     assert response.status_code == 404 and "c4" in response.json()["detail"]
     assert client.get("/v1/clusters/c4", params={"role": "draft"}).status_code == 404
     assert client.get("/v1/clusters/c4", params={"role": "bogus"}).status_code == 422
+    assert client.get("/v1/clusters/nope/history").status_code == 404
+    assert client.get("/v1/clusters/c4/history", params={"role": "draft"}).status_code == 404
 
 
 def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(client, store, clock, settings):
