@@ -17,7 +17,8 @@ ASSETS = ("index.html", "app.js", "charts.js", "style.css")
 
 
 def _read_asset(name: str) -> str:
-    return resources.files("service").joinpath("web", name).read_text(encoding="utf-8")
+    # Through the installed name: ``capwatch.service`` is the only one an install has.
+    return resources.files("capwatch.service").joinpath("web", name).read_text(encoding="utf-8")
 
 
 @router.get("/", response_class=HTMLResponse, include_in_schema=False)
