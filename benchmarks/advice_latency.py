@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 
 from capwatch.service.config import Settings
-from capwatch.demo.service import ServiceProcess
 from capwatch.service.main import store_options
+from tests.support.service import ServiceProcess
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.service.views import cluster_advice
