@@ -12,6 +12,7 @@ import urllib.request
 from importlib import resources
 
 import pytest
+from capwatch.service.api.routes.web import DOCS_LINK_SLOT
 
 from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from capwatch.demo.workload import WorkloadSpec, generate_token_counts
@@ -63,7 +64,7 @@ def test_demo_json_with_embedded_service_and_hold(tmp_path):
         # Holding: the service and both exporters are still up.
         service = f"http://127.0.0.1:{port}"
         web = resources.files("capwatch.service").joinpath("web")  # the page: the package's own files
-        page = web.joinpath("index.html").read_text()
+        page = web.joinpath("index.html").read_text().replace(DOCS_LINK_SLOT, "")
         for path, expected in (("/?cluster=embedded", page), ("/web/app.js", web.joinpath("app.js").read_text())):
             with urllib.request.urlopen(f"{service}{path}", timeout=10) as response:
                 assert response.status == 200 and response.read().decode() == expected, path
