@@ -5,24 +5,26 @@ BIN := $(VENV)/bin
 # Debian packages the tests drive for real: Prometheus and promtool, headless Chromium, and g++ to
 # compile FlashInfer's own workspace-layout C++ for the sizing cross-check.
 SYSTEM_TOOLS := promtool prometheus chromium g++
+# Every install is `<venv>/bin/python -m pip`: the venv the python belongs to, even in a copied venv whose
+# bin/pip still names the original's python (a reinstall would land there, and the tests run the old code).
 
 .PHONY: setup system-deps service-venv sglang-venv demo test
 
 $(BIN)/capwatch: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip
 	# The local CPU wheel first, so nothing below can pull a CUDA build of torch.
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -c constraints.txt -e ".[all]"
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[all]"
 	touch $@
 
 setup: $(BIN)/capwatch
 
 # The tests also check the FlashInfer adapters against the real package (import level, no GPU).
 $(VENV)/.test-deps: $(BIN)/capwatch
-	$(BIN)/pip install -q -c constraints.txt -e ".[all,flashinfer]"
+	$(BIN)/python -m pip install -q -c constraints.txt -e ".[all,flashinfer]"
 	# 0.7.4 cannot share a venv with 0.7.2.post1: its wheel is checked from source (ast), unpacked.
-	$(BIN)/pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
+	$(BIN)/python -m pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
 	touch $@
 
 # A monitoring box's install: `.[service]` alone, non-editable, in a clean venv, so a test can show that
@@ -31,12 +33,12 @@ $(VENV)/.test-deps: $(BIN)/capwatch
 SERVICE_VENV := .venv-service
 $(SERVICE_VENV)/.deps: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(SERVICE_VENV)
-	$(SERVICE_VENV)/bin/pip install -q --upgrade pip
-	$(SERVICE_VENV)/bin/pip install -q -c constraints.txt ".[service]"
+	$(SERVICE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SERVICE_VENV)/bin/python -m pip install -q -c constraints.txt ".[service]"
 	touch $@
 
 service-venv: $(SERVICE_VENV)/.deps
-	$(SERVICE_VENV)/bin/pip install -q --no-deps --force-reinstall .
+	$(SERVICE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall .
 
 # The SGLang plugin's tests run the released sglang 0.5.23 code on CPU in a venv of their own. sglang
 # pins torch==2.14.1: that CUDA build (on this machine's disk) runs on the CPU, and it comes with the
@@ -50,15 +52,15 @@ SGLANG_IMPORTS := flashinfer-python transformers orjson psutil pybase64 msgspec 
 	prometheus-client httpx
 $(SGLANG_VENV)/.deps: $(SGLANG_PINS)
 	$(PYTHON) -m venv $(SGLANG_VENV)
-	$(SGLANG_VENV)/bin/pip install -q --upgrade pip
-	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_PINS) torch torchvision
-	$(SGLANG_VENV)/bin/pip install -q --no-deps sglang==0.5.23
+	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SGLANG_VENV)/bin/python -m pip install -q -c $(SGLANG_PINS) torch torchvision
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23
 	# pip lists the sglang requirements left out (above) as conflicts; it still exits 0.
-	$(SGLANG_VENV)/bin/pip install -q -c $(SGLANG_PINS) $(SGLANG_IMPORTS)
+	$(SGLANG_VENV)/bin/python -m pip install -q -c $(SGLANG_PINS) $(SGLANG_IMPORTS)
 	touch $@
 
 sglang-venv: $(SGLANG_VENV)/.deps
-	$(SGLANG_VENV)/bin/pip install -q --no-deps -e .
+	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps -e .
 
 system-deps:
 	@missing=""; for tool in $(SYSTEM_TOOLS); do command -v $$tool >/dev/null || missing=1; done; \

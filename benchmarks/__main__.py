@@ -21,8 +21,8 @@ import traceback
 from pathlib import Path
 
 import benchmarks
+from tests.support.checkout import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORT = REPO_ROOT / "docs" / "benchmarks.md"
 
 

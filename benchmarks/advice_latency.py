@@ -23,8 +23,8 @@ import httpx
 
 from capwatch.service.config import Settings
 from capwatch.service.digests import GroupDigests
-from capwatch.demo.service import ServiceProcess
 from capwatch.service.main import store_options
+from tests.support.service import ServiceProcess
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.sqlite import Store
 from capwatch.service.queries import cluster_advice

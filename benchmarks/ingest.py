@@ -18,13 +18,12 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from tests.support.service import REPO_ROOT, ServiceProcess, free_port
+from tests.support import launcher
+from tests.support.service import ServiceProcess, free_port
 from tests.support.simulate import SimulatedRank
 from benchmarks.standalone import standalone
 
@@ -96,10 +95,9 @@ class _UvicornApp:
 
     def __init__(self, factory: str, env: dict[str, str]):
         self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", factory, "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "warning", "--no-access-log"],
-            env={**os.environ, "PYTHONPATH": str(REPO_ROOT), **env}, cwd=REPO_ROOT, start_new_session=True)
+        self.process = launcher.start(
+            "-m", "uvicorn", "--factory", factory, "--host", "127.0.0.1", "--port", str(self.port), "--log-level",
+            "warning", "--no-access-log", env=env, imports_tests=True, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:

@@ -16,13 +16,12 @@ import gzip
 import os
 import random
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 
 from capwatch.sglang_logs.reader import read_logs
 
+from tests.support import launcher
 from tests.support import sglang_logs as sg
 
 GOAL_LINES_PER_S = 500_000
@@ -84,10 +83,10 @@ def _best_rate(paths: list[str], repeats: int) -> tuple[float, float, int]:
 
 
 def _peak_rss_kib(paths: list[str]) -> int:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])))
-    out = subprocess.run([sys.executable, "-c", _RSS_PROBE, *paths], capture_output=True, text=True, check=True,
-                         env=env, timeout=600).stdout.split()
-    return int(out[1])
+    measured = launcher.run("-c", _RSS_PROBE, *paths, timeout_s=600)
+    if measured.returncode != 0:
+        raise RuntimeError(f"the peak-RSS probe failed: {measured.stderr[-2000:]}")
+    return int(measured.stdout.split()[1])
 
 
 def run(quick: bool = False) -> dict:

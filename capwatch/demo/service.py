@@ -1,9 +1,11 @@
 """Start ``capwatch serve`` as a child process on a loopback port and wait until it answers.
 
 The one launcher of the service: the demo's embedded service, and the tests' and benchmarks' real
-server (not an in-process app). It runs ``python -m capwatch serve`` with this interpreter, so it
-serves whatever capwatch this process imports (installed or editable). Port: the one given, or a
-free one (:func:`capwatch.demo.ports.free_port`); the service's own default is 8321.
+server (not an in-process app). It runs ``python -m capwatch serve`` with this interpreter and
+``PYTHONSAFEPATH=1``, so it serves the capwatch this process imports (installed or editable), never a
+``capwatch/`` folder that happens to be in its working folder (``-m`` would put that first: in a checkout, a
+half package without its subpackages). Port: the one given, or a free one
+(:func:`capwatch.demo.ports.free_port`); the service's own default is 8321.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ class ServiceProcess:
         if self.running:  # a second process would orphan the first (nothing would stop it)
             raise RuntimeError(f"capwatch serve is already running on {self.url}")
         env = {**os.environ, **self.env} if self.inherit_env else dict(self.env)
+        env["PYTHONSAFEPATH"] = "1"
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [self.python, "-m", "capwatch", "serve", "--host", LOOPBACK, "--port", str(self.port),

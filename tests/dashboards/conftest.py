@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-DASHBOARDS_DIR = ROOT / "dashboards"
+from tests.support.checkout import REPO_ROOT
+
+DASHBOARDS_DIR = REPO_ROOT / "dashboards"
 GRAFANA_DIR = DASHBOARDS_DIR / "grafana"
 RULES_FILE = DASHBOARDS_DIR / "rules" / "capwatch.rules.yml"
 

@@ -24,11 +24,11 @@ from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per
 from capwatch.telemetry import catalogue
 
 from capwatch.demo.ranks import spawn_ranks
-from capwatch.demo.service import ServiceProcess
 from tests.dashboards import e2e_rank, lint
 from tests.dashboards.conftest import RULES_FILE
 from tests.support.local_batch import LOCAL_BATCH_RECORDED
 from tests.support.prometheus import scrape_config, start_prometheus
+from tests.support.service import ServiceProcess
 
 EP_SIZE = 4
 CLUSTER = "e2e-group"

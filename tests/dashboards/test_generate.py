@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 from capwatch.dashboards import generate
-from tests.dashboards.conftest import GRAFANA_DIR, ROOT
+
+from tests.dashboards.conftest import GRAFANA_DIR
+from tests.support import launcher
 
 
 def test_committed_json_is_current():
@@ -22,7 +21,6 @@ def test_every_generated_dashboard_is_committed_and_nothing_else():
 
 def test_stale_json_is_detected_and_regenerated(tmp_path):
     """--check fails on an edited file and passes after the generator rewrote it."""
-    env_path = {**os.environ, "PYTHONPATH": str(ROOT)}
     assert generate.main(["--out", str(tmp_path)]) == 0
     assert generate.stale_files(tmp_path) == []
     target = tmp_path / "ep-group-overview.json"
@@ -30,10 +28,7 @@ def test_stale_json_is_detected_and_regenerated(tmp_path):
     edited["panels"][1]["title"] = "hand edited"
     target.write_text(json.dumps(edited))
     assert generate.stale_files(tmp_path) == ["ep-group-overview.json"]
-    check = subprocess.run(
-        [sys.executable, "-m", "capwatch.dashboards.generate", "--check", "--out", str(tmp_path)],
-        capture_output=True, text=True, cwd=ROOT, env=env_path, timeout=60,
-    )
+    check = launcher.run("-m", "capwatch.dashboards.generate", "--check", "--out", str(tmp_path), timeout_s=60)
     assert check.returncode == 1 and "stale" in check.stderr
     assert generate.main(["--out", str(tmp_path)]) == 0
     assert generate.stale_files(tmp_path) == []

@@ -1,16 +1,11 @@
-"""Real processes for the demo tests: ``capwatch serve`` and ``capwatch demo`` as subprocesses on
-free loopback ports, each in its own process group that teardown kills."""
+"""Real processes for the demo tests: ``capwatch serve`` (``tests.support.service``) on a free loopback port, and
+what the tests need around ``capwatch demo`` runs (``tests.support.launcher.run_capwatch``)."""
 
 from __future__ import annotations
 
 import contextlib
-
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import urllib.request
 from pathlib import Path
 
@@ -19,9 +14,7 @@ import pytest
 from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from capwatch.demo.trace import write_trace
 from capwatch.demo.workload import Workload
-from capwatch.demo.ports import free_port  # noqa: F401  (re-exported for the tests)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.service import ServiceProcess, free_port  # noqa: F401  (free_port re-exported for the tests)
 
 
 def free_port_block(count: int) -> int:
@@ -42,28 +35,6 @@ def _is_free(port: int) -> bool:
     return True
 
 
-def environment(**extra: str) -> dict[str, str]:
-    env = dict(os.environ, **extra)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
-    return env
-
-
-def run_capwatch(*args: str, timeout_s: float = 240.0) -> subprocess.CompletedProcess:
-    process = subprocess.Popen([sys.executable, "-m", "capwatch", *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
-                               start_new_session=True)
-    try:
-        stdout, stderr = process.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"capwatch {' '.join(args)} ran past {timeout_s} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
@@ -79,8 +50,6 @@ def write_timed_trace(path: Path, token_counts: list[list[int]], seconds_per_ste
 @pytest.fixture(scope="module")
 def service_process(tmp_path_factory):
     """``capwatch serve`` on a free port, with the demo's compressed advisor clock."""
-    from capwatch.demo.service import ServiceProcess
-
     folder = tmp_path_factory.mktemp("service")
     process = ServiceProcess(folder / "capwatch.db", env=DEMO_ADVISOR_SETTINGS).start(timeout_s=60)
     try:

@@ -4,25 +4,22 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import subprocess
-import sys
 
 from benchmarks import advice_quality
 from benchmarks.__main__ import available, machine, render_report
-from tests.demo.conftest import REPO_ROOT, environment
+from tests.support import launcher
 
 
 def test_runner_finds_benchmark_modules_and_rejects_unknown_names():
     assert "advice_quality" in available()
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "no_such_benchmark"], capture_output=True,
-                            text=True, env=environment(), cwd=REPO_ROOT, timeout=120)
+    result = launcher.run("-m", "benchmarks", "no_such_benchmark", imports_tests=True, timeout_s=120)
     assert result.returncode == 2 and "unknown benchmark 'no_such_benchmark'" in result.stderr
     assert "advice_quality" in result.stderr  # lists the choices
 
 
 def test_runner_json_prints_one_object():
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "advice_quality", "--quick", "--json"],
-                            capture_output=True, text=True, env=environment(), cwd=REPO_ROOT, timeout=300)
+    result = launcher.run("-m", "benchmarks", "advice_quality", "--quick", "--json", imports_tests=True,
+                          timeout_s=300)
     assert result.returncode == 0, result.stderr
     figures = json.loads(result.stdout)
     assert set(figures["policies"]) == {"static 4096", "KRR max x 1.15", "VPA p90 x 1.15", "capwatch"}

@@ -7,15 +7,19 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
+from importlib import resources
 
 import pytest
+from capwatch.service.api.routes.web import DOCS_LINK_SLOT
 
+from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from capwatch.demo.workload import WorkloadSpec, generate_token_counts
-from tests.demo.conftest import (REPO_ROOT, environment, final_reports, free_port, free_port_block, get_json,
-                                 run_capwatch, write_timed_trace)
+from tests.demo.conftest import final_reports, free_port, free_port_block, get_json, write_timed_trace
+from tests.support import launcher
+from tests.support.launcher import run_capwatch
+from tests.support.service import ServiceProcess
 
 ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -36,17 +40,17 @@ def assert_quiet(stderr: str) -> None:
 
 
 def test_demo_json_with_embedded_service_and_hold(tmp_path):
-    """Two ranks replay a paced 12 s trace; the demo starts its own service, prints only the advice
-    JSON, then holds: the page, the service's gauges and each rank's exporter (on B + r) answer."""
+    """Two ranks replay a paced 12 s trace; the demo, started in a folder outside the checkout, starts its own
+    service, prints only the advice JSON, then holds: the page (``/`` and ``/web/app.js``, the package's files),
+    the service's gauges and each rank's exporter (on B + r) answer."""
     counts = generate_token_counts(WorkloadSpec(ranks=2, steps=48, peak_tokens_per_rank=96, day_steps=48,
                                                 mean_decode_steps=10, seed=5))
     trace = write_timed_trace(tmp_path / "trace.jsonl", counts, seconds_per_step=0.25)
     metrics_base, port = free_port_block(2), free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "capwatch", "demo", "--json", "--trace", str(trace), "--cap", "2048",
-         "--port", str(port), "--metrics-port", str(metrics_base), "--state-dir", str(tmp_path / "state"),
-         "--cluster", "embedded", "--hold", "8"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
+    process = launcher.start(
+        "-m", "capwatch", "demo", "--json", "--trace", str(trace), "--cap", "2048", "--port", str(port),
+        "--metrics-port", str(metrics_base), "--state-dir", str(tmp_path / "state"), "--cluster", "embedded",
+        "--hold", "8", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
         lines = []
@@ -59,8 +63,11 @@ def test_demo_json_with_embedded_service_and_hold(tmp_path):
 
         # Holding: the service and both exporters are still up.
         service = f"http://127.0.0.1:{port}"
-        with urllib.request.urlopen(f"{service}/?cluster=embedded", timeout=10) as response:
-            assert "capwatch" in response.read().decode()
+        web = resources.files("capwatch.service").joinpath("web")  # the page: the package's own files
+        page = web.joinpath("index.html").read_text().replace(DOCS_LINK_SLOT, "")
+        for path, expected in (("/?cluster=embedded", page), ("/web/app.js", web.joinpath("app.js").read_text())):
+            with urllib.request.urlopen(f"{service}{path}", timeout=10) as response:
+                assert response.status == 200 and response.read().decode() == expected, path
         with urllib.request.urlopen(f"{service}/metrics", timeout=10) as response:
             gauges = response.read().decode()
         assert metric_value(gauges, "capwatch_recommended_cap_tokens", cluster="embedded") == advice["recommended_cap"]
@@ -179,11 +186,10 @@ def test_a_usage_error_in_a_real_process_has_no_traceback(tmp_path):
 def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
     """Ctrl-C (or SIGTERM) mid-run: exit 130 promptly, no traceback, no process of the demo left."""
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "capwatch", "demo", "--json", "--ranks", "2", "--steps", "5000", "--port", str(port),
-         "--metrics-port", str(free_port_block(2)), "--state-dir", str(tmp_path / "state"), "--cluster", "stopped"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=environment(), cwd=REPO_ROOT,
-        start_new_session=True)
+    process = launcher.start(
+        "-m", "capwatch", "demo", "--json", "--ranks", "2", "--steps", "5000", "--port", str(port),
+        "--metrics-port", str(free_port_block(2)), "--state-dir", str(tmp_path / "state"), "--cluster", "stopped",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the ranks are reporting mid-run
@@ -215,16 +221,11 @@ def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
 
 
 def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
-    from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
-    from capwatch.demo.service import ServiceProcess
-
     trace = write_timed_trace(tmp_path / "short.jsonl", [[10, 20], [30, 5], [7, 7]], seconds_per_step=0.1)
     with ServiceProcess(tmp_path / "protected.db", env={"CAPWATCH_TOKEN": "s3cret-token", **DEMO_ADVISOR_SETTINGS}) as service:
-        process = subprocess.run(
-            [sys.executable, "-m", "capwatch", "demo", "--json", "--trace", str(trace), "--service-url", service.url,
-             "--cluster", "protected", "--metrics-port", str(free_port_block(2))],
-            capture_output=True, text=True, env=environment(CAPWATCH_TOKEN="s3cret-token"), cwd=REPO_ROOT,
-            timeout=240)
+        process = run_capwatch("demo", "--json", "--trace", str(trace), "--service-url", service.url,
+                               "--cluster", "protected", "--metrics-port", str(free_port_block(2)),
+                               env={"CAPWATCH_TOKEN": "s3cret-token"})
         assert process.returncode == 0, process.stderr
         view = get_json(f"{service.url}/v1/clusters/protected")
     assert all(rank["forward_steps_total"] == 3 and rank["final"] for rank in view["ranks"])

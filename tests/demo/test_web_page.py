@@ -1,24 +1,40 @@
 """The built-in web page in real headless Chromium, against a real service holding real reports
-from a real demo run (gloo ranks, reporters): the charts drew data and the advice shows."""
+from a real demo run (gloo ranks, reporters): the charts drew data and the advice shows. The service is
+``capwatch serve`` as an operator runs it: the non-editable ``.venv-service`` install, started in a folder
+outside the checkout."""
 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
+import urllib.error
+import urllib.request
 from html.parser import HTMLParser
 
 import pytest
 
-from tests.demo.conftest import free_port_block, get_json, run_capwatch, write_timed_trace
+from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
+from tests.demo.conftest import free_port_block, get_json, write_timed_trace
+from tests.support.checkout import REPO_ROOT
+from tests.support.chromium import chromium, needs_chromium
+from tests.support.launcher import run_capwatch
+from tests.support.service import INSTALLED_PYTHON, ServiceProcess, needs_service_venv
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 CLUSTER = "webpage"
 CAP = 256
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make system-deps)")
+pytestmark = [needs_chromium, needs_service_venv]
+
+
+def installed_service(folder) -> ServiceProcess:
+    """``capwatch serve`` from .venv-service, its working folder ``folder`` (outside the checkout)."""
+    return ServiceProcess(folder / "capwatch.db", env=DEMO_ADVISOR_SETTINGS, python=INSTALLED_PYTHON, cwd=folder)
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The installed service's URL (this module's own, not the demo tests' editable one)."""
+    with installed_service(tmp_path_factory.mktemp("installed-service")).start(timeout_s=60) as process:
+        yield process.url
 
 
 class PageElements(HTMLParser):
@@ -45,12 +61,6 @@ class PageElements(HTMLParser):
 
     def handle_endtag(self, tag):
         self._open_id = None
-
-
-def chromium(tmp_path, *arguments: str) -> subprocess.CompletedProcess:
-    profile = tmp_path / "chromium-profile"
-    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--window-size=1400,1800",
-                           "--virtual-time-budget=15000", *arguments], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -137,12 +147,10 @@ def test_page_screenshot(service, cluster_with_data, tmp_path):
 
 
 def test_assets_are_served_from_the_package_only(service):
-    import urllib.error
-    import urllib.request
-
     for name, kind in (("app.js", "javascript"), ("charts.js", "javascript"), ("style.css", "css")):
-        with urllib.request.urlopen(f"{service}/web/{name}") as response:
-            assert kind in response.headers["Content-Type"] and response.read()
+        with urllib.request.urlopen(f"{service}/web/{name}") as response:  # the installed copy of the file
+            assert kind in response.headers["Content-Type"]
+            assert response.read().decode() == (REPO_ROOT / "service" / "web" / name).read_text()
     for name in ("../main.py", "index.html.bak", "%2e%2e%2fconfig.py"):
         with pytest.raises(urllib.error.HTTPError) as error:
             urllib.request.urlopen(f"{service}/web/{name}")
@@ -153,9 +161,7 @@ def test_assets_are_served_from_the_package_only(service):
 
 
 def test_page_on_an_empty_service_says_what_to_do(tmp_path):
-    from capwatch.demo.service import ServiceProcess
-
-    with ServiceProcess(tmp_path / "empty.db") as empty:
+    with installed_service(tmp_path) as empty:
         dom = chromium(tmp_path, "--dump-dom", f"{empty.url}/")
     page = PageElements()
     page.feed(dom.stdout)

@@ -3,22 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 from capwatch.sizing.backends import FLASHINFER
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support import launcher
 
 
 def test_guards_raise_and_count_under_python_dash_o():
-    environment = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    completed = subprocess.run(
-        [sys.executable, "-O", "-m", "tests.dispatcher.rank_functions"],
-        cwd=REPO_ROOT, env=environment, capture_output=True, text=True, timeout=180,
-    )
+    completed = launcher.run("-O", "-m", "tests.dispatcher.rank_functions", imports_tests=True, timeout_s=180)
     assert completed.returncode == 0, completed.stderr[-3000:]
     report = json.loads(completed.stdout.strip().splitlines()[-1])
     assert report["parent_optimize"] == 1

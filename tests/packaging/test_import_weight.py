@@ -3,19 +3,14 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support import launcher
 
 
 @pytest.mark.parametrize("module", ["capwatch.telemetry.report", "capwatch.service.main", "capwatch.commands.plan", "capwatch.cli"])
 def test_module_imports_without_torch(module):
     probe = f"import sys, {module}; print('torch' in sys.modules)"
-    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True,
-                            timeout=120, env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"})
+    result = launcher.run("-c", probe, env={"PATH": "/usr/bin:/bin"}, inherit_env=False, timeout_s=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False", f"importing {module} loads torch"

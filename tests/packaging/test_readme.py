@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 from capwatch.dashboards.service_metrics import SERVICE_METRICS
 from capwatch.telemetry import catalogue
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+from tests.support.checkout import REPO_ROOT
+
+README = (REPO_ROOT / "README.md").read_text()
 
 
 def _paragraph(starting_with: str) -> str:

@@ -9,32 +9,23 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import urllib.request
-from pathlib import Path
 
-import pytest
+from tests.support import launcher
+from tests.support.service import INSTALLED_PYTHON, SERVICE_VENV, ServiceProcess, needs_service_venv
 
-from capwatch.demo.service import ServiceProcess
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SERVICE_VENV = REPO_ROOT / ".venv-service"
 CAPWATCH = SERVICE_VENV / "bin" / "capwatch"
+OPERATOR_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
 
-pytestmark = pytest.mark.skipif(
-    not CAPWATCH.exists() and not os.environ.get("CAPWATCH_REQUIRE_SERVICE_VENV"),
-    reason="no .venv-service (make test builds it)",
-)
+pytestmark = needs_service_venv
 
 
-def _run(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([str(CAPWATCH), *args], cwd="/", capture_output=True, text=True, timeout=timeout_s,
-                          env={"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")})
+def _run(*args: str, timeout_s: float = 60):
+    return launcher.run(*args, python=CAPWATCH, env=OPERATOR_ENV, inherit_env=False, timeout_s=timeout_s)
 
 
 def test_the_service_venv_has_no_torch():
-    probe = subprocess.run([str(SERVICE_VENV / "bin" / "python"), "-c", "import torch"], cwd="/",
-                           capture_output=True, text=True, timeout=60)
+    probe = launcher.run("-c", "import torch", python=INSTALLED_PYTHON, timeout_s=60)
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
 
 
@@ -48,7 +39,7 @@ def test_plan_prices_a_cap_without_torch():
 
 def test_serve_answers_without_torch(tmp_path):
     service = ServiceProcess(tmp_path / "capwatch.db", env={"PATH": "/usr/bin:/bin"}, inherit_env=False,
-                             python=SERVICE_VENV / "bin" / "python", cwd="/")
+                             python=INSTALLED_PYTHON, cwd=tmp_path)
     with service.start(timeout_s=60):
         with urllib.request.urlopen(f"{service.url}/v1/clusters", timeout=10) as response:
             assert response.status == 200

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import typing
-from pathlib import Path
 
 import pytest
 from capwatch.service import vocabulary as service_vocabulary
@@ -16,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from capwatch import vocabulary
+from tests.support.checkout import PRODUCT_FOLDERS, REPO_ROOT
 
 
 @pytest.mark.parametrize("literal, values", [
@@ -44,8 +44,6 @@ def test_alignment_defaults_to_the_cap_grain_and_refuses_nonsense():
         caps.align_up(5, 0)
 
 
-PRODUCT_FOLDERS = ("capwatch", "sizing", "dispatcher", "telemetry", "service", "sglang_logs", "dashboards",
-                   "sglang_plugin")
 # Each is defined once (capwatch/vocabulary.py, service/vocabulary.py, sizing/caps.py) and imported elsewhere.
 ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATUSES",
                    "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
@@ -56,9 +54,8 @@ CAP_VARIABLES = {rules.cap_env_var for rules in BACKENDS.values()}
 
 
 def _product_modules():
-    root = Path(__file__).resolve().parents[2]
     for folder in PRODUCT_FOLDERS:
-        yield from sorted((root / folder).rglob("*.py"))
+        yield from sorted((REPO_ROOT / folder).rglob("*.py"))
 
 
 def test_the_vocabulary_lives_in_one_place():

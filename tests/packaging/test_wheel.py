@@ -11,25 +11,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+from capwatch.service.api.routes.web import ASSETS
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_DIRS = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+from tests.support import launcher
+from tests.support.checkout import PACKAGE_DIRS, PRODUCT_FOLDERS, REPO_ROOT, installed_path
+
 # Names a stray top-level import of a repository folder would leave in sys.modules.
-REPOSITORY_FOLDERS = tuple(folder for package, folder in PACKAGE_DIRS.items() if package != "capwatch")
-
-
-def _installed_name(repo_path: str) -> str:
-    """``service/web/app.js`` -> ``capwatch/service/web/app.js`` (the path inside the wheel)."""
-    for package, folder in sorted(PACKAGE_DIRS.items(), key=lambda item: -len(item[1])):
-        if repo_path == folder or repo_path.startswith(folder + "/"):
-            return package.replace(".", "/") + repo_path[len(folder):]
-    raise AssertionError(f"{repo_path} lies in no mapped package folder")
+REPOSITORY_FOLDERS = tuple(folder for folder, package in PRODUCT_FOLDERS.items() if package != "capwatch")
 
 
 def _tracked(folder: str) -> list[str]:
@@ -52,15 +44,18 @@ def _source_copy(destination: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheel_names(tmp_path_factory) -> set[str]:
+def wheel(tmp_path_factory) -> Path:
     work = tmp_path_factory.mktemp("wheel")
     source = _source_copy(work / "source")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-         str(work / "dist"), str(source)],
-        check=True, capture_output=True, timeout=300,
-    )
+    built = launcher.run("-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(work / "dist"),
+                         str(source), timeout_s=300)
+    assert built.returncode == 0, built.stderr[-3000:]
     [wheel] = (work / "dist").glob("a2a_capwatch-*.whl")
+    return wheel
+
+
+@pytest.fixture(scope="module")
+def wheel_names(wheel) -> set[str]:
     return set(zipfile.ZipFile(wheel).namelist())
 
 
@@ -73,8 +68,8 @@ def test_the_wheel_holds_exactly_one_top_level_package(wheel_names):
 
 def test_every_product_module_and_run_time_file_ships(wheel_names):
     product = _product_files()
-    modules = {_installed_name(name) for name in product if name.endswith(".py")}
-    data = {_installed_name(name) for name in product
+    modules = {installed_path(name) for name in product if name.endswith(".py")}
+    data = {installed_path(name) for name in product
             if name.startswith(("dashboards/grafana/", "dashboards/provisioning/", "dashboards/rules/",
                                 "service/web/")) or name == "dashboards/prometheus.yml"}
     assert "capwatch/dashboards/grafana/ep-group-overview.json" in data, "no data files found: proves nothing"
@@ -86,17 +81,20 @@ def test_every_product_module_and_run_time_file_ships(wheel_names):
                                        f"{sorted(shipped_modules - modules)}"
 
 
-def test_every_module_imports_under_its_one_name_only():
-    """Import every product module in a fresh interpreter (started outside the checkout, as a user's
-    would be): each lives in sys.modules once, under ``capwatch.``, and no repository folder got
-    imported as a top-level package of its own."""
+def test_every_module_imports_from_the_wheel_under_its_one_name_only(wheel, tmp_path):
+    """Import every product module from the wheel (unpacked outside the checkout, first on sys.path) in a fresh
+    interpreter started as a user's would be: each comes from the wheel, not from the checkout the editable
+    install maps; each lives in sys.modules once, under ``capwatch.``; no repository folder got imported as a
+    top-level package of its own; the files read at run time read through ``capwatch.`` names."""
     modules = sorted(
-        _installed_name(name)[: -len(".py")].replace("/", ".").removesuffix(".__init__")
+        installed_path(name)[: -len(".py")].replace("/", ".").removesuffix(".__init__")
         for name in _product_files() if name.endswith(".py") and not name.endswith("__main__.py")
     )
-    checkout = f"{REPO_ROOT}/"
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
     probe = (
-        "import importlib, json, sys\n"
+        "import importlib, importlib.resources, json, sys\n"
+        f"sys.path.insert(0, {str(unpacked)!r})\n"
         f"names = {modules!r}\n"
         "failed = {}\n"
         "for name in names:\n"
@@ -104,20 +102,27 @@ def test_every_module_imports_under_its_one_name_only():
         "        importlib.import_module(name)\n"
         "    except ImportError as error:\n"  # an optional dependency (flashinfer, the dashboards SDK)
         "        failed[name] = str(error)\n"
-        "files = {}\n"
+        "files, elsewhere = {}, []\n"
         "for name, module in list(sys.modules.items()):\n"
-        "    path = getattr(module, '__file__', None)\n"
-        f"    if path and path.startswith({checkout!r}) and '/.venv/' not in path:\n"
+        "    path = getattr(module, '__file__', None) or ''\n"
+        f"    if path.startswith({str(unpacked) + '/'!r}):\n"
         "        files.setdefault(path, []).append(name)\n"
-        "print(json.dumps({'failed': failed, 'modules': sorted(sys.modules),\n"
-        "                  'twice': {path: names for path, names in files.items() if len(names) > 1}}))\n"
+        "    elif name.split('.')[0] == 'capwatch':\n"
+        "        elsewhere.append(f'{name} from {path}')\n"
+        "web = importlib.resources.files('capwatch.service').joinpath('web')\n"
+        f"assets = {{name: web.joinpath(name).read_text() for name in {ASSETS!r}}}\n"
+        "print(json.dumps({'failed': failed, 'modules': sorted(sys.modules), 'elsewhere': elsewhere,\n"
+        "                  'twice': {path: names for path, names in files.items() if len(names) > 1},\n"
+        "                  'assets': assets}))\n"
     )
-    completed = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=300)
+    completed = launcher.run("-c", probe, cwd=tmp_path, timeout_s=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
     result = json.loads(completed.stdout.strip().splitlines()[-1])
     # Only genuinely optional imports may fail, never a capwatch module missing from the mapping.
     assert all("capwatch" not in message for message in result["failed"].values()), result["failed"]
     assert len(result["failed"]) < len(modules) / 4, result["failed"]
+    assert not result["elsewhere"], f"capwatch modules not loaded from the wheel: {result['elsewhere']}"
     stray = [name for name in result["modules"] if name.split(".")[0] in REPOSITORY_FOLDERS]
     assert not stray, f"repository folders imported as top-level packages: {stray}"
     assert not result["twice"], f"modules loaded twice under two names: {result['twice']}"
+    assert result["assets"] == {name: (REPO_ROOT / "service" / "web" / name).read_text() for name in ASSETS}

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 
 import httpx
 
 from tests.service.conftest import JSON
-from tests.support.service import REPO_ROOT, ServiceProcess, free_port
+from tests.support.launcher import run_capwatch
+from tests.support.service import ServiceProcess, free_port
 from tests.support.simulate import SimulatedRank
 
 
 def capwatch(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "capwatch", *args], capture_output=True, text=True, cwd=REPO_ROOT,
-                          env={"PYTHONPATH": str(REPO_ROOT), "COLUMNS": "200", "PATH": "/usr/bin:/bin"}, timeout=60)
+    return run_capwatch(*args, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"}, inherit_env=False, timeout_s=60)
 
 
 def test_advise_table_json_and_errors(tmp_path):

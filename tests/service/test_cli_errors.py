@@ -5,19 +5,18 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 
 import pytest
 from capwatch.service.config import Settings
 from pydantic import ValidationError
 
 from capwatch import cli
-from tests.support.service import REPO_ROOT, free_port
+from tests.support.launcher import run_capwatch
+from tests.support.service import free_port
 
 
 def capwatch(cwd, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "capwatch", *args], capture_output=True, text=True, cwd=cwd,
-                          env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin", **(env or {})}, timeout=60)
+    return run_capwatch(*args, cwd=cwd, env={"PATH": "/usr/bin:/bin", **(env or {})}, inherit_env=False, timeout_s=60)
 
 
 def assert_one_line_usage_error(result: subprocess.CompletedProcess, command: str, *names: str) -> str:

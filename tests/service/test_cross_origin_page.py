@@ -1,5 +1,5 @@
 """A page on another local origin cannot write to the service, in real headless Chromium against a
-real ``capwatch serve``: a ``no-cors`` text/plain post (no preflight), a JSON-typed blob, and a CORS
+real ``capwatch serve`` (the non-editable ``.venv-service`` install, started outside the checkout): a ``no-cors`` text/plain post (no preflight), a JSON-typed blob, and a CORS
 JSON post are all refused and nothing is stored, while the built-in page keeps working."""
 
 from __future__ import annotations
@@ -7,22 +7,15 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import shutil
-import subprocess
 import threading
 import urllib.request
 from html.parser import HTMLParser
 
-import pytest
-
-from tests.support.service import ServiceProcess, free_port
+from tests.support.chromium import chromium, needs_chromium
+from tests.support.service import INSTALLED_PYTHON, ServiceProcess, free_port, needs_service_venv
 from tests.support.simulate import SimulatedRank
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make system-deps)")
+pytestmark = [needs_chromium, needs_service_venv]
 
 ATTACK = """<!doctype html><html><body><script>
 const target = %(target)s, body = %(body)s;
@@ -53,9 +46,7 @@ class Body(HTMLParser):
 
 
 def dump_dom(tmp_path, url: str) -> dict[str, str]:
-    result = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
-                             "--virtual-time-budget=10000", "--dump-dom", url],
-                            capture_output=True, text=True, timeout=120)
+    result = chromium(tmp_path, "--dump-dom", url, virtual_time_ms=10_000)
     assert result.returncode == 0, result.stderr[-2000:]
     body = Body()
     body.feed(result.stdout)
@@ -65,7 +56,7 @@ def dump_dom(tmp_path, url: str) -> dict[str, str]:
 def test_a_page_on_another_origin_cannot_write_and_the_built_in_page_still_works(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
-    with ServiceProcess(tmp_path / "capwatch.db") as service:
+    with ServiceProcess(tmp_path / "capwatch.db", python=INSTALLED_PYTHON, cwd=tmp_path) as service:  # as installed
         report = SimulatedRank("foreign", 0, 1, cap=512).report(0, 0, [])
         report["sent_unix_s"] = report["interval"]["start_unix_s"] = report["interval"]["end_unix_s"] = \
             __import__("time").time()

@@ -6,11 +6,10 @@ The 0.7.4 case goes through HTTP end to end and is checked byte for byte against
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
+from tests.support.launcher import run_capwatch
 from tests.support.simulate import SimulatedRank
 from capwatch.telemetry.rank import rank_config
 from tests.service.conftest import T0
@@ -48,8 +47,7 @@ def feed(client, clock, cluster: str, version: str | None, windows: int = 30, ep
 
 
 def plan_json(*args: str) -> dict:
-    result = subprocess.run([sys.executable, "-m", "capwatch", "plan", "--json", *args], capture_output=True,
-                            text=True, timeout=120)
+    result = run_capwatch("plan", "--json", *args, timeout_s=120)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

@@ -8,7 +8,6 @@ import json
 import random
 import re
 import subprocess
-import sys
 
 import pytest
 from capwatch.service.advisor.advice import ClusterAdvice
@@ -18,6 +17,7 @@ from capwatch.sglang_logs.server_args import parse_args_dict, server_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.support import launcher
 from tests.support import sglang_logs as sg
 
 T0 = 1_764_504_000.0  # 2025-11-30 12:00:00 UTC, a window start
@@ -213,8 +213,7 @@ def test_args_rules_max_running_requests_and_disabled_graphs():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "capwatch", "advise", *args], capture_output=True, text=True,
-                          timeout=120)
+    return launcher.run_capwatch("advise", *args, timeout_s=120)
 
 
 def test_cli_json_is_the_services_advice_object(tmp_path):
@@ -275,8 +274,8 @@ def test_a_file_without_newlines_is_read_in_bounded_memory(tmp_path):
              "result = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
              "print(result.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
              "sys.stderr.write(result.stderr)\n")
-    measured = subprocess.run([sys.executable, "-c", probe, sys.executable, "-m", "capwatch", "advise",
-                               "--sglang-log", str(path)], capture_output=True, text=True, timeout=300)
+    measured = launcher.run("-c", probe, launcher.PYTHON, "-m", "capwatch", "advise", "--sglang-log", str(path),
+                            timeout_s=300)
     returncode, peak_kib = map(int, measured.stdout.split())
     assert returncode == 2 and "no server_args= line" in measured.stderr, measured.stderr
     assert peak_kib * 1024 < size, f"peak RSS {peak_kib} KiB for a {size >> 20} MiB line: the line was kept"
@@ -327,8 +326,7 @@ def test_a_large_log_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_p
             handle.write(block)
     leader, follower = pty.openpty()
     try:
-        result = subprocess.run([sys.executable, "-m", "capwatch", "advise", "--sglang-log", str(path), "--json"],
-                                stdout=subprocess.PIPE, stderr=follower, timeout=300)
+        result = launcher.run_capwatch("advise", "--sglang-log", str(path), "--json", stderr=follower, timeout_s=300)
         os.close(follower)
         shown = b""
         while True:

@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 from fastapi.testclient import TestClient
 
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
+from tests.support.launcher import run_capwatch
 from tests.support.service import free_port
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.schema import SCHEMA_V1, SCHEMA_VERSION
@@ -103,8 +102,7 @@ def test_serve_refuses_a_damaged_database_with_one_line_and_exit_2(tmp_path, clo
     _filled(path, clock, reports=400)
     _garble(path, path.stat().st_size // 2)
     port = free_port()
-    result = subprocess.run([sys.executable, "-m", "capwatch", "serve", "--db", str(path), "--port", str(port)],
-                            capture_output=True, text=True, timeout=60)
+    result = run_capwatch("serve", "--db", str(path), "--port", str(port), timeout_s=60)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "backup" in lines[0], lines

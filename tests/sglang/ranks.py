@@ -13,9 +13,10 @@ from pathlib import Path
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import launcher
+from tests.support.checkout import REPO_ROOT
 from tests.support.ports import free_port
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SGLANG_VENV = REPO_ROOT / ".venv-sglang"
 START_TIMEOUT_S = 240  # importing sglang takes ~15 s a process on a quiet machine, much more on a busy one
 EXIT_TIMEOUT_S = 60
@@ -42,7 +43,7 @@ def sglang_missing() -> str | None:
         return f"no sglang test venv at {python.parent.parent} (make test builds it)"
     # find_spec, not import: importing sglang takes seconds.
     check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sglang') and u.find_spec('capwatch') else 1)"
-    if subprocess.run([str(python), "-c", check], capture_output=True, timeout=60).returncode != 0:
+    if launcher.run("-c", check, python=python, timeout_s=60).returncode != 0:
         return f"{python} has no sglang or no capwatch installed"
     return None
 
@@ -66,14 +67,13 @@ class RankRun:
         full_plan = {"world": self.world, "master_port": free_port(), "model_dir": str(model_dir), "model": MODEL,
                      **plan}
         (self.run_dir / "plan.json").write_text(json.dumps(full_plan))
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
-        env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         flags = ["-O"] if self.optimize else []
         for rank in range(self.world):
             log = open(self.run_dir / f"rank-{rank}.log", "wb")
-            self.processes.append(subprocess.Popen(
-                [str(sglang_python()), *flags, "-m", self.program, str(self.run_dir), str(rank)],
-                cwd=REPO_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+            self.processes.append(launcher.start(
+                *flags, "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(), env=self.env,
+                unset=("PROMETHEUS_MULTIPROC_DIR",), imports_tests=True, cwd=self.run_dir, stdout=log,
+                stderr=subprocess.STDOUT))
             log.close()
         return self
 

@@ -3,22 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.plan import plan_workspace
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.launcher import run_capwatch
 
 
 def capwatch(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "200"}
-    return subprocess.run([sys.executable, "-m", "capwatch", "plan", *args], capture_output=True, text=True,
-                          env=env, cwd=ROOT, timeout=60)
+    return run_capwatch("plan", *args, env={"COLUMNS": "200"}, timeout_s=60)
 
 
 def test_done_when_command_gives_the_worked_value():

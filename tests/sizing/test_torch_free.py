@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import pkgutil
-import subprocess
-import sys
 
 import capwatch.sizing
+
+from tests.support import launcher
 
 TORCH_FREE = ("capwatch.vocabulary", "capwatch.dispatcher", "capwatch.sizing",
               *(f"capwatch.sizing.{module.name}" for module in pkgutil.iter_modules(capwatch.sizing.__path__)))
@@ -18,7 +18,7 @@ def test_torch_free_modules_leave_torch_unloaded():
     probe = ("import importlib, json, sys\n"
              f"for name in {TORCH_FREE!r}: importlib.import_module(name)\n"
              "print(json.dumps(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.'))))")
-    completed = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    completed = launcher.run("-c", probe, timeout_s=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert json.loads(completed.stdout.strip().splitlines()[-1]) == []
     assert len(TORCH_FREE) > 8  # every sizing module was found

@@ -1,12 +1,12 @@
 """The catalogue follows Prometheus' naming rules, and the docs show exactly the catalogue."""
 
-from pathlib import Path
 
 import pytest
-
 from capwatch.telemetry import catalogue
 
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "telemetry.md"
+from tests.support.checkout import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs" / "telemetry.md"
 
 
 def test_docs_list_exactly_the_catalogue():

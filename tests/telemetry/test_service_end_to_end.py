@@ -1,5 +1,5 @@
 """The reporter against the real service: ``capwatch serve`` on SQLite (the one launcher,
-``capwatch.demo.service.ServiceProcess``), stopped and restarted (same port, same database) while two
+``capwatch.demo.service.ServiceProcess``, started as ``tests.support.service`` starts it), stopped and restarted (same port, same database) while two
 gloo ranks keep dispatching."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from capwatch.demo.service import ServiceProcess
+from tests.support.service import ServiceProcess
 
 from .group import RankGroup
 from .rank_program import RankPlan
