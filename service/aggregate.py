@@ -11,7 +11,7 @@ from collections import Counter
 from typing import Literal
 
 from capwatch.service.advisor.budget import WorkspacePricing
-from capwatch.service.store.rank_state import RankState
+from capwatch.service.sources.contract import RankState
 from capwatch.service.vocabulary import RankStatus
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.checks import SizingError
@@ -30,7 +30,7 @@ class RankView(BaseModel):
     state: RankStatus
     host: str | None = None
     boot_id: str | None = None
-    boots: int = 0
+    boots: int | None = None  # None: the source does not see boots (Prometheus)
     ep_size: int | None = None
     cap: int | None = None
     last_report_unix_s: float | None = None

@@ -28,8 +28,8 @@ from pydantic import BaseModel
 from capwatch.service.advisor.recommend import Advice
 from capwatch.service.aggregate import ClusterView, rank_status
 from capwatch.service.config import Settings
-from capwatch.service.store.rank_state import RankState
-from capwatch.service.views import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view
+from capwatch.service.sources.contract import ClusterSource, RankState
+from capwatch.service.views import AdviceUnavailable, cluster_advice, cluster_view
 
 log = logging.getLogger(__name__)
 

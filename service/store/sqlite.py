@@ -24,10 +24,12 @@ from pathlib import Path
 
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.sample import GroupSample, window_start
-from capwatch.service.store.rank_state import RankState, apply_report
+from capwatch.service.advisor.sample import RankInterval, ran_steps, sample_of, window_start, window_values
+from capwatch.service.sources.contract import IntervalRow
+from capwatch.service.store.rank_state import ReportedRank, apply_report
 from capwatch.service.store.schema import (MIGRATIONS, REPORT_COLUMNS, REPORT_KEY_COLUMNS, SCHEMA_VERSION,
-                                            existing_reports_sql, insert_reports_sql, upsert_windows_sql)
+                                            WINDOW_COLUMNS, existing_reports_sql, insert_reports_sql,
+                                            upsert_windows_sql)
 from capwatch.telemetry.report import MAX_STORED_COUNT, RankReport
 
 log = logging.getLogger(__name__)
@@ -54,17 +56,6 @@ class StoreOptions:
     max_pending_reports: int = 32 * 1024
     checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
     policy: AdvisorPolicy = AdvisorPolicy()
-
-
-@dataclass(frozen=True)
-class IntervalRow:
-    ep_rank: int
-    interval_end_unix_s: float
-    peak_runtime_tokens: int
-    cap: int
-    forward_steps: int
-    overflow_events: int
-    max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
 
 
 @dataclass(frozen=True)
@@ -172,6 +163,7 @@ _ACCEPTED = IngestResult(accepted=True, duplicate=False)
 _DUPLICATE = IngestResult(accepted=True, duplicate=True)
 _KEY_LENGTH = len(REPORT_KEY_COLUMNS)
 _OVERFLOW_EVENTS = REPORT_COLUMNS.index("overflow_events")
+_WINDOW_SELECT = f"SELECT {', '.join(WINDOW_COLUMNS[2:])} FROM windows "
 _ROWS_PER_STATEMENT = 512  # 512 x 13 parameters stays well under SQLite's limit of 32,766
 
 
@@ -219,8 +211,8 @@ class Store:
             self._check_integrity(self._writer_connection)
             self._migrate(self._writer_connection)
             self._ranks_lock = threading.Lock()
-            self._ranks: dict[RankKey, RankState] = {}
-            self._by_cluster: dict[str, dict[RankKey, RankState]] = {}
+            self._ranks: dict[RankKey, ReportedRank] = {}
+            self._by_cluster: dict[str, dict[RankKey, ReportedRank]] = {}
             self._generations: dict[str, int] = {}
             ranks, self._checkpoint_id = self._load_ranks(self._writer_connection)
             self._publish(ranks)
@@ -257,14 +249,14 @@ class Store:
             connection.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {target};\nCOMMIT;")
             log.info("database %s migrated to schema version %d", self.path, target)
 
-    def _load_ranks(self, connection: sqlite3.Connection) -> tuple[dict[RankKey, RankState], int]:
+    def _load_ranks(self, connection: sqlite3.Connection) -> tuple[dict[RankKey, ReportedRank], int]:
         """The checkpointed rank states, brought up to date by replaying the reports after it. A state row
         the code cannot read is reported (logged) and rebuilt from the retained reports."""
-        ranks: dict[RankKey, RankState] = {}
+        ranks: dict[RankKey, ReportedRank] = {}
         unreadable = 0
         for cluster, role, ep_rank, text in connection.execute("SELECT cluster, role, ep_rank, state FROM ranks"):
             try:
-                ranks[(cluster, role, ep_rank)] = RankState.from_dict(json.loads(text))
+                ranks[(cluster, role, ep_rank)] = ReportedRank.from_dict(json.loads(text))
             except (ValueError, TypeError) as error:  # bad JSON, or a state the model refuses
                 unreadable += 1
                 log.warning("database %s: the state of rank %s/%s/%s cannot be read (%s); rebuilding the ranks from "
@@ -315,7 +307,7 @@ class Store:
             self._write_checkpoint(connection, ranks, ranks.keys(), self._last_report_id)
             self._dirty.clear()
 
-    def _publish(self, ranks: dict[RankKey, RankState]) -> None:
+    def _publish(self, ranks: dict[RankKey, ReportedRank]) -> None:
         """Make committed states visible to readers, and mark their clusters changed."""
         with self._ranks_lock:
             for key, state in ranks.items():
@@ -541,7 +533,7 @@ class Store:
         """One transaction for the batch, in a few many-row statements (see schema.py for why):
         find which reports are already stored, insert the new ones, grow their windows, COMMIT.
         Settles the batch and returns None, or rolls back and returns the error, settling nothing."""
-        touched: dict[RankKey, RankState] = {}
+        touched: dict[RankKey, ReportedRank] = {}
         last_report_id = self._last_report_id
         try:
             rows = [_report_row(pending.report, pending.received_unix_s, pending.payload) for pending in batch]
@@ -557,14 +549,14 @@ class Store:
                 results.append(_ACCEPTED)
                 new_rows.append(row)
                 report = pending.report
-                interval = report.interval
+                interval = RankInterval(key[2], report.interval.end_unix_s, report.interval.peak_runtime_tokens,
+                                        report.config.cap, row[_OVERFLOW_EVENTS], report.interval.forward_steps)
                 window = window_start(interval.end_unix_s, self.options.window_s)
-                # An idle interval says nothing about the need. A window already folded into the
+                # An idle interval adds nothing (the window rule). A window already folded into the
                 # histogram has had its one sample: a row for it would be folded again as a second
                 # sample, so a late report for it is kept raw (audit, dedupe) but adds no sample.
-                if interval.forward_steps > 0 and window >= self._folded_before_s:
-                    window_rows.append((key[0], key[1], window, interval.peak_runtime_tokens, report.config.cap,
-                                        row[_OVERFLOW_EVENTS], 1))  # 1: one more report in the window
+                if ran_steps(interval.forward_steps) and window >= self._folded_before_s:
+                    window_rows.append((key[0], key[1], window, *window_values(interval), 1))  # 1: one more report
                 rank = key[:3]
                 state = touched.get(rank) or self._copy_state(rank)
                 touched[rank] = apply_report(state, report, pending.received_unix_s)
@@ -584,7 +576,7 @@ class Store:
         _resolve(batch, results, None)
         return None
 
-    def _copy_state(self, key: RankKey) -> RankState | None:
+    def _copy_state(self, key: RankKey) -> ReportedRank | None:
         # A copy: the cached state changes only after COMMIT (a failed batch leaves it as it was).
         state = self._ranks.get(key)
         return None if state is None else state.copy()
@@ -601,10 +593,9 @@ class Store:
             for cluster, role in keys:
                 history = self._folded(connection, cluster, role)
                 rows = connection.execute(
-                    "SELECT window_start_s, peak_runtime_tokens, cap, overflow_events FROM windows "
-                    "WHERE cluster = ? AND role = ? AND window_start_s < ? ORDER BY window_start_s",
+                    _WINDOW_SELECT + "WHERE cluster = ? AND role = ? AND window_start_s < ? ORDER BY window_start_s",
                     (cluster, role, fold_before)).fetchall()
-                history.add_all((GroupSample(*row) for row in rows), policy.bump_factor, policy.bump_min_tokens)
+                history.add_all((sample_of(row[0], row[1:]) for row in rows), policy.bump_factor, policy.bump_min_tokens)
                 history.forget_below(policy.forget_relative_weight, now)
                 connection.execute("INSERT OR REPLACE INTO folded (cluster, role, history) VALUES (?, ?, ?)",
                                    (cluster, role, json.dumps(history.to_dict())))
@@ -662,7 +653,7 @@ class Store:
         may cache the cluster's derived views under."""
         return self._generations.get(cluster, 0)
 
-    def rank_states(self, cluster: str) -> list[RankState]:
+    def rank_states(self, cluster: str) -> list[ReportedRank]:
         """Committed states (published only after COMMIT; never mutated once published)."""
         with self._ranks_lock:
             states = list(self._by_cluster.get(cluster, {}).values())
@@ -675,11 +666,11 @@ class Store:
         try:
             history = self._folded(connection, cluster, role)
             rows = connection.execute(
-                "SELECT window_start_s, peak_runtime_tokens, cap, overflow_events FROM windows "
-                "WHERE cluster = ? AND role = ? ORDER BY window_start_s", (cluster, role)).fetchall()
+                _WINDOW_SELECT + "WHERE cluster = ? AND role = ? ORDER BY window_start_s", (cluster, role)).fetchall()
         finally:
             connection.execute("COMMIT")
-        return history.add_all((GroupSample(*row) for row in rows), policy.bump_factor, policy.bump_min_tokens)
+        return history.add_all((sample_of(row[0], row[1:]) for row in rows), policy.bump_factor,
+                               policy.bump_min_tokens)
 
     def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
                       limit: int) -> list[IntervalRow]:
