@@ -22,7 +22,8 @@ from capwatch.service.digests import ClusterDigests
 from capwatch.service.metrics import build_metrics
 from capwatch.service.sources.contract import ClusterSource, SourceUnavailable
 from capwatch.service.sources.prometheus.source import PrometheusSource
-from capwatch.service.store.sqlite import Store, StoreOptions
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 
 DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises

@@ -1,6 +1,6 @@
 """What the store remembers about one rank: its latest report's identity, config and last interval, plus
 totals that survive counter resets (a new boot_id restarts the rank's cumulative counters; totals are
-summed from intervals, so they never go backwards). Checkpointed as JSON by the store."""
+summed from intervals, so they never go backwards). Checkpointed as JSON (``checkpoints.py``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from capwatch.service.main import create_app, store_options
 from tests.support.service import free_port
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.schema import SCHEMA_V1, SCHEMA_VERSION
-from capwatch.service.store.sqlite import Store, StoreDamaged
+from capwatch.service.store.errors import StoreDamaged
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import JSON, T0, FakeClock
 

@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 from capwatch.service.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, RankInterval, combined, group_samples
 from capwatch.service.config import Settings
 from capwatch.service.sources.prometheus.source import PrometheusSource
-from capwatch.service.advisor.sample import sample_of
-from capwatch.service.store.schema import MIGRATIONS, WINDOW_COLUMNS, upsert_windows_sql
-from capwatch.service.store.sqlite import Store, StoreOptions
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.schema import MIGRATIONS, upsert_windows_sql
+from capwatch.service.store.sqlite import Store
+from capwatch.service.store.windows import read_windows
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
@@ -92,12 +93,6 @@ CASES = (
 
 def _as_rule_input(interval: Interval) -> RankInterval:
     return RankInterval(interval.rank, interval.end_s, interval.peak, interval.cap, interval.overflows, interval.steps)
-
-
-def read_windows(connection: sqlite3.Connection, cluster: str, role: str) -> list:
-    rows = connection.execute(f"SELECT {', '.join(WINDOW_COLUMNS[2:])} FROM windows WHERE cluster = ? AND role = ? "
-                              "ORDER BY window_start_s", (cluster, role)).fetchall()
-    return [sample_of(row[0], row[1:]) for row in rows]
 
 
 def _found(samples) -> list[tuple[int, int, int, int]]:
