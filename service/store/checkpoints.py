@@ -35,7 +35,7 @@ def load_ranks(connection: sqlite3.Connection, path: str) -> tuple[dict[RankKey,
     for cluster, role, ep_rank, text in connection.execute("SELECT cluster, role, ep_rank, state FROM ranks"):
         try:
             ranks[(cluster, role, ep_rank)] = ReportedRank.from_dict(json.loads(text))
-        except (ValueError, TypeError) as error:  # bad JSON, or a state the model refuses
+        except (ValueError, TypeError, KeyError) as error:  # bad JSON, not a state, or one the model refuses
             unreadable += 1
             log.warning("database %s: the state of rank %s/%s/%s cannot be read (%s); rebuilding the ranks from "
                         "the reports kept", path, cluster, role, ep_rank, str(error).splitlines()[0])

@@ -32,8 +32,8 @@ class ReportedRank(RankState):
 
     @classmethod
     def from_dict(cls, data: dict) -> "ReportedRank":
-        """A checkpointed rank (ValueError or TypeError: the row cannot be read). Its config is validated
-        here, once; lax, as it is JSON the store wrote."""
+        """A checkpointed rank (ValueError, TypeError or KeyError: the row cannot be read). Its config is
+        validated here, once; lax, as it is JSON the store wrote."""
         return cls(**{**data, "config": RankConfig.model_validate(data["config"], strict=False)})
 
     def copy(self) -> "ReportedRank":
