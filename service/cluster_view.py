@@ -8,7 +8,7 @@ from collections import Counter
 
 from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.findings import Finding, consistency_findings
-from capwatch.service.store.rank_state import RankState
+from capwatch.service.sources.contract import RankState
 from capwatch.service.vocabulary import RankStatus
 from pydantic import BaseModel
 
@@ -19,7 +19,7 @@ class RankView(BaseModel):
     state: RankStatus
     host: str | None = None
     boot_id: str | None = None
-    boots: int = 0
+    boots: int | None = None  # None: the source does not see boots (Prometheus)
     ep_size: int | None = None
     cap: int | None = None
     last_report_unix_s: float | None = None

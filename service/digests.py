@@ -42,8 +42,8 @@ from pydantic import BaseModel
 from capwatch.service.advisor.advice import Advice
 from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
-from capwatch.service.store.rank_state import RankState
-from capwatch.service.queries import AdviceUnavailable, ClusterSource, cluster_advice, cluster_view, role_states
+from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_view, role_states
+from capwatch.service.sources.contract import ClusterSource, RankState
 
 log = logging.getLogger(__name__)
 

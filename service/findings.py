@@ -12,7 +12,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
 from capwatch.service.advisor.pricing import WorkspacePricing
-from capwatch.service.store.rank_state import RankState
+from capwatch.service.sources.contract import RankState
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 

@@ -20,9 +20,10 @@ from capwatch.service.api.routes import advice, clusters, health, metrics, repor
 from capwatch.service.config import Settings
 from capwatch.service.digests import GroupDigests
 from capwatch.service.metrics import build_metrics
-from capwatch.service.prometheus_source import PrometheusSource, SourceUnavailable
-from capwatch.service.store.sqlite import Store, StoreOptions
-from capwatch.service.queries import ClusterSource
+from capwatch.service.sources.contract import ClusterSource, SourceUnavailable
+from capwatch.service.sources.prometheus.source import PrometheusSource
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 
 DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises

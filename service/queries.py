@@ -1,30 +1,18 @@
-"""The queries over a data source (the SQLite store, or a Prometheus server), and the protocol a source
-implements: a group's view (``cluster_view.py``), its advice and what-if (the advisor), from the source's rank
-states and history. Routes and the group digests come through here."""
+"""The queries over a data source (the SQLite store, or a Prometheus server; their contract:
+``sources/contract.py``): a group's view (``cluster_view.py``), its advice and what-if (the advisor), from the
+source's rank states and history. Routes and the group digests come through here."""
 
 from __future__ import annotations
-
-from typing import Protocol
 
 from capwatch.service.advisor.advice import Advice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import merged_sglang_limits
-from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
 from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
-from capwatch.service.store.rank_state import RankState
-from capwatch.service.store.sqlite import IntervalRow
-
-
-class ClusterSource(Protocol):
-    def clusters(self) -> list[str]: ...
-    def rank_states(self, cluster: str) -> list[RankState]: ...
-    def sample_history(self, cluster: str, role: str) -> SampleHistory: ...
-    def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
-                      limit: int) -> list[IntervalRow]: ...
+from capwatch.service.sources.contract import ClusterSource, RankState
 
 
 class UnknownCluster(LookupError):
@@ -77,9 +65,8 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(state.config.speculative_tokens for state in live),
         sglang=merged_sglang_limits(state.config.sglang for state in live),
-        # A config rebuilt from Prometheus may lack the geometry (model_construct): then no KV price.
-        kv_bytes_per_token=kv_bytes_per_token_of(getattr(config, "hidden_size", None), getattr(config, "top_k", None),
-                                                 getattr(config, "num_experts", None)))
+        # A config rebuilt from Prometheus may lack the geometry (an UnpricedConfig's are None): then no KV price.
+        kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
 
 
 def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     from capwatch.cli import CommandError
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
     from capwatch.service.main import create_app
-    from capwatch.service.store.sqlite import StoreDamaged
+    from capwatch.service.store.errors import StoreDamaged
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
     try:

@@ -18,11 +18,11 @@ class WorkspacePricing:
     Built from a report with ``of_config``: the geometry and format are then known, so every layout
     prices (0.7.4's ``NVLinkOneSidedAlltoAll`` sizes from them; ``moe_a2a`` from the reported bytes
     per token). Without a geometry only the ``moe_a2a`` layout can be priced (its inputs are the
-    bytes per token alone)."""
+    bytes per token alone); without those either (a source that does not see them: None), nothing is."""
 
     ep_size: int
-    dispatch_bytes_per_token: int
-    combine_bytes_per_token: int
+    dispatch_bytes_per_token: int | None
+    combine_bytes_per_token: int | None
     eplb_stats_num_experts: int = 0
     flashinfer_version: str | None = None
     geometry: ModelGeometry | None = None
@@ -30,9 +30,10 @@ class WorkspacePricing:
 
     @classmethod
     def of_config(cls, config, ep_size: int) -> "WorkspacePricing":
-        """The pricing of a reported ``RankConfig`` in a group of ``ep_size`` ranks."""
+        """The pricing of a rank's config (a ``RankConfig``, or a source's ``UnpricedConfig``) in a group of
+        ``ep_size`` ranks."""
         geometry = (custom_geometry(config.hidden_size, config.top_k, config.num_experts)
-                    if getattr(config, "hidden_size", None) is not None else None)  # a source that cannot see it
+                    if config.hidden_size is not None else None)  # a source that cannot see it
         return cls(ep_size, config.dispatch_bytes_per_token, config.combine_bytes_per_token,
                    config.eplb_stats_num_experts, config.flashinfer_version, geometry, config.payload_format)
 
@@ -44,6 +45,8 @@ class WorkspacePricing:
                               bytes_per_token=(self.dispatch_bytes_per_token, self.combine_bytes_per_token))
 
     def bytes_per_rank(self, cap: int) -> int:
+        if self.dispatch_bytes_per_token is None or self.combine_bytes_per_token is None:
+            raise SizingError("the payload bytes per token are not known, so no workspace can be priced")
         if self.geometry is None:  # moe_a2a's own inputs: the bytes per token
             return workspace_bytes_per_rank(
                 self.ep_size, cap, self.dispatch_bytes_per_token, self.combine_bytes_per_token,

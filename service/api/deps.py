@@ -11,7 +11,7 @@ from typing import Annotated
 from capwatch.service.config import Settings
 from capwatch.service.digests import GroupDigests
 from capwatch.service.metrics import ServiceMetrics
-from capwatch.service.queries import ClusterSource
+from capwatch.service.sources.contract import ClusterSource
 from fastapi import Depends, Query, Request
 
 from capwatch.vocabulary import ROLES

@@ -1,91 +1,50 @@
-"""What the service remembers about one rank: its latest report's identity, config and last
-interval, plus totals that survive counter resets (a new boot_id restarts the rank's cumulative
-counters; totals are summed from intervals, so they never go backwards)."""
+"""What the store remembers about one rank: its latest report's identity, config and last interval, plus
+totals that survive counter resets (a new boot_id restarts the rank's cumulative counters; totals are
+summed from intervals, so they never go backwards). Checkpointed as JSON (``checkpoints.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from pydantic import ValidationError
-
+from capwatch.service.sources.contract import RankState, overflow_key
 from capwatch.telemetry.report import RankConfig, RankReport
 
 
-def config_of(config: RankConfig | Mapping) -> RankConfig:
-    """A rank's config as the typed model. A mapping is validated (lax: it comes from JSON the store
-    wrote); one without the model geometry (a Prometheus source cannot see it) is kept unvalidated,
-    so only the layouts that price without a geometry price it."""
-    if isinstance(config, RankConfig):
-        return config
-    try:
-        return RankConfig.model_validate(config, strict=False)
-    except ValidationError:
-        if all(name in config for name in ("hidden_size", "top_k", "num_experts")):
-            raise  # a full config that does not validate: a damaged row, reported by the store
-        return RankConfig.model_construct(**config)
+@dataclass(kw_only=True)
+class ReportedRank(RankState):
+    """A ``RankState`` as reports tell it: the boot and sequence order the reports, so a late one updates
+    the totals but not the view."""
 
-
-@dataclass
-class RankState:
-    cluster: str
-    role: str
-    ep_rank: int
-    ep_size: int
+    config: RankConfig
     boot_id: str
+    boots: int = 1
     sequence: int
-    host: str | None
     sent_unix_s: float
-    received_unix_s: float
-    config: RankConfig  # frozen: shared between copies
     last_interval_end_unix_s: float
     last_interval_s: float
     last_forward_steps: int
-    last_peak_runtime_tokens: int
-    max_runtime_tokens: int  # since the service first saw the rank, across boots
-    final: bool = False
-    final_reason: str | None = None
-    overflow_totals: dict[str, int] = field(default_factory=dict)  # "kind/outcome" -> events
-    forward_steps_total: int = 0
     reports: int = 0
-    boots: int = 1
-    # The rank's own largest local batch (the report's max_local_tokens; None from ranks that predate it).
-    last_max_local_tokens: int | None = None
-    max_local_tokens: int | None = None  # since the service first saw the rank, across boots
-
-    def __post_init__(self) -> None:
-        self.config = config_of(self.config)
-
-    @property
-    def cap(self) -> int:
-        return self.config.cap
-
-    @property
-    def overflow_events_total(self) -> int:
-        return sum(self.overflow_totals.values())
 
     def to_dict(self) -> dict:
         # Not dataclasses.asdict: its recursive deep copy cost ~1 ms per report on the ingest path.
         return {**self.__dict__, "config": self.config.model_dump(exclude_unset=False),
                 "overflow_totals": dict(self.overflow_totals)}
 
-    def copy(self) -> "RankState":
-        return RankState(**{**self.__dict__, "overflow_totals": dict(self.overflow_totals)})
-
     @classmethod
-    def from_dict(cls, data: dict) -> "RankState":
-        return cls(**data)
+    def from_dict(cls, data: dict) -> "ReportedRank":
+        """A checkpointed rank (ValueError, TypeError or KeyError: the row cannot be read). Its config is
+        validated here, once; lax, as it is JSON the store wrote."""
+        return cls(**{**data, "config": RankConfig.model_validate(data["config"], strict=False)})
+
+    def copy(self) -> "ReportedRank":
+        return ReportedRank(**{**self.__dict__, "overflow_totals": dict(self.overflow_totals)})
 
 
-def overflow_key(kind: str, outcome: str) -> str:
-    return f"{kind}/{outcome}"
-
-
-def apply_report(state: RankState | None, report: RankReport, received_unix_s: float) -> RankState:
+def apply_report(state: ReportedRank | None, report: RankReport, received_unix_s: float) -> ReportedRank:
     """The rank's state after one NEW (not duplicate) report; late reports update totals only."""
     identity, interval = report.identity, report.interval
     if state is None:
-        state = RankState(
+        state = ReportedRank(
             cluster=identity.cluster, role=identity.role, ep_rank=identity.ep_rank, ep_size=identity.ep_size,
             boot_id=identity.boot_id, sequence=-1, host=identity.host, sent_unix_s=-1.0,
             received_unix_s=received_unix_s, config=report.config, last_interval_end_unix_s=0.0,

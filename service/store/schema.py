@@ -10,7 +10,7 @@ migration at the end, never edit one: databases in the field were written by eac
 
 import functools
 
-from capwatch.telemetry.report import MAX_STORED_COUNT
+from capwatch.service.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, Combine
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS reports (
@@ -92,7 +92,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 REPORT_KEY_COLUMNS = ("cluster", "role", "ep_rank", "boot_id", "sequence")
 REPORT_COLUMNS = (*REPORT_KEY_COLUMNS, "received_unix_s", "interval_end_unix_s", "peak_runtime_tokens", "cap",
                   "forward_steps", "overflow_events", "payload", "max_local_tokens")
-WINDOW_COLUMNS = ("cluster", "role", "window_start_s", "peak_runtime_tokens", "cap", "overflow_events")
+# A window row: its key, then the window rule's fields (advisor/sample.py) in their order.
+WINDOW_COLUMNS = ("cluster", "role", "window_start_s", *(rule.name for rule in WINDOW_FIELDS))
 
 
 def _values(columns: int, rows: int) -> str:
@@ -114,15 +115,21 @@ def insert_reports_sql(rows: int) -> str:
     return f"INSERT INTO reports ({', '.join(REPORT_COLUMNS)}) VALUES {_values(len(REPORT_COLUMNS), rows)}"
 
 
+# The window rule's combinations in SQL: a row hitting a stored window combines with it field by field.
+_COMBINED_SQL: dict[Combine, str] = {
+    "max": "max({column}, excluded.{column})",
+    "sum": f"min({{column}} + excluded.{{column}}, {SUM_LIMIT})",  # each row adds less than 2^58: no int64 overflow
+}
+
+
 @functools.lru_cache(maxsize=1024)
 def upsert_windows_sql(rows: int) -> str:
-    """A window's sample only grows: the hottest rank's peak, the largest cap, every overflow (saturating).
-    Rows hitting the same window apply one after another, as separate statements would."""
+    """Add ``rows`` window rows (WINDOW_COLUMNS, then 1 for the report count) by the window rule:
+    a window's sample only grows. Rows hitting the same window apply one after another, as separate
+    statements would."""
+    combined = ", ".join(f"{rule.name} = " + _COMBINED_SQL[rule.combine].format(column=rule.name)
+                         for rule in WINDOW_FIELDS)
     return (f"INSERT INTO windows ({', '.join(WINDOW_COLUMNS)}, reports) "
             f"VALUES {_values(len(WINDOW_COLUMNS) + 1, rows)} "
-            "ON CONFLICT (cluster, role, window_start_s) DO UPDATE SET "
-            "peak_runtime_tokens = max(peak_runtime_tokens, excluded.peak_runtime_tokens), "
-            "cap = max(cap, excluded.cap), "
-            # Saturating: each row adds less than 2^58 (MAX_COUNT bounds), so the sum never leaves int64.
-            f"overflow_events = min(overflow_events + excluded.overflow_events, {MAX_STORED_COUNT}), "
-            f"reports = min(reports + excluded.reports, {MAX_STORED_COUNT})")
+            f"ON CONFLICT (cluster, role, window_start_s) DO UPDATE SET {combined}, "
+            f"reports = min(reports + excluded.reports, {SUM_LIMIT})")

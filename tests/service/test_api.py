@@ -220,7 +220,8 @@ def test_folding_old_windows_keeps_the_advice_and_retention_drops_raw_reports(cl
 
 
 def test_rank_states_not_yet_checkpointed_are_replayed_from_the_reports(tmp_path, clock):
-    from capwatch.service.store.sqlite import Store, StoreOptions
+    from capwatch.service.store.options import StoreOptions
+    from capwatch.service.store.sqlite import Store
 
     options = StoreOptions(checkpoint_interval_s=3600.0)
     first = Store(tmp_path / "c.db", options, clock)

@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from capwatch.service.store.sqlite import ReportNotStorable
+from capwatch.service.store.errors import ReportNotStorable
 from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS
 from capwatch.telemetry.report import MAX_COUNT, RankReport
 from hypothesis import HealthCheck, given

@@ -1,11 +1,17 @@
 """A rank's config survives the trip through its own exposition: what the Prometheus source rebuilds
-from the rank's series (``rank_config_of``) is the dict its reports carry (``RankConfig.model_dump()``),
-SGLang's floor inputs and the model geometry included, for any config a rank can report."""
+from the rank's series (``rank_config_of``) is the ``RankConfig`` its reports carry, SGLang's floor inputs
+and the model geometry included, for any config a rank can report. What it cannot rebuild whole is an
+``UnpricedConfig`` that says what it does not know."""
 
 from __future__ import annotations
 
+import pytest
+
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.service.prometheus_source import rank_config_of
+from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.sources.contract import UnpricedConfig
+from capwatch.service.sources.prometheus.rank_config import rank_config_of
+from capwatch.sizing.checks import SizingError
 from capwatch.sizing.model_presets import MODEL_PRESETS
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
@@ -55,7 +61,7 @@ def exposition(config: RankConfig) -> bytes:
     return RankExporter(DispatchCollector(IntervalTracker(counters), identity, config)).render()
 
 
-def rebuilt(text: bytes) -> dict:
+def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
     """What the Prometheus source reads of one rank: values by series name, the two info series' labels."""
     values: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
@@ -69,7 +75,7 @@ def rebuilt(text: bytes) -> dict:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rank_configs())
 def test_the_exported_series_rebuild_exactly_the_reported_config(config):
-    assert rebuilt(exposition(config)) == config.model_dump()
+    assert rebuilt(exposition(config)) == config
 
 
 def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
@@ -94,7 +100,7 @@ def test_without_sglang_the_sglang_series_are_absent_and_the_config_says_none():
     assert families[catalogue.SGLANG_INFO.name].samples == []
     assert all(families[spec.name].samples == [] for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)
     assert families[catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name].samples == []  # not reported: absent, not 0
-    assert rebuilt(text) == config.model_dump() and rebuilt(text)["sglang"] is None
+    assert rebuilt(text) == config and rebuilt(text).sglang is None
 
 
 def test_an_exporter_without_the_geometry_gauges_is_priced_by_its_bytes_per_token_alone():
@@ -103,9 +109,12 @@ def test_an_exporter_without_the_geometry_gauges_is_priced_by_its_bytes_per_toke
     kept = "\n".join(line for line in exposition(config).decode().splitlines()
                      if "moe_a2a_model_" not in line).encode()
     rebuilt_config = rebuilt(kept)
-    assert not {"hidden_size", "top_k", "num_experts"} & set(rebuilt_config)
-    assert rebuilt_config["workspace_bytes_per_rank"] == config.workspace_bytes_per_rank
-    assert rebuilt_config["dispatch_bytes_per_token"] == config.dispatch_bytes_per_token
+    assert isinstance(rebuilt_config, UnpricedConfig)
+    assert (rebuilt_config.hidden_size, rebuilt_config.top_k, rebuilt_config.num_experts) == (None, None, None)
+    assert rebuilt_config.workspace_bytes_per_rank == config.workspace_bytes_per_rank
+    assert rebuilt_config.dispatch_bytes_per_token == config.dispatch_bytes_per_token
+    pricing = WorkspacePricing.of_config(rebuilt_config, EP_SIZE)
+    assert pricing.geometry is None and pricing.bytes_per_rank(config.cap) == config.workspace_bytes_per_rank
 
 
 def test_series_no_rank_could_report_together_fall_back_to_the_unpriced_config():
@@ -114,8 +123,23 @@ def test_series_no_rank_could_report_together_fall_back_to_the_unpriced_config()
     values |= {catalogue.MODEL_TOP_K.name: 9.0, catalogue.MODEL_EXPERTS.name: 4.0,
                catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name: float("inf")}
     config = rank_config_of(values, {"backend": "torch"}, {"disaggregation_mode": "decode"})
-    assert not {"hidden_size", "top_k", "num_experts"} & set(config) and config["sglang"] is None
-    assert config["cuda_graph_max_batch_size"] is None  # +Inf is not a batch size
+    assert isinstance(config, UnpricedConfig) and config.hidden_size is None and config.sglang is None
+    assert config.cuda_graph_max_batch_size is None  # +Inf is not a batch size
+
+
+def test_without_the_bytes_per_token_the_config_says_unknown_and_nothing_is_priced():
+    """Series without the payload sizes: unknown (None), not a made-up byte per token."""
+    config = rank_config_of({catalogue.CAP_TOKENS.name: 512.0}, {}, None)
+    assert isinstance(config, UnpricedConfig) and config.cap == 512
+    assert config.dispatch_bytes_per_token is None and config.workspace_bytes_per_rank is None
+    with pytest.raises(SizingError, match="not known"):
+        WorkspacePricing.of_config(config, EP_SIZE).bytes_per_rank(512)
+
+
+@pytest.mark.parametrize("cap", [None, 0.0, -4.0, float("nan"), float("inf")])
+def test_series_without_a_usable_cap_describe_no_rank(cap):
+    values = {} if cap is None else {catalogue.CAP_TOKENS.name: cap}
+    assert rank_config_of(values | {catalogue.DISPATCH_TOKEN_BYTES.name: 64.0}, {}, None) is None
 
 
 _names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES)]
@@ -128,9 +152,22 @@ _labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catal
                        max_size=len(_names)), _labels, st.none() | _labels)
 def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_an_error(values, info, sglang_info):
     """Whatever a Prometheus holds under these names (a hand-written exporter, NaN, +Inf, negatives):
-    either a config that validates, or one without geometry or SGLang limits that prices by its bytes."""
+    no rank without a usable cap; else a config that validates, or one without geometry whose sizes are
+    sizes a rank could have or unknown, and that prices or says why not (SizingError) — never a crash."""
     config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info)
-    if "hidden_size" in config:
-        assert RankConfig.model_validate(config, strict=False).model_dump() == config
-    else:
-        assert not {"top_k", "num_experts"} & set(config)
+    cap = values.get(catalogue.CAP_TOKENS.name)
+    if cap is None or not 1 <= float(cap) < float("inf"):
+        assert config is None
+        return
+    if isinstance(config, RankConfig):
+        assert RankConfig.model_validate(config.model_dump(), strict=False) == config
+        return
+    assert config.hidden_size is None and config.top_k is None and config.num_experts is None
+    for size in (config.dispatch_bytes_per_token, config.combine_bytes_per_token, config.workspace_bytes_per_rank,
+                 config.allocated_workspace_bytes, config.cuda_graph_max_batch_size):
+        assert size is None or size >= 1
+    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0
+    try:
+        WorkspacePricing.of_config(config, EP_SIZE).bytes_per_rank(config.cap)
+    except SizingError:
+        pass

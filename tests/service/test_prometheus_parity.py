@@ -22,7 +22,7 @@ from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
-from capwatch.service.prometheus_source import PrometheusSource
+from capwatch.service.sources.prometheus.source import PrometheusSource
 from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
@@ -145,7 +145,7 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
                 assert rebuilt[ep_rank].config.sglang == LIMITS
             # ... in four instant queries however many series a rank has (the cost of every request and scrape).
             queries: list[str] = []
-            source._client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
+            source.api.client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
             assert len(source.rank_states(CLUSTER)) == EP_SIZE and queries == ["/api/v1/query"] * 4
             # Each rank's own largest local batch: the hot rank's is R, the other's a third of it.
             assert rebuilt[HOT_RANK].max_local_tokens == rebuilt[HOT_RANK].max_runtime_tokens >= 300

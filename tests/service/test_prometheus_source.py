@@ -90,6 +90,8 @@ def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
             view = client.get("/v1/clusters/prom-a").json()
             assert [rank["state"] for rank in view["ranks"]] == ["reporting"] * EP_SIZE
             assert view["cap"] == CAP and view["ep_size"] == EP_SIZE and view["findings"] == []
+            # Prometheus sees no boots: unknown, not made up.
+            assert {(rank["boot_id"], rank["boots"]) for rank in view["ranks"]} == {(None, None)}
             assert view["group_max_runtime_tokens"] == 1100 and view["overflow_events_total"] == 1
             assert view["ranks"][1]["overflow_events"] == {"runtime_over_cap/raised": 1}
             assert view["workspace_bytes_per_rank"] == ranks[0].config.workspace_bytes_per_rank

@@ -1,6 +1,7 @@
 """How often a request or a /metrics scrape reads the source, and what the per-cluster gauges say
 per dispatcher. Against Prometheus one ``rank_states`` is four instant queries and one
-``sample_history`` four range queries, so these counts are the cost of every scrape."""
+``sample_history`` three range queries (one per field of the window rule), so these counts are the cost
+of every scrape."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections import Counter
 import pytest
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
-from capwatch.service.prometheus_source import PrometheusSource
+from capwatch.service.sources.prometheus.source import PrometheusSource
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -107,18 +108,18 @@ def test_prometheus_history_is_reused_within_a_window_not_requeried(prometheus):
     source = PrometheusSource(prometheus, Settings(prometheus_url=prometheus, window_s=60.0,
                                                    prometheus_cache_s=30.0), clock)
     queries: list[str] = []
-    source._client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
+    source.api.client.event_hooks["request"].append(lambda request: queries.append(request.url.path))
     try:
         first = source.sample_history("a", "target")
-        assert len(queries) == 4 and first.sample_count == 0
+        assert len(queries) == 3 and first.sample_count == 0
         clock.now += 10
         source.sample_history("a", "target")
-        assert len(queries) == 4  # a second scrape within the TTL: no new queries
+        assert len(queries) == 3  # a second scrape within the TTL: no new queries
         source.sample_history("a", "draft")
-        assert len(queries) == 8  # another role is another history
+        assert len(queries) == 6  # another role is another history
         clock.now += 30
         source.sample_history("a", "target")
-        assert len(queries) == 12  # expired: read again
+        assert len(queries) == 9  # expired: read again
     finally:
         source.close()
 

@@ -15,7 +15,9 @@ import pytest
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from tests.support.simulate import SimulatedRank
-from capwatch.service.store.sqlite import Store, StoreOptions, StoreUnavailable
+from capwatch.service.store.errors import StoreUnavailable
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import JSON, T0, FakeClock
 

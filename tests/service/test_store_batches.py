@@ -9,7 +9,10 @@ import asyncio
 import pytest
 
 from tests.support.simulate import SimulatedRank
-from capwatch.service.store.sqlite import IngestResult, Store, StoreOptions, StoreUnavailable
+from capwatch.service.store.errors import StoreUnavailable
+from capwatch.service.store.ingest import IngestResult
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
 
@@ -93,9 +96,8 @@ def test_a_batch_larger_than_one_statement_and_the_batch_bound(stores, monkeypat
 
     bounded = stores("bounded", max_batch_reports=100)
     batch_sizes = []
-    commit = bounded._commit
-    monkeypatch.setattr(bounded, "_commit", lambda connection, batch: (batch_sizes.append(len(batch)),
-                                                                        commit(connection, batch)))
+    commit = bounded._writer._commit
+    monkeypatch.setattr(bounded._writer, "_commit", lambda batch: (batch_sizes.append(len(batch)), commit(batch)))
     assert _submit_in_one_iteration(bounded, reports, bounded.clock) == [ACCEPTED] * len(reports)
     assert max(batch_sizes) <= 100 and sum(batch_sizes) == len(reports)
 

@@ -17,7 +17,8 @@ from tests.support.launcher import run_capwatch
 from tests.support.service import free_port
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.schema import SCHEMA_V1, SCHEMA_VERSION
-from capwatch.service.store.sqlite import Store, StoreDamaged
+from capwatch.service.store.errors import StoreDamaged
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import JSON, T0, FakeClock
 
@@ -108,7 +109,9 @@ def test_serve_refuses_a_damaged_database_with_one_line_and_exit_2(tmp_path, clo
     assert len(lines) == 1 and str(path) in lines[0] and "damaged" in lines[0] and "backup" in lines[0], lines
 
 
-def test_a_tampered_rank_state_is_reported_and_rebuilt_from_the_reports(tmp_path, clock, caplog):
+@pytest.mark.parametrize("tampered", ["'{\"cluster\": 1'", "json_remove(state, '$.config')", "'[1, 2]'"],
+                         ids=["bad JSON", "no config", "not an object"])
+def test_a_tampered_rank_state_is_reported_and_rebuilt_from_the_reports(tmp_path, clock, caplog, tampered):
     path = tmp_path / "tampered.db"
     _filled(path, clock)
     expected = None
@@ -116,7 +119,7 @@ def test_a_tampered_rank_state_is_reported_and_rebuilt_from_the_reports(tmp_path
     expected = [state.to_dict() for state in store.rank_states("m1")]
     store.close()
     with sqlite3.connect(path) as connection:
-        connection.execute("UPDATE ranks SET state = '{\"cluster\": 1' WHERE ep_rank = 0")
+        connection.execute(f"UPDATE ranks SET state = {tampered} WHERE ep_rank = 0")
         connection.execute("UPDATE ranks SET state = json_set(state, '$.config.cap', -5) WHERE ep_rank = 1")
     with caplog.at_level(logging.WARNING):
         store = Store(path, clock=clock)

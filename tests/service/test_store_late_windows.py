@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from capwatch.service.advisor.sample import window_start
 from tests.support.simulate import SimulatedRank
-from capwatch.service.store.sqlite import Store, StoreOptions
+from capwatch.service.store.options import StoreOptions
+from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
 

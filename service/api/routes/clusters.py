@@ -102,8 +102,7 @@ def get_history(
             utilization=row.peak_runtime_tokens / row.cap, forward_steps=row.forward_steps,
             overflow_events=row.overflow_events, max_local_tokens=row.max_local_tokens))
     samples = group_samples((RankInterval(row.ep_rank, row.interval_end_unix_s, row.peak_runtime_tokens, row.cap,
-                                          row.overflow_events) for row in rows if row.forward_steps > 0),
-                            settings.window_s)
+                                          row.overflow_events, row.forward_steps) for row in rows), settings.window_s)
     return ClusterHistory(
         cluster=cluster, role=role, since_unix_s=since, until_unix_s=until, window_s=settings.window_s,
         truncated=len(rows) >= limit,

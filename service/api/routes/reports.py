@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capwatch.service.api.report_rules import (BodyGate, Refusal, RejectedReport, clock_tolerance_s,  # noqa: F401
                                                header_refusal, json_detail, parse_report)
-from capwatch.service.store.sqlite import ReportNotStorable, StoreUnavailable
+from capwatch.service.store.errors import ReportNotStorable, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])

@@ -1,0 +1,102 @@
+"""What every source of cluster data hands the views and the advisor: the ``ClusterSource`` protocol and
+its rows.
+
+Two sources implement it: the report-fed SQLite store (``store/sqlite.py``), and a Prometheus server that
+scrapes the ranks (``sources/prometheus/source.py``). A source says what it does not know rather than
+inventing it: Prometheus sees no boot ids (``None``), and from an exporter older than the geometry gauges,
+or from series no rank could have reported together, no model geometry (an ``UnpricedConfig``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from capwatch.service.advisor.history import SampleHistory
+from capwatch.telemetry.report import RankConfig, SGLangLimits
+
+
+class SourceUnavailable(RuntimeError):
+    """The source could not answer (say, Prometheus is down); the API turns this into 503."""
+
+
+@dataclass(frozen=True)
+class UnpricedConfig:
+    """A rank's config without the model geometry: priced by the layout whose inputs are the bytes per
+    token alone (FlashInfer's ``moe_a2a``), never by a guessed geometry. The fields mean what
+    ``RankConfig``'s do."""
+
+    cap: int
+    dispatch_bytes_per_token: int | None  # None: not known, so not priced
+    combine_bytes_per_token: int | None
+    workspace_bytes_per_rank: int | None
+    payload_format: str = "bf16"
+    backend: str = "unknown"
+    flashinfer_version: str | None = None
+    overflow_policy: str = "raise"
+    eplb_stats_num_experts: int = 0
+    allocated_workspace_bytes: int | None = None
+    cuda_graph_max_batch_size: int | None = None
+    speculative_tokens: int = 0
+    sglang: SGLangLimits | None = None
+    hidden_size: None = None  # not known: see the docstring
+    top_k: None = None
+    num_experts: None = None
+
+
+@dataclass(kw_only=True)
+class RankState:
+    """One rank as its source last saw it (never mutated once a source has handed it out)."""
+
+    cluster: str
+    role: str
+    ep_rank: int
+    ep_size: int
+    host: str | None
+    received_unix_s: float  # when the source last heard from the rank
+    config: RankConfig | UnpricedConfig
+    last_peak_runtime_tokens: int
+    max_runtime_tokens: int  # since the source first saw the rank, across boots
+    overflow_totals: dict[str, int] = field(default_factory=dict)  # "kind/outcome" -> events
+    forward_steps_total: int = 0
+    # The rank's own largest local batch (None: the rank does not report it).
+    last_max_local_tokens: int | None = None
+    max_local_tokens: int | None = None  # since the source first saw the rank, across boots
+    final: bool = False
+    final_reason: str | None = None
+    boot_id: str | None = None  # None: the source does not see the rank's boots
+    boots: int | None = None
+
+    @property
+    def cap(self) -> int:
+        return self.config.cap
+
+    @property
+    def overflow_events_total(self) -> int:
+        return sum(self.overflow_totals.values())
+
+
+def overflow_key(kind: str, outcome: str) -> str:
+    """The key of ``RankState.overflow_totals``."""
+    return f"{kind}/{outcome}"
+
+
+@dataclass(frozen=True)
+class IntervalRow:
+    """One rank's interval (a report's, or a window's from Prometheus) for the history view."""
+
+    ep_rank: int
+    interval_end_unix_s: float
+    peak_runtime_tokens: int
+    cap: int
+    forward_steps: int
+    overflow_events: int
+    max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
+
+
+class ClusterSource(Protocol):
+    def clusters(self) -> list[str]: ...
+    def rank_states(self, cluster: str) -> list[RankState]: ...
+    def sample_history(self, cluster: str, role: str) -> SampleHistory: ...
+    def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
+                      limit: int) -> list[IntervalRow]: ...

@@ -1,0 +1,72 @@
+"""A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES`` and
+``SGLANG_LIMIT_GAUGES``, the labels of ``moe_a2a_info`` (ep_size, versions) and of ``moe_a2a_sglang_info``.
+
+From an exporter of this release that is exactly the ``RankConfig`` its reports carry, validated once,
+here. Without the geometry gauges (an exporter older than them), or from series no rank could have
+reported together (a hand-written exporter), it is an ``UnpricedConfig``: what prices without a geometry,
+each field the series do not give left unknown rather than guessed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from pydantic import ValidationError
+
+from capwatch.service.sources.contract import UnpricedConfig
+from capwatch.telemetry import catalogue
+from capwatch.telemetry.report import RankConfig, SGLangLimits
+
+GEOMETRY = ("hidden_size", "top_k", "num_experts")
+# RankConfig's own defaults, for the gauges of fields a rank may leave unset (or an older exporter lacks).
+_REPORT_DEFAULTS = {"eplb_stats_num_experts": 0, "allocated_workspace_bytes": None, "cuda_graph_max_batch_size": None,
+                    "speculative_tokens": 0}
+_UNPRICED_FIELDS = {item.name for item in dataclasses.fields(UnpricedConfig)} - set(GEOMETRY)
+
+
+def rank_config_of(values: dict[str, float], info: dict[str, str],
+                   sglang_info: dict[str, str] | None) -> RankConfig | UnpricedConfig | None:
+    """``values`` by metric name, the labels of ``moe_a2a_info`` and of ``moe_a2a_sglang_info`` (None: not
+    under SGLang). None when the series do not say the rank's cap (a positive number)."""
+    def number(spec: catalogue.MetricSpec) -> int | None:
+        value = values.get(spec.name)
+        return None if value is None or not math.isfinite(value) else int(value)
+
+    version = info.get("flashinfer_version")
+    config: dict = {**_REPORT_DEFAULTS, "backend": info.get("backend", "unknown"),
+                    "payload_format": info.get("payload_format", "bf16"),
+                    "overflow_policy": info.get("overflow_policy", "raise"),
+                    "flashinfer_version": None if version in (None, "", "none") else version, "sglang": None}
+    for spec, name in catalogue.RANK_CONFIG_GAUGES:
+        if number(spec) is not None:
+            config[name] = number(spec)
+    if sglang_info is not None:
+        limits = {name: number(spec) for spec, name in catalogue.SGLANG_LIMIT_GAUGES if number(spec) is not None}
+        config["sglang"] = {"sglang_version": sglang_info.get("sglang_version") or None,
+                            "disaggregation_mode": sglang_info.get("disaggregation_mode", "null"),
+                            "cap_source": sglang_info.get("cap_source", "env"), **limits}
+    if (config.get("cap") or 0) < 1:
+        return None
+    if all(name in config for name in GEOMETRY):
+        try:
+            return RankConfig.model_validate(config, strict=False)
+        except ValidationError:
+            config["sglang"] = None  # series no rank could report together: their limits are not trusted either
+    return _unpriced(config)
+
+
+def _unpriced(config: dict) -> UnpricedConfig:
+    fields = {name: value for name, value in config.items() if name in _UNPRICED_FIELDS}
+    for name in ("dispatch_bytes_per_token", "combine_bytes_per_token", "workspace_bytes_per_rank",
+                 "allocated_workspace_bytes", "cuda_graph_max_batch_size"):
+        if (fields.get(name) or 0) < 1:
+            fields[name] = None  # absent, or no size a rank could have: not known
+    for name in ("eplb_stats_num_experts", "speculative_tokens"):
+        fields[name] = max(0, fields.get(name) or 0)
+    try:
+        fields["sglang"] = None if config["sglang"] is None else SGLangLimits.model_validate(config["sglang"],
+                                                                                             strict=False)
+    except ValidationError:
+        fields["sglang"] = None
+    return UnpricedConfig(**fields)

@@ -1,0 +1,53 @@
+"""Connections to the database file: one for the writer, one per reading thread.
+
+WAL lets readers read while the writer writes; ``synchronous=FULL`` makes a COMMIT durable (not just
+crash-consistent), which is what an acknowledged report promises.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+
+from capwatch.service.store.errors import StoreDamaged
+
+
+def connect(path: str) -> sqlite3.Connection:
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+    try:
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute("PRAGMA synchronous=FULL")  # durable at COMMIT, not just crash-consistent
+        connection.execute("PRAGMA busy_timeout=30000")
+    except sqlite3.DatabaseError as error:
+        connection.close()
+        raise StoreDamaged(f"SQLite cannot read it ({error})") from None
+    return connection
+
+
+class ReaderConnections:
+    """A read-only connection per thread, opened on first use, all closed by ``close``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._local = threading.local()
+        self._opened: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> sqlite3.Connection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = connect(self.path)
+            connection.execute("PRAGMA query_only=ON")
+            self._local.connection = connection
+            with self._lock:
+                self._opened.append(connection)
+        return connection
+
+    def close(self) -> None:
+        with self._lock:
+            for connection in self._opened:
+                try:
+                    connection.close()
+                except sqlite3.ProgrammingError:  # owned by another thread; closes with it
+                    pass
+            self._opened.clear()

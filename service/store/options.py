@@ -1,0 +1,22 @@
+"""The store's knobs (built from the service's Settings by ``main.store_options``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from capwatch.service.advisor.policy import AdvisorPolicy
+
+
+@dataclass(frozen=True)
+class StoreOptions:
+    window_s: float = 60.0
+    fold_after_s: float = 6 * 3600.0
+    retention_s: float = 2 * 86_400.0
+    maintenance_interval_s: float = 30.0
+    max_batch_reports: int = 1024
+    # Reports accepted but not yet committed; past it, submits are refused (admission.py). 32 batches:
+    # about a second of writer work, and room for a bulk loader (benchmarks/advice_latency.py keeps
+    # ~21k in flight).
+    max_pending_reports: int = 32 * 1024
+    checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
+    policy: AdvisorPolicy = AdvisorPolicy()  # handed to the advisor's folding (advisor/folding.py)
