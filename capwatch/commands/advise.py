@@ -9,6 +9,7 @@ import os
 from capwatch.arguments import checked, positive_seconds
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import ROLES
 
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
@@ -58,8 +59,6 @@ def service_error(base: str, error: Exception) -> Exception:
     """One line for what went wrong talking to the service: unreachable, or an unexpected answer."""
     import httpx
 
-    from capwatch.cli import CommandError
-
     if isinstance(error, httpx.HTTPStatusError):
         return CommandError(f"the service at {base} answered {error.response.status_code}: "
                             f"{error.response.text[:200]}")
@@ -69,8 +68,6 @@ def service_error(base: str, error: Exception) -> Exception:
 
 def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
     import httpx
-
-    from capwatch.cli import CommandError
 
     base = url.rstrip("/")
     parts = httpx.URL(base) if base.startswith(("http://", "https://")) else None
@@ -144,8 +141,6 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
     import sys
     import zlib
 
-    from capwatch.cli import CommandError
-
     for path in paths:
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise CommandError(f"--sglang-log {path!r} is not a readable file")
@@ -178,8 +173,6 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
 
 def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], timeout: float) -> list[dict]:
     import httpx
-
-    from capwatch.cli import CommandError
 
     if cluster is None:
         raise CommandError("--whatif asks about one EP group: pass --cluster NAME")
@@ -228,8 +221,6 @@ def run(args: argparse.Namespace) -> int:
             render([answer])
         return 0
     if args.cap is not None or args.model is not None:
-        from capwatch.cli import CommandError
-
         raise CommandError("--cap and --model go with --sglang-log (a service knows its ranks' cap and model)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)

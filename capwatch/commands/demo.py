@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
-from capwatch.cli import CommandError
+from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import OVERFLOW_POLICIES
 
 

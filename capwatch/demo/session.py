@@ -22,11 +22,11 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from capwatch.cli import CommandError
 from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
 from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 from capwatch.sizing.byte_units import format_gib
+from capwatch.usage_errors import CommandError
 
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
