@@ -25,7 +25,6 @@ from pathlib import Path
 from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
 from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
-from capwatch.sizing.byte_units import format_gib
 from capwatch.usage_errors import CommandError
 
 DEFAULT_PORT = 8321  # the service's own default
@@ -257,59 +256,13 @@ class RankGroup:
             child.join(timeout=5)  # reaped here: an orphaned zombie may never be
 
 
-# --- presentation --------------------------------------------------------------------------------
-
-def _gib(value) -> str:
-    return "–" if value is None else format_gib(value, digits=3)
-
-
-def _percent(value) -> str:
-    return "–" if value is None else f"{value:.2%}"
-
-
-def advice_table(advice: dict, cluster: str):
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"capwatch advice for cluster '{cluster}'", show_header=False, title_justify="left")
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    bounds = (f"{advice.get('lower_bound')} – {advice.get('upper_bound')}"
-              if advice.get("lower_bound") is not None else "–")
-    rows = [
-        ("action", str(advice.get("action", "?")).upper()),
-        ("current cap", f"{advice.get('current_cap')} tokens per rank"),
-        ("recommended cap", "–" if advice.get("recommended_cap") is None else f"{advice['recommended_cap']} tokens per rank"),
-        ("bounds", bounds),
-        ("confidence", _percent(advice.get("confidence"))),
-        ("group peak R seen", str(advice.get("max_peak_runtime_tokens", "–"))),
-        ("overflow rate now / after", f"{_percent(advice.get('predicted_overflow_rate_current'))} / "
-                                      f"{_percent(advice.get('predicted_overflow_rate_recommended'))}"),
-        ("workspace per rank now / after", f"{_gib(advice.get('workspace_bytes_per_rank_current'))} / "
-                                           f"{_gib(advice.get('workspace_bytes_per_rank_recommended'))}"),
-        ("change across the group", _gib(advice.get("workspace_bytes_group_delta"))),
-        ("samples", f"{advice.get('sample_count', '–')} windows, {advice.get('overflow_windows', 0)} overflowed"),
-    ]
-    for name, value in rows:
-        table.add_row(name, escape(value))
-    return table
-
-
-def print_advice(out, advice: dict, cluster: str) -> None:
-    out.print(advice_table(advice, cluster))
-    for reason in advice.get("reasons", []):
-        out.print(f"  - {reason}", soft_wrap=True, markup=False)
-    if advice.get("env"):
-        out.print()
-        out.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False)
-
-
 # --- the chain -----------------------------------------------------------------------------------
 
 def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from capwatch.advice_table import print_advice
     from capwatch.commands.advise import fetch_advice
 
     out = Console(highlight=False)
@@ -375,7 +328,7 @@ def run_demo(options: DemoOptions) -> int:
         if options.json:
             print(json.dumps(advice, indent=2))  # plain JSON, for jq and scripts
         else:
-            print_advice(out, advice, options.cluster)
+            print_advice([advice], out)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,
                         hint=service is not None and options.hold_s == 0)
         sys.stdout.flush()  # the advice is out before any hold
