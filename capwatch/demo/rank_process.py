@@ -2,25 +2,16 @@
 replays its share of the workload through the instrumented dispatcher, with the per-rank
 exporter and the reporter on — wired exactly as ``telemetry/rank.py`` tells a deployment to.
 
-Runs under ``capwatch.demo.ranks.spawn_ranks``; talks to the parent only through a small shared
-progress array (phase, step, overflows per rank), never on the hot path beyond one store.
+Runs under ``capwatch.demo.ranks.spawn_ranks``; talks to the parent only through its
+``capwatch.demo.progress.RankProgress`` record, never on the hot path beyond one store.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import IntEnum
 
-# Fields of the shared progress array, per rank: phase, steps done, overflow events, raised (0/1).
-PROGRESS_FIELDS = 4
-
-
-class Phase(IntEnum):
-    STARTING = 0
-    RUNNING = 1
-    REPORTED = 2  # the final report went out; exporter still up while holding
-    FINISHED = 3
+from capwatch.demo.progress import Phase, RankProgress
 
 
 @dataclass(frozen=True)
@@ -46,11 +37,6 @@ class RankPlan:
     hold_s: float
     seed: int = 0
     bearer_token: str | None = None  # the service's CAPWATCH_TOKEN, when it requires one
-
-
-def _set(progress, rank: int, field: int, value: int) -> None:
-    if progress is not None:
-        progress[rank * PROGRESS_FIELDS + field] = value
 
 
 def _routing_pool(plan: RankPlan, rank: int, pool_tokens: int):
@@ -89,9 +75,10 @@ def _expert_fn(plan: RankPlan, rank: int, ep_size: int):
     return compute
 
 
-def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
+def run_rank(rank: int, world_size: int, plan: RankPlan, progress=None) -> dict:
     """The body of one rank process. Returns how it ended; an overflow under the ``raise`` policy
-    is returned as ``{"overflow": message}`` after the final report went out."""
+    is returned as ``{"overflow": message}`` after the final report went out. ``progress``: the
+    shared records (``capwatch.demo.progress.shared_progress``), or None."""
     import torch
 
     from capwatch.dispatcher.counters import DispatchCounters
@@ -137,7 +124,8 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     experts, hidden, weights = _routing_pool(plan, rank, pool_tokens)
     expert_fn = _expert_fn(plan, rank, world_size)
     outcome: dict = {"rank": rank, "steps": 0, "metrics_url": telemetry.metrics_url}
-    _set(progress, rank, 0, Phase.RUNNING)
+    record = progress[rank] if progress is not None else RankProgress()
+    record.phase = Phase.RUNNING
     started = time.monotonic()
     try:
         for step, tokens in enumerate(plan.token_counts):
@@ -155,13 +143,13 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                 output = layer.run(experts[index], payloads, runtime_max_tokens, expert_fn)
                 payloads[0] = output
             outcome["steps"] = step + 1
-            _set(progress, rank, 1, step + 1)
+            record.steps_done = step + 1
             if step % 25 == 0:
-                _set(progress, rank, 2, counters.snapshot().overflow_events_total)
+                record.overflow_events = counters.snapshot().overflow_events_total
     except CapOverflowError as error:
         # on_overflow already shipped the final report (bounded wait) before the raise.
         outcome["overflow"] = str(error)
-        _set(progress, rank, 3, 1)
+        record.raised = 1
     outcome["loop_s"] = round(time.monotonic() - started, 3)
     send_final("demo finished")  # already sent when an overflow raised
     snapshot = counters.snapshot()
@@ -169,10 +157,10 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                    tokens_sent=snapshot.tokens_sent, max_runtime_tokens=snapshot.max_runtime_tokens,
                    overflow_events=snapshot.overflow_events_total,
                    reports_delivered=telemetry.reporter.stats().delivered)
-    _set(progress, rank, 2, snapshot.overflow_events_total)
-    _set(progress, rank, 0, Phase.REPORTED)
+    record.overflow_events = snapshot.overflow_events_total
+    record.phase = Phase.REPORTED
     if plan.hold_s > 0 and "overflow" not in outcome:
         time.sleep(plan.hold_s)  # keep /metrics up for a look or a scrape
     telemetry.close(final_reason=None)  # the final report went out above
-    _set(progress, rank, 0, Phase.FINISHED)
+    record.phase = Phase.FINISHED
     return outcome

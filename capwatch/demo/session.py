@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
-from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
+from capwatch.demo.progress import Phase, shared_progress
+from capwatch.demo.rank_process import RankPlan
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 from capwatch.usage_errors import CommandError
 
@@ -180,11 +181,9 @@ class RankGroup:
     the foreground can show progress and fetch the advice while ranks hold their exporters up."""
 
     def __init__(self, plan: RankPlan, ranks: int, timeout_s: float):
-        import torch.multiprocessing as mp
-
         self.plan = plan
         self.ranks = ranks
-        self.progress = mp.get_context("spawn").Array("q", ranks * PROGRESS_FIELDS)
+        self.progress = shared_progress(ranks)
         self.timeout_s = timeout_s
         self.outcomes: list[dict] | None = None
         self.error: BaseException | None = None
@@ -221,24 +220,21 @@ class RankGroup:
 
         return [child for child in multiprocessing.active_children() if child.name.startswith("capwatch-rank-")]
 
-    def field(self, rank: int, index: int) -> int:
-        return self.progress[rank * PROGRESS_FIELDS + index]
-
     @property
     def steps_done(self) -> int:
-        return min(self.field(rank, 1) for rank in range(self.ranks))
+        return min(record.steps_done for record in self.progress)
 
     @property
     def overflow_events(self) -> int:
-        return sum(self.field(rank, 2) for rank in range(self.ranks))
+        return sum(record.overflow_events for record in self.progress)
 
     @property
     def raised(self) -> bool:
-        return any(self.field(rank, 3) for rank in range(self.ranks))
+        return any(record.raised for record in self.progress)
 
     @property
     def all_reported(self) -> bool:
-        return all(self.field(rank, 0) >= Phase.REPORTED for rank in range(self.ranks))
+        return all(record.phase >= Phase.REPORTED for record in self.progress)
 
     @property
     def running(self) -> bool:
