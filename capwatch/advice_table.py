@@ -26,10 +26,15 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
 
+def _count(value: float) -> str:
+    """A predicted count: three significant digits, whole numbers from 100 on (8,640, not 8.64e+03)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
 def _per_day(value: float | None, high: float | None = None) -> str:
     if value is None:
         return "-"
-    return f"{value:.3g}" + ("" if high is None else f" (<= {high:.3g})")
+    return _count(value) + ("" if high is None else f" (<= {_count(high)})")
 
 
 def _tokens(value: int | None) -> str:
@@ -128,7 +133,7 @@ def print_whatif(rows: list[dict], console=None) -> None:
         low, high = row.get("predicted_overflow_windows_per_day_low"), row.get("predicted_overflow_windows_per_day_high")
         freed = row.get("kv_cache_tokens_per_rank_freed")
         table.add_row(str(row["cap"]), _per_day(row.get("predicted_overflow_windows_per_day")),
-                      "-" if low is None else f"{low:.3g}..{high:.3g}", _gib(row["workspace_bytes_per_rank"]),
+                      "-" if low is None else f"{_count(low)}..{_count(high)}", _gib(row["workspace_bytes_per_rank"]),
                       _signed_gib(row["workspace_bytes_group_delta"]), "-" if freed is None else f"{freed:,}",
                       "yes" if row["below_floor"] else "no")
     console.print(table)

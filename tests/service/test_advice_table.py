@@ -81,9 +81,9 @@ def test_whatif_rows_show_the_band_the_cost_and_the_floor():
                               predicted_overflow_windows_per_day_high=high,
                               kv_cache_tokens_per_rank_freed=freed).model_dump_json())
             for cap, rate, delta, per_day, low, high, freed in [
-                (256, 0.2, -3 << 30, 674.0, 611.0, 738.0, 12_571), (4096, 0.0, 0, None, None, None, None)]]
+                (256, 0.2, -3 << 30, 674.0, 611.0, 8640.0, 12_571), (4096, 0.0, 0, None, None, None, None)]]
     text = rendered(print_whatif, rows)
     [small] = [line for line in text.splitlines() if line.startswith("│  256")]
-    assert "674" in small and "611..738" in small and "-3.00 GiB" in small and "12,571" in small and "yes" in small
+    assert "674" in small and "611..8,640" in small and "-3.00 GiB" in small and "12,571" in small and "yes" in small
     [large] = [line for line in text.splitlines() if line.startswith("│ 4096")]
     assert "+0.00 GiB" in large and " no " in large and large.count(" - ") >= 2
