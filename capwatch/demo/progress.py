@@ -23,6 +23,7 @@ class RankProgress(ctypes.Structure):
         ("steps_done", ctypes.c_int64),
         ("overflow_events", ctypes.c_int64),  # every 25 steps, and at the end
         ("raised", ctypes.c_int64),  # 1 once the dispatcher raised (overflow policy "raise")
+        ("reports_lost", ctypes.c_int64),  # once REPORTED: reports the service refused or never acknowledged
     ]
 
 

@@ -7,6 +7,8 @@
 The embedded service runs the real advisor with its clock compressed: a demo "day" lasts
 seconds, so the advisor's history and confidence thresholds are scaled to match (see
 ``DEMO_ADVISOR_SETTINGS``). A service given with ``--service-url`` keeps its own settings.
+The ranks replay the workload on its own clock (``capwatch.demo.replay_clock``), so the same
+workload gets the same advice on any machine, under any load.
 """
 
 from __future__ import annotations
@@ -22,9 +24,10 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
+from capwatch.demo.ports import LOOPBACK, free_port, free_port_block, port_is_free
 from capwatch.demo.progress import Phase, shared_progress
 from capwatch.demo.rank_process import RankPlan
+from capwatch.demo.replay_clock import REPORT_INTERVAL_S, replay_clock, replay_origin
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
 from capwatch.usage_errors import CommandError
 
@@ -34,12 +37,11 @@ DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
 DEFAULT_STEPS = 1200
 DEFAULT_RANKS = 4
 DEFAULT_POLICY = "chunk"  # the demo always ends with advice; --overflow-policy raise shows the crash
-REPORT_INTERVAL_S = 0.5
-STEP_INTERVAL_S = 0.025  # pacing of generated steps (a real decode step is ~10-50 ms)
 SERVICE_START_TIMEOUT_S = 60.0
-# The advisor's clock, compressed so a demo "day" (800 steps, ~20-30 s) counts as one.
+DEMO_WINDOW_S = 1  # the embedded service's advisor window; the replay's report interval divides it
+# The advisor's clock, compressed so a demo "day" (800 steps, 20 s of replay) counts as one.
 DEMO_ADVISOR_SETTINGS = {
-    "CAPWATCH_WINDOW_S": "1",
+    "CAPWATCH_WINDOW_S": str(DEMO_WINDOW_S),
     "CAPWATCH_ADVISOR__MIN_SAMPLES": "10",
     "CAPWATCH_ADVISOR__MIN_HISTORY_S": "10",
     "CAPWATCH_ADVISOR__HALF_LIFE_S": "60",
@@ -104,10 +106,16 @@ def choose_service_port(requested: int | None) -> int:
 
 
 def choose_metrics_base(requested: int | None, ranks: int) -> int:
-    """Rank r exports on base + r. An explicit base must be free; the default slides to a free block."""
+    """Rank r exports on base + r. An explicit base must be free; 0 is any free block; the default slides
+    to a free block."""
     def block_free(base: int) -> bool:
         return base + ranks - 1 <= 65_535 and all(port_is_free(base + rank) for rank in range(ranks))
 
+    if requested == 0:
+        try:
+            return free_port_block(ranks)
+        except OSError as error:
+            raise CommandError(f"--metrics-port 0: {error}; pass a base port") from None
     if requested is not None:
         if not block_free(requested):
             raise CommandError(f"metrics ports {requested}..{requested + ranks - 1} are not all free; "
@@ -233,6 +241,10 @@ class RankGroup:
         return any(record.raised for record in self.progress)
 
     @property
+    def reports_lost(self) -> int:
+        return sum(record.reports_lost for record in self.progress)
+
+    @property
     def all_reported(self) -> bool:
         return all(record.phase >= Phase.REPORTED for record in self.progress)
 
@@ -290,23 +302,24 @@ def run_demo(options: DemoOptions) -> int:
         service = EmbeddedService(state_dir, port).start()
         service_url = service.url
 
+    clock = replay_clock(workload, replay_origin(time.time(), DEMO_WINDOW_S))
     plan = RankPlan(
-        cluster=options.cluster, token_counts=workload.token_counts, step_times_s=workload.step_times_s,
-        step_interval_s=STEP_INTERVAL_S if workload.source == "generated" else 0.0,
-        cap=options.cap, overflow_policy=options.overflow_policy, model=geometry.name,
+        cluster=options.cluster, token_counts=workload.token_counts, clock=clock, cap=options.cap, overflow_policy=options.overflow_policy, model=geometry.name,
         hidden_size=geometry.hidden_size, priced_hidden_size=geometry.priced_hidden_size,
         num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
-        service_url=service_url, report_interval_s=REPORT_INTERVAL_S, metrics_base_port=metrics_base,
+        service_url=service_url, metrics_base_port=metrics_base,
         hold_s=options.hold_s, seed=options.seed,
         # The embedded service inherits CAPWATCH_TOKEN from the environment; so do the reporters.
         bearer_token=os.environ.get("CAPWATCH_TOKEN") or None,
     )
-    paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
-    group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))
+    group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * clock.duration_s + options.hold_s + 120))
     err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({escape(workload.source)}), "
               f"{geometry.name} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
               f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
               f"policy {options.overflow_policy}, torch.distributed gloo")
+    err.print(f"replay clock: {escape(clock.source)}, the last step at {clock.duration_s:g} s; the ranks date and "
+              f"cut their reports on it (one per {REPORT_INTERVAL_S:g} s of it), so this machine's speed does not "
+              "change the advice")
     previous_sigterm = (signal.signal(signal.SIGTERM, _raise_interrupt)
                         if threading.current_thread() is threading.main_thread() else None)
     try:
@@ -318,6 +331,11 @@ def run_demo(options: DemoOptions) -> int:
             err.quiet = False
             err.print(f"capwatch demo: the rank processes failed: {group.error}", markup=False, style="red")
             return 1
+        if group.reports_lost:  # the advice must not pass for one computed from everything the ranks did
+            err.quiet = False
+            err.print(f"capwatch demo: warning: {group.reports_lost} reports of the ranks did not reach the service "
+                      "(refused, or not acknowledged in time: see the service's log); the advice below lacks them",
+                      markup=False, style="yellow")
         advice = fetch_advice(service_url, options.cluster, "target", timeout=30.0)[0]
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
