@@ -130,7 +130,8 @@ def print_whatif(rows: list[dict], console=None) -> None:
                    "below floor"):
         table.add_column(column, justify="right")
     for row in rows:
-        low, high = row.get("predicted_overflow_windows_per_day_low"), row.get("predicted_overflow_windows_per_day_high")
+        low = row.get("predicted_overflow_windows_per_day_low")
+        high = row.get("predicted_overflow_windows_per_day_high")
         freed = row.get("kv_cache_tokens_per_rank_freed")
         table.add_row(str(row["cap"]), _per_day(row.get("predicted_overflow_windows_per_day")),
                       "-" if low is None else f"{_count(low)}..{_count(high)}", _gib(row["workspace_bytes_per_rank"]),

@@ -53,8 +53,8 @@ def register(subparsers) -> None:
     parser.add_argument("--port", type=port_or_zero,
                         help=f"service port on 127.0.0.1 (default: {DEFAULT_PORT}, or a free one; 0: a free one)")
     parser.add_argument("--metrics-port", type=port_or_zero, metavar="B",
-                        help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free block; "
-                             "0: any free block)")
+                        help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free "
+                             "block; 0: any free block)")
     parser.add_argument("--hold", type=hold_seconds, default=0.0, metavar="SECONDS",
                         help="keep the service and the exporters up this long after the run")
     parser.add_argument("--service-url", metavar="URL",

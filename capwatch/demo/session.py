@@ -304,7 +304,8 @@ def run_demo(options: DemoOptions) -> int:
 
     clock = replay_clock(workload, replay_origin(time.time(), DEMO_WINDOW_S))
     plan = RankPlan(
-        cluster=options.cluster, token_counts=workload.token_counts, clock=clock, cap=options.cap, overflow_policy=options.overflow_policy, model=geometry.name,
+        cluster=options.cluster, token_counts=workload.token_counts, clock=clock, cap=options.cap,
+        overflow_policy=options.overflow_policy, model=geometry.name,
         hidden_size=geometry.hidden_size, priced_hidden_size=geometry.priced_hidden_size,
         num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
         service_url=service_url, metrics_base_port=metrics_base,

@@ -80,7 +80,7 @@ def test_every_step_lands_in_the_same_window_whatever_second_the_replay_starts(s
 # --- the whole demo ------------------------------------------------------------------------------------
 
 BUSY_S = 300  # the load ends itself by then, whatever happens to this test
-BUSY = "import time\nend = time.monotonic() + float(__import__('sys').argv[1])\nwhile time.monotonic() < end:\n    pass\n"
+BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile time.monotonic() < end:\n    pass\n"
 
 
 def replay(trace, tmp_path, run: int) -> tuple[dict, str]:
