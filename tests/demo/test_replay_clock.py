@@ -86,11 +86,12 @@ BUSY = "import sys, time\nend = time.monotonic() + float(sys.argv[1])\nwhile tim
 def replay(trace, tmp_path, run: int) -> tuple[dict, str]:
     result = run_capwatch("demo", "--json", "--trace", str(trace), "--cap", "4096", "--overflow-policy", "chunk",
                           "--port", "0", "--metrics-port", str(free_port_block(2)),
-                          "--state-dir", str(tmp_path / f"state-{run}"), timeout_s=420)
+                          "--state-dir", str(tmp_path / f"state-{run}"), timeout_s=360)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout), result.stderr
 
 
+@pytest.mark.timeout(1200)  # three whole demos, one slowed on purpose: each bounded by replay()'s own timeout
 def test_three_replays_of_one_untimed_trace_one_under_load_give_the_same_advice(tmp_path):
     """The issue's case, smaller: 600 steps for 2 ranks, no "t", --cap 4096 --overflow-policy chunk --json.
     On the step clock they span 15 s: 15 windows of 1 s, whatever the machine's speed."""
