@@ -10,30 +10,22 @@ FlashInfer is imported lazily, inside the adapters, so that this module imports 
   to ``[ep_size, R, n]``. Its R keyword is ``max_tokens_per_rank`` in 0.7.2.x and
   ``runtime_max_tokens_per_rank`` in 0.7.4; the adapter reads which from the signature.
 
-Send/recv counters (``counters_source``):
+Send/recv counters (``counters_source``), one implementation for both adapters (:func:`dispatch_counts`):
+``"workspace"`` reads the counter words FlashInfer writes into this rank's workspace
+(:class:`WorkspaceCounts`; 0.7.4's two parity banks: :class:`ParityBankedWorkspaceCounts`);
+``"derived"`` recomputes them on the device from what travelled (:class:`DerivedCounts`). 0.7.4's
+Lamport transport (small steps) never touches the counter words, so 0.7.4 defaults to ``"derived"``.
 
-* ``"workspace"``: views of this rank's workspace at the metainfo offsets
-  (``SEND_COUNTERS``, ``RECV_COUNTERS``), valid from the end of dispatch until the next one. In
-  0.7.4 the receive counters are two banks ``int32[2][ep_size]`` chosen by round parity
-  ``((flag_val - 1) >> 1) & 1``, where ``flag_val`` is the uint32 at ``FLAG_VAL``; the adapter
-  selects the bank on the device (no sync).
-* ``"derived"``: recomputed on the device from what travelled: send counts from the routing
-  (``plan_routes``), receive counts as the rows whose expert ids are not all the invalid id.
-  0.7.4's Lamport transport (small steps) never touches the counter words, so 0.7.4 defaults to
-  this.
-
-:data:`MOE_A2A_API` and :data:`MOE_EP_API` list every class, method and keyword argument the
-adapters use; ``tests/dispatcher/test_flashinfer_api.py`` checks them against the installed
-package (``inspect.signature``) and, given a wheel, against its source (``ast``).
+Every class, method and keyword argument the adapters use is listed in
+``tests/dispatcher/test_flashinfer_api.py``, which checks the list against the installed package
+(``inspect.signature``) and, given a wheel, against its source (``ast``).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 
@@ -42,109 +34,43 @@ from .backend import A2ABackend, DispatchPairingError, plan_routes
 # Metainfo indices where FlashInfer does not export them (0.6.x - 0.7.2.post1 order).
 LEGACY_METAINFO_INDEX = {"FLAG_VAL_OFFSET_INDEX": 0, "SEND_COUNTERS_OFFSET_INDEX": 2, "RECV_COUNTERS_OFFSET_INDEX": 3}
 COUNTER_SOURCES = ("workspace", "derived")
+# NVLinkOneSidedAlltoAll.dispatch's name for R: 0.7.4's, then 0.7.2.x's.
+MOE_EP_RUNTIME_TOKENS_KEYWORDS = ("runtime_max_tokens_per_rank", "max_tokens_per_rank")
 
 
-# --- what the adapters use, declared once -------------------------------------------------------
+# --- FlashInfer's signatures ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ApiUse:
-    """A callable (function, method or dataclass) and the parameters the adapter passes.
-
-    ``parameters`` entries may be alternatives ``"a|b"``: one of them must exist.
-    ``attributes``: names read off an instance (checked in the class source).
-    """
-
-    module: str  # the public module the adapter imports from
-    qualname: str  # "Class", "Class.method" or "function"
-    parameters: tuple[str, ...] = ()
-    attributes: tuple[str, ...] = ()
-    since: str = ""  # first version that has it, for messages
-
-
-MOE_A2A_API: tuple[ApiUse, ...] = (
-    ApiUse("flashinfer.comm", "Mapping", ("world_size", "rank", "gpus_per_node", "moe_ep_size")),
-    ApiUse("flashinfer.comm.mnnvl", "MnnvlConfig", ("comm_backend",)),
-    ApiUse("flashinfer.comm.comm_backend", "TorchDistBackend", ("group",)),
-    ApiUse("flashinfer.comm", "moe_a2a_get_workspace_size_per_rank",
-           ("ep_size", "max_num_tokens", "total_dispatch_payload_size_per_token", "combine_payload_size_per_token")),
-    ApiUse("flashinfer.comm", "MoeAlltoAll",
-           ("mapping", "max_num_tokens", "top_k", "num_experts", "workspace_size_per_rank", "mnnvl_config"),
-           attributes=("workspace", "metainfo", "ep_rank", "ep_size", "max_num_tokens")),
-    ApiUse("flashinfer.comm", "MoeAlltoAll.dispatch",
-           ("token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank",
-            "invalid_token_expert_id", "expert_id_payload_index")),
-    ApiUse("flashinfer.comm", "MoeAlltoAll.combine", ("payload", "runtime_max_tokens_per_rank")),
-)
-
-MOE_EP_API: tuple[ApiUse, ...] = (
-    ApiUse("flashinfer.moe_ep", "BootstrapConfig", ("world_size", "rank", "process_group")),
-    ApiUse("flashinfer.moe_ep", "MoEEpCommParams",
-           ("num_experts", "top_k", "max_tokens_per_rank", "hidden_size", "dtype", "invalid_expert_id")),
-    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedConfig", ()),
-    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll", ("bootstrap", "params", "config"),
-           attributes=("ep_rank", "ep_size", "params")),
-    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.dispatch",
-           ("hidden_states", "topk_ids", "topk_weights", "hidden_states_scale",
-            "runtime_max_tokens_per_rank|max_tokens_per_rank")),
-    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.combine", ("expert_output",)),
-    ApiUse("flashinfer.moe_ep", "MoEEpDispatchResult",
-           ("hidden_states", "topk_ids", "topk_weights", "tokens_per_rank", "hidden_states_scale")),
-)
-
-
-def _resolve(use: ApiUse):
-    target = importlib.import_module(use.module)
-    for part in use.qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
-def _parameter_names(target) -> set[str]:
+def parameter_names(target) -> set[str]:
+    """The parameters FlashInfer's callable ``target`` takes."""
     # A class's own __init__: the class signature may be a decorator's (*args, **kwargs), as
     # typing_extensions.deprecated makes of MoeAlltoAll.
     function = target.__init__ if inspect.isclass(target) else target
     return set(inspect.signature(function).parameters) - {"self"}
 
 
-def missing_parameters(names: set[str], wanted: Sequence[str]) -> list[str]:
-    return [option for option in wanted if not any(alt in names for alt in option.split("|"))]
-
-
-def check_installed_api(uses: Sequence[ApiUse]) -> list[str]:
-    """Problems between ``uses`` and the installed flashinfer (empty when everything matches)."""
-    problems = []
-    for use in uses:
-        where = f"{use.module}.{use.qualname}"
-        try:
-            target = _resolve(use)
-        except (ImportError, AttributeError) as error:
-            problems.append(f"{where}: not found ({error})")
-            continue
-        for name in missing_parameters(_parameter_names(target), use.parameters):
-            problems.append(f"{where}: no parameter {name!r}")
-        if use.attributes:  # set in the class or a flashinfer base class
-            source = "".join(inspect.getsource(cls) for cls in target.__mro__ if cls.__module__.startswith("flashinfer"))
-            problems += [f"{where}: never sets self.{a}" for a in use.attributes if f"self.{a}" not in source]
-    return problems
-
-
-def _pick_keyword(method: Callable, options: str) -> str:
-    names = _parameter_names(method)
-    for option in options.split("|"):
+def _pick_keyword(method: Callable, options: Sequence[str]) -> str:
+    names = parameter_names(method)
+    for option in options:
         if option in names:
             return option
-    raise TypeError(f"{method.__qualname__} takes none of {options.split('|')}; flashinfer changed its API")
+    raise TypeError(f"{method.__qualname__} takes none of {list(options)}; flashinfer changed its API")
 
 
-def flashinfer_version() -> str | None:
-    try:
-        return importlib.import_module("flashinfer").__version__
-    except ImportError:
-        return None
+# --- the counts of the latest dispatch: one implementation for both adapters ------------------------
 
 
-# --- counters read from a workspace ---------------------------------------------------------------
+class DispatchCounts:
+    """What the contract's ``send_counts`` / ``recv_counts`` return for a FlashInfer adapter: ``send``
+    and ``recv`` (``[ep_size]``, on the device; plain attributes where they can be, since the hot path
+    reads them every dispatch), and :meth:`record`, which the adapter calls after every dispatch."""
+
+    send: torch.Tensor
+    recv: torch.Tensor
+
+    def record(self, token_selected_experts: torch.Tensor, num_experts: int, runtime_max_tokens_per_rank: int,
+               received_expert_ids: torch.Tensor, invalid_expert_id: int) -> None:
+        """Nothing to do where the dispatch itself wrote the counts."""
 
 
 def _workspace_int32(rank_bytes: torch.Tensor, offset: int, count: int) -> torch.Tensor:
@@ -153,31 +79,59 @@ def _workspace_int32(rank_bytes: torch.Tensor, offset: int, count: int) -> torch
     return rank_bytes[offset : offset + 4 * count].view(torch.int32)
 
 
-class _CounterViews:
-    """Device views of one rank's send/recv counter words; selecting the recv bank is on-device."""
+class WorkspaceCounts(DispatchCounts):
+    """Views of one rank's send and recv counter words in its workspace (``rank_bytes``), at the
+    metainfo offsets: valid from the end of a dispatch until the next one."""
 
-    def __init__(self, rank_bytes: torch.Tensor, metainfo: Sequence[int], index: dict[str, int], ep_size: int,
-                 parity_banks: bool):
+    def __init__(self, rank_bytes: torch.Tensor, metainfo: Sequence[int], index: dict[str, int], ep_size: int):
+        self.send = _workspace_int32(rank_bytes, int(metainfo[index["SEND_COUNTERS_OFFSET_INDEX"]]), ep_size)
+        self.recv = _workspace_int32(rank_bytes, int(metainfo[index["RECV_COUNTERS_OFFSET_INDEX"]]), ep_size)
+
+
+class ParityBankedWorkspaceCounts(DispatchCounts):
+    """0.7.4's layout: the recv counters are two banks ``int32[2][ep_size]``, the round's bank being
+    ``((flag_val - 1) >> 1) & 1`` with ``flag_val`` the uint32 at ``FLAG_VAL``; selected on the device
+    at each read (no sync)."""
+
+    def __init__(self, rank_bytes: torch.Tensor, metainfo: Sequence[int], index: dict[str, int], ep_size: int):
         self.send = _workspace_int32(rank_bytes, int(metainfo[index["SEND_COUNTERS_OFFSET_INDEX"]]), ep_size)
         recv_offset = int(metainfo[index["RECV_COUNTERS_OFFSET_INDEX"]])
-        self._parity_banks = parity_banks
-        if parity_banks:  # 0.7.4: int32[2][ep_size], bank = ((flag_val - 1) >> 1) & 1
-            self._banks = _workspace_int32(rank_bytes, recv_offset, 2 * ep_size).view(2, ep_size)
-            self._flag = _workspace_int32(rank_bytes, int(metainfo[index["FLAG_VAL_OFFSET_INDEX"]]), 1)
-        else:
-            self._recv = _workspace_int32(rank_bytes, recv_offset, ep_size)
+        self._banks = _workspace_int32(rank_bytes, recv_offset, 2 * ep_size).view(2, ep_size)
+        self._flag = _workspace_int32(rank_bytes, int(metainfo[index["FLAG_VAL_OFFSET_INDEX"]]), 1)
 
+    @property
     def recv(self) -> torch.Tensor:
-        if not self._parity_banks:
-            return self._recv
         flag = self._flag.long() & 0xFFFFFFFF  # the word is a uint32
         bank = ((flag - 1) >> 1) & 1
         return self._banks.index_select(0, bank).squeeze(0)
 
 
-def _derived_recv_counts(expert_ids: torch.Tensor, invalid_expert_id: int) -> torch.Tensor:
-    """[ep, R, k] received ids -> [ep] rows carrying a token (padding rows are all invalid)."""
-    return (expert_ids != invalid_expert_id).any(-1).sum(-1)
+class DerivedCounts(DispatchCounts):
+    """Recomputed on the device after each dispatch from what travelled: send counts from the routing
+    (``plan_routes``), recv counts as the received rows whose expert ids are not all the invalid id."""
+
+    def __init__(self, ep_size: int, device: torch.device):
+        self.send = torch.zeros(ep_size, dtype=torch.int64, device=device)
+        self.recv = torch.zeros(ep_size, dtype=torch.int64, device=device)
+
+    def record(self, token_selected_experts: torch.Tensor, num_experts: int, runtime_max_tokens_per_rank: int,
+               received_expert_ids: torch.Tensor, invalid_expert_id: int) -> None:
+        plan = plan_routes(token_selected_experts, num_experts, self.send.numel(), runtime_max_tokens_per_rank)
+        self.send.copy_(plan.send_counts)
+        self.recv.copy_((received_expert_ids != invalid_expert_id).any(-1).sum(-1))  # [ep, R, k] -> [ep]
+
+
+def check_counters_source(counters_source: str) -> None:
+    if counters_source not in COUNTER_SOURCES:
+        raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
+
+
+def dispatch_counts(counters_source: str, ep_size: int, device: torch.device,
+                    workspace: Callable[[], DispatchCounts]) -> DispatchCounts:
+    """The counts ``counters_source`` names; ``workspace()`` makes the workspace's views (only called
+    for that source: on 0.7.4 it loads FlashInfer's JIT module for the layout constants)."""
+    check_counters_source(counters_source)
+    return workspace() if counters_source == "workspace" else DerivedCounts(ep_size, device)
 
 
 # --- the legacy class API (0.6.0 - 0.7.2.post1) ---------------------------------------------------
@@ -203,7 +157,7 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
         from flashinfer.comm.comm_backend import TorchDistBackend
         from flashinfer.comm.mnnvl import MnnvlConfig
 
-        _check_counters_source(counters_source)
+        check_counters_source(counters_source)  # before the workspace is allocated
         ep_rank, ep_size = dist.get_rank(group), dist.get_world_size(group)
         mapping = Mapping(
             world_size=ep_size, rank=ep_rank,
@@ -224,7 +178,6 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
     def adopt(cls, alltoall, counters_source: str = "workspace") -> "FlashInferMoeAlltoAllBackend":
         """Wrap an existing ``MoeAlltoAll`` (e.g. SGLang's ``FlashinferDispatcher.moe_a2a``): its
         workspace, its geometry; nothing is allocated but two ``[ep_size]`` count vectors."""
-        _check_counters_source(counters_source)
         backend = cls.__new__(cls)
         backend._attach(alltoall, counters_source)
         backend._adopted = True
@@ -242,13 +195,9 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
         index = getattr(type(alltoall), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
         # metainfo is a CPU tensor: reading it here is no device sync, and it never changes.
         self.metainfo = [int(v) for v in alltoall.metainfo.tolist()]
-        self._views = _CounterViews(alltoall.workspace[self.ep_rank], self.metainfo, index, self.ep_size, False)
-        self._derived_send = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
-        self._derived_recv = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._counts = dispatch_counts(counters_source, self.ep_size, self.device, lambda: WorkspaceCounts(
+            alltoall.workspace[self.ep_rank], self.metainfo, index, self.ep_size))
         self._combine_options: dict = {}
-        # The one attribute view a dispatch reads (a property would cost a call per dispatch).
-        self._send_counts = self._views.send if counters_source == "workspace" else self._derived_send
-        self._recv_counts = self._views.recv() if counters_source == "workspace" else self._derived_recv
 
     @property
     def workspace(self) -> torch.Tensor:
@@ -256,11 +205,11 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
 
     @property
     def send_counts(self) -> torch.Tensor:
-        return self._send_counts
+        return self._counts.send
 
     @property
     def recv_counts(self) -> torch.Tensor:
-        return self._recv_counts
+        return self._counts.recv
 
     def dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
                  invalid_token_expert_id=None, expert_id_payload_index=None):
@@ -286,10 +235,9 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
             token_selected_experts, payloads, runtime_max_tokens_per_rank,
             invalid_token_expert_id=invalid_token_expert_id, expert_id_payload_index=expert_id_payload_index,
         )
-        if self.counters_source == "derived":
-            plan = plan_routes(token_selected_experts, self.num_experts, self.ep_size, runtime_max_tokens_per_rank)
-            self._derived_send.copy_(plan.send_counts)
-            self._derived_recv.copy_(_derived_recv_counts(received[expert_id_payload_index], invalid_token_expert_id))
+        if expert_id_payload_index is not None:  # derived counts need it (checked above); the workspace's do not
+            self._counts.record(token_selected_experts, self.num_experts, runtime_max_tokens_per_rank,
+                                received[expert_id_payload_index], invalid_token_expert_id)
         return received
 
     def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, **options) -> torch.Tensor:
@@ -302,11 +250,6 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
 
     def _combine(self, payload, runtime_max_tokens_per_rank):
         return self.alltoall.combine(payload, runtime_max_tokens_per_rank, **self._combine_options)
-
-
-def _check_counters_source(counters_source: str) -> None:
-    if counters_source not in COUNTER_SOURCES:
-        raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
 
 
 # --- the moe_ep API (0.7.2+) -----------------------------------------------------------------------
@@ -346,36 +289,32 @@ class FlashInferMoeEpBackend(A2ABackend):
                             hidden_size=hidden_size, dtype=dtype, invalid_expert_id=invalid_expert_id),
             NVLinkOneSidedConfig(),
         )
-        self._runtime_keyword = _pick_keyword(type(self.comm).dispatch, "runtime_max_tokens_per_rank|max_tokens_per_rank")
+        self._runtime_keyword = _pick_keyword(type(self.comm).dispatch, MOE_EP_RUNTIME_TOKENS_KEYWORDS)
         legacy_inside = hasattr(type(self.comm), "alltoall")  # 0.7.2.x builds on MoeAlltoAll
         if counters_source is None:
             counters_source = "workspace" if legacy_inside else "derived"
-        if counters_source not in COUNTER_SOURCES:
-            raise ValueError(f"counters_source must be one of {COUNTER_SOURCES}, got {counters_source!r}")
         self.counters_source = counters_source
-        self._views = None
-        if counters_source == "workspace":
-            if legacy_inside:
-                inner = self.comm.alltoall
-                index = getattr(type(inner), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
-                rank_bytes, metainfo, banks = inner.workspace[self.ep_rank], inner.metainfo.tolist(), False
-            else:  # 0.7.4: its own layout, indices exported by the JIT module
-                from flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels import layout_constants
+        self._counts = dispatch_counts(self.counters_source, self.ep_size, self.device,
+                                       lambda: self._workspace_counts(legacy_inside))
 
-                index = vars(layout_constants())
-                rank_bytes, metainfo, banks = self.comm.workspace[self.ep_rank], self.comm.metainfo.tolist(), True
-            self._views = _CounterViews(rank_bytes, metainfo, index, self.ep_size, banks)
-        self._derived_send = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
-        self._derived_recv = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
-        self._payload_widths: list[int] = []
+    def _workspace_counts(self, legacy_inside: bool) -> DispatchCounts:
+        if legacy_inside:
+            inner = self.comm.alltoall
+            index = getattr(type(inner), "_METAINFO_INDEX", None) or LEGACY_METAINFO_INDEX
+            return WorkspaceCounts(inner.workspace[self.ep_rank], inner.metainfo.tolist(), index, self.ep_size)
+        # 0.7.4: its own layout, indices exported by the JIT module
+        from flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels import layout_constants
+
+        return ParityBankedWorkspaceCounts(self.comm.workspace[self.ep_rank], self.comm.metainfo.tolist(),
+                                           vars(layout_constants()), self.ep_size)
 
     @property
     def send_counts(self) -> torch.Tensor:
-        return self._views.send if self._views is not None else self._derived_send
+        return self._counts.send
 
     @property
     def recv_counts(self) -> torch.Tensor:
-        return self._views.recv() if self._views is not None else self._derived_recv
+        return self._counts.recv
 
     def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id, expert_id_payload_index):
@@ -397,10 +336,8 @@ class FlashInferMoeEpBackend(A2ABackend):
         flat = [result.hidden_states] + ([result.hidden_states_scale] if scale is not None else []) \
             + [result.topk_ids, result.topk_weights]
         received = [tensor.view(self.ep_size, runtime_max_tokens_per_rank, -1) for tensor in flat]
-        if self._views is None:
-            plan = plan_routes(token_selected_experts, self.num_experts, self.ep_size, runtime_max_tokens_per_rank)
-            self._derived_send.copy_(plan.send_counts)
-            self._derived_recv.copy_(_derived_recv_counts(received[expert_id_payload_index], self.invalid_expert_id))
+        self._counts.record(token_selected_experts, self.num_experts, runtime_max_tokens_per_rank,
+                            received[expert_id_payload_index], self.invalid_expert_id)
         return received
 
     def _combine(self, payload, runtime_max_tokens_per_rank):

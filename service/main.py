@@ -94,7 +94,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.state.body_gate = BodyGate(settings)
-    app.add_middleware(reports.ReportFastPath)  # the report path without the router's cost
+    app.add_middleware(reports.ReportFastPath)  # answers POST /v1/reports before routing (routes/__init__.py)
     app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts)  # outermost: every request
 
     @app.exception_handler(SourceUnavailable)

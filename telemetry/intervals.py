@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Callable
 from itertools import accumulate
 
 from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters
@@ -154,20 +155,31 @@ def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> 
 
 class IntervalTracker:
     """Cuts one rank's counters into consecutive intervals. The reporter closes an interval every
-    ``interval_s``; the exporter reads the last closed one (and closes them itself when no reporter runs)."""
+    ``interval_s``; the exporter reads the last closed one (and closes them itself when no reporter runs).
 
-    def __init__(self, counters: DispatchCounters):
+    ``clock`` dates the intervals' bounds: by default the wall clock at which each snapshot was taken; a
+    replay passes the clock of what it replays (the demo's steps), so an interval is dated by the steps
+    it holds, however fast the machine runs them."""
+
+    def __init__(self, counters: DispatchCounters, clock: Callable[[], float] | None = None):
         self._counters = counters
+        self._clock = clock
         self._lock = threading.Lock()
-        self._previous = zero_snapshot(counters.cap, counters.ep_size, counters.role, time.time())
+        self._previous = zero_snapshot(counters.cap, counters.ep_size, counters.role, self._now())
         self._last_interval: Interval | None = None
+
+    def _now(self) -> float:
+        return time.time() if self._clock is None else self._clock()
 
     @property
     def last_interval(self) -> Interval | None:
         return self._last_interval
 
     def snapshot(self) -> CounterSnapshot:
-        return coherent(self._counters.snapshot())
+        snapshot = self._counters.snapshot()
+        if self._clock is not None:
+            snapshot = dataclasses.replace(snapshot, taken_at=self._clock())
+        return coherent(snapshot)
 
     def close(self) -> tuple[Interval, CounterSnapshot]:
         """End the current interval now; returns it with the snapshot that ends it."""
@@ -176,7 +188,7 @@ class IntervalTracker:
 
     def close_if_due(self, interval_s: float) -> None:
         with self._lock:
-            if time.time() - self._previous.taken_at >= interval_s:
+            if self._now() - self._previous.taken_at >= interval_s:
                 self._close_locked()
 
     def _close_locked(self) -> tuple[Interval, CounterSnapshot]:

@@ -16,6 +16,7 @@ Wiring a rank (the demo copies this)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from capwatch.dispatcher.counters import DispatchCounters
@@ -77,7 +78,8 @@ def rank_config(
 
 
 class RankTelemetry:
-    """Exporter (optional) and reporter (optional) for one rank and role."""
+    """Exporter (optional) and reporter (optional) for one rank and role. ``clock`` dates the reported
+    intervals (default: the wall clock; see ``IntervalTracker``)."""
 
     def __init__(
         self,
@@ -89,11 +91,12 @@ class RankTelemetry:
         reporter: ReporterOptions | None = None,
         final_report_timeout_s: float = 2.0,
         peak_window_s: float = DEFAULT_PEAK_WINDOW_S,
+        clock: Callable[[], float] | None = None,
     ):
         self.identity = identity
         self.exporter_options = exporter
         self.final_report_timeout_s = final_report_timeout_s
-        self.tracker = tracker = IntervalTracker(counters)
+        self.tracker = tracker = IntervalTracker(counters, clock)
         self.reporter = (RankReporter(counters, identity, config, reporter, tracker=tracker)
                          if reporter is not None else None)
         self.collector = DispatchCollector(

@@ -2,6 +2,8 @@
 
 The dispatch never calls into the reporter (it only bumps its device counters); the reporter
 thread snapshots them every ``interval_s``. So a slow, dead or hanging service cannot slow a step.
+With ``interval_s=None`` the caller cuts each interval itself (``cut_interval``: a replay cuts by its
+own clock, not the wall's) and the thread only sends.
 What it costs instead is bounded: at most ``max_pending_reports`` reports wait in memory; when
 more pile up, the oldest unsent ones are merged (histograms add, peaks take the max), so no
 step is ever lost, only time resolution. Each report keeps its ``(boot_id, sequence)`` across
@@ -20,6 +22,7 @@ import enum
 import http.client
 import json
 import logging
+import math
 import random
 import threading
 import time
@@ -49,7 +52,7 @@ def new_boot_id() -> str:
 @dataclass(frozen=True)
 class ReporterOptions:
     service_url: str  # e.g. http://127.0.0.1:8000 ; reports go to {service_url}/v1/reports
-    interval_s: float = 5.0
+    interval_s: float | None = 5.0  # None: the caller cuts every interval (RankReporter.cut_interval)
     bearer_token: str | None = None
     max_pending_reports: int = 64
     request_timeout_s: float = 2.0
@@ -61,7 +64,7 @@ class ReporterOptions:
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"service_url {self.service_url!r} must look like http://host:port")
         for name in ("interval_s", "request_timeout_s", "backoff_initial_s", "backoff_max_s"):
-            if not getattr(self, name) > 0:
+            if (name != "interval_s" or self.interval_s is not None) and not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s must be >= backoff_initial_s")
@@ -280,7 +283,7 @@ class RankReporter:
 
     def _run(self) -> None:
         interval_s = self.options.interval_s
-        next_tick = time.monotonic() + interval_s
+        next_tick = math.inf if interval_s is None else time.monotonic() + interval_s  # inf: the caller cuts
         while True:
             try:
                 with self._wake:
@@ -292,7 +295,7 @@ class RankReporter:
                         self._cut_locked()
                     if not (self._pending and now >= self._retry_at):
                         wake_at = min(next_tick, self._retry_at) if self._pending else next_tick
-                        self._wake.wait(timeout=max(0.0, wake_at - now))
+                        self._wake.wait(timeout=None if wake_at == math.inf else max(0.0, wake_at - now))
                         continue
                 self._drain(deadline=None)
             except Exception:  # noqa: BLE001 (nothing may end the thread: reporting would stop for good, silently)

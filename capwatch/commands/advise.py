@@ -7,8 +7,8 @@ import argparse
 import os
 
 from capwatch.arguments import checked, positive_seconds
-from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import ROLES
 
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
@@ -40,25 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
-def _gib(value: int | None) -> str:
-    return "-" if value is None else format_gib(value)
-
-
-def _per_day(value: float | None, high: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.2g}" + ("" if high is None else f" (<= {high:.2g})")
-
-
-def _rate(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2%}"
-
-
 def service_error(base: str, error: Exception) -> Exception:
     """One line for what went wrong talking to the service: unreachable, or an unexpected answer."""
     import httpx
-
-    from capwatch.cli import CommandError
 
     if isinstance(error, httpx.HTTPStatusError):
         return CommandError(f"the service at {base} answered {error.response.status_code}: "
@@ -69,8 +53,6 @@ def service_error(base: str, error: Exception) -> Exception:
 
 def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
     import httpx
-
-    from capwatch.cli import CommandError
 
     base = url.rstrip("/")
     parts = httpx.URL(base) if base.startswith(("http://", "https://")) else None
@@ -106,45 +88,11 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
         raise service_error(base, error) from None
 
 
-def render(advices: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title="capwatch advice: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK")
-    for column in ("cluster", "action", "current", "recommended", "bounds", "confidence", "overflow now -> after",
-                   "overflow windows/day", "workspace/rank now -> after", "group change"):
-        table.add_column(column, justify="left" if column in ("cluster", "action") else "right")
-    unavailable = [advice for advice in advices if "error" in advice]
-    advices = [advice for advice in advices if "error" not in advice]
-    for advice in advices:
-        bounds = "-" if advice["lower_bound"] is None else f"[{advice['lower_bound']}, {advice['upper_bound']}]"
-        delta = advice["workspace_bytes_group_delta"]
-        table.add_row(
-            advice["cluster"], advice["action"], str(advice["current_cap"]),
-            "-" if advice["recommended_cap"] is None else str(advice["recommended_cap"]), bounds,
-            f"{advice['confidence']:.2f}",
-            f"{_rate(advice['predicted_overflow_rate_current'])} -> {_rate(advice['predicted_overflow_rate_recommended'])}",
-            _per_day(advice.get("predicted_overflow_windows_per_day_recommended"),
-                     advice.get("predicted_overflow_windows_per_day_recommended_high")),
-            f"{_gib(advice['workspace_bytes_per_rank_current'])} -> {_gib(advice['workspace_bytes_per_rank_recommended'])}",
-            "-" if delta is None else f"{'+' if delta >= 0 else '-'}{_gib(abs(delta))}")
-    console.print(table)
-    for advice in advices:
-        console.print(f"[bold]{advice['cluster']}[/bold]: {advice['env'] or 'no change suggested yet'}")
-        for reason in advice["reasons"]:
-            console.print(f"  - {reason}", highlight=False)
-    for advice in unavailable:
-        console.print(f"[bold]{advice['cluster']}[/bold]: cannot be advised: {advice['error']}", highlight=False)
-
-
 def advise_from_logs(paths: list[str], cap: int | None, model: str | None, cluster: str | None,
                      whatif: list[int] | None = None) -> dict | list[dict]:
     import os
     import sys
     import zlib
-
-    from capwatch.cli import CommandError
 
     for path in paths:
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
@@ -179,8 +127,6 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
 def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], timeout: float) -> list[dict]:
     import httpx
 
-    from capwatch.cli import CommandError
-
     if cluster is None:
         raise CommandError("--whatif asks about one EP group: pass --cluster NAME")
     base = url.rstrip("/")
@@ -195,49 +141,29 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
         raise service_error(base, error) from None
 
 
-def render_whatif(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="capwatch what-if: predicted overflows and cost per cap")
-    for column in ("cap", "overflow windows/day", "band", "workspace/rank", "group change", "KV tokens/rank freed",
-                   "below floor"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        per_day = row.get("predicted_overflow_windows_per_day")
-        low, high = row.get("predicted_overflow_windows_per_day_low"), row.get("predicted_overflow_windows_per_day_high")
-        delta = row["workspace_bytes_group_delta"]
-        freed = row.get("kv_cache_tokens_per_rank_freed")
-        table.add_row(str(row["cap"]), "-" if per_day is None else f"{per_day:.3g}",
-                      "-" if low is None else f"{low:.3g}..{high:.3g}", _gib(row["workspace_bytes_per_rank"]),
-                      f"{'+' if delta >= 0 else '-'}{_gib(abs(delta))}", "-" if freed is None else f"{freed:,}",
-                      "yes" if row["below_floor"] else "no")
-    Console().print(table)
-
-
 def run(args: argparse.Namespace) -> int:
     import json
+
+    from capwatch.advice_table import print_advice, print_whatif
 
     if args.sglang_log:
         answer = advise_from_logs(args.sglang_log, args.cap, args.model, args.cluster, args.whatif)
         if args.json:
             print(json.dumps(answer, indent=2))
         elif args.whatif:
-            render_whatif(answer)
+            print_whatif(answer)
         else:
-            render([answer])
+            print_advice([answer])
         return 0
     if args.cap is not None or args.model is not None:
-        from capwatch.cli import CommandError
-
         raise CommandError("--cap and --model go with --sglang-log (a service knows its ranks' cap and model)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
-        print(json.dumps(rows, indent=2)) if args.json else render_whatif(rows)
+        print(json.dumps(rows, indent=2)) if args.json else print_whatif(rows)
         return 0
     advices = fetch_advice(args.url, args.cluster, args.role, args.timeout)
     if args.json:
         print(json.dumps(advices[0] if args.cluster else advices, indent=2))
     else:
-        render(advices)
+        print_advice(advices)
     return 0

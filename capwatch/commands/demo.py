@@ -6,12 +6,13 @@ import argparse
 from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
-from capwatch.cli import CommandError
+from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import OVERFLOW_POLICIES
 
 
 def register(subparsers) -> None:
     # Cheap: constants only (torch, FastAPI and the service load when the demo runs).
+    from capwatch.demo.replay_clock import STEP_INTERVAL_S
     from capwatch.demo.session import (
         DEFAULT_CAP,
         DEFAULT_METRICS_PORT,
@@ -32,7 +33,8 @@ def register(subparsers) -> None:
                     "and reporters on; end with the advice and the URLs of the web page, the API and the metrics.")
     parser.add_argument("--trace", type=Path, metavar="FILE",
                         help='replay JSON Lines, one step a line: {"tokens": [rank0, rank1, ...], "t": seconds} '
-                             f"(t optional); the number of ranks follows the trace ({LIMITS_HELP})")
+                             f"(t optional: without it, one step every {STEP_INTERVAL_S * 1000:g} ms, on the replay's "
+                             f"own clock); the number of ranks follows the trace ({LIMITS_HELP})")
     parser.add_argument("--cap", type=positive_int, default=DEFAULT_CAP,
                         help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
     parser.add_argument("--ranks", type=positive_int,
@@ -51,7 +53,8 @@ def register(subparsers) -> None:
     parser.add_argument("--port", type=port_or_zero,
                         help=f"service port on 127.0.0.1 (default: {DEFAULT_PORT}, or a free one; 0: a free one)")
     parser.add_argument("--metrics-port", type=port_or_zero, metavar="B",
-                        help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free block)")
+                        help=f"rank r exports /metrics on B + r (default: {DEFAULT_METRICS_PORT}, or the next free "
+                             "block; 0: any free block)")
     parser.add_argument("--hold", type=hold_seconds, default=0.0, metavar="SECONDS",
                         help="keep the service and the exporters up this long after the run")
     parser.add_argument("--service-url", metavar="URL",

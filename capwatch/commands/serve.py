@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 
 from capwatch.arguments import port_number
+from capwatch.usage_errors import CommandError
 
 # Settings fields that have a flag; every other field is set by its CAPWATCH_* variable only.
 FLAGS = {"host": "--host", "port": "--port", "db_path": "--db", "token": "--token",
@@ -55,8 +56,6 @@ def settings_error_line(error, from_flags: set[str]) -> str:
 def check_db_path(path, name: str) -> None:
     """The database must be a writable file, or creatable: fail before anything starts."""
 
-    from capwatch.cli import CommandError
-
     try:
         _check_db_path(path, name)
     except OSError as error:  # e.g. a name longer than the file system takes
@@ -66,8 +65,6 @@ def check_db_path(path, name: str) -> None:
 
 def _check_db_path(path, name: str) -> None:
     import os
-
-    from capwatch.cli import CommandError
 
     if path.exists():
         if path.is_dir():
@@ -88,8 +85,6 @@ def bind_listener(host: str, port: int, host_name: str, port_name: str):
     """Bind the listening socket now: a port in use fails here, before the database is touched."""
     import errno
     import socket
-
-    from capwatch.cli import CommandError
 
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
@@ -120,7 +115,6 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from capwatch.cli import CommandError
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
     from capwatch.service.main import create_app
     from capwatch.service.store.errors import StoreDamaged

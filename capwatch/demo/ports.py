@@ -18,6 +18,15 @@ def free_port(host: str = LOOPBACK) -> int:
         return probe.getsockname()[1]
 
 
+def free_port_block(count: int, host: str = LOOPBACK, tries: int = 50) -> int:
+    """A base port with ``count`` free ports from it (rank r exports on base + r), anywhere the OS offers."""
+    for _ in range(tries):
+        base = free_port(host)
+        if base + count - 1 <= 65_535 and all(port_is_free(base + offset, host) for offset in range(count)):
+            return base
+    raise OSError(f"no block of {count} free ports on {host} in {tries} tries")
+
+
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         # As uvicorn binds: a port whose old connections linger in TIME_WAIT is free to reuse.

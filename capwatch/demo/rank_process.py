@@ -1,26 +1,19 @@
 """One EP rank of ``capwatch demo``: a real process in a torch.distributed (gloo) group that
 replays its share of the workload through the instrumented dispatcher, with the per-rank
-exporter and the reporter on — wired exactly as ``telemetry/rank.py`` tells a deployment to.
+exporter and the reporter on — wired as ``telemetry/rank.py`` tells a deployment to, except that
+the reports are cut and dated on the replay's own clock (``capwatch.demo.replay_clock``).
 
-Runs under ``capwatch.demo.ranks.spawn_ranks``; talks to the parent only through a small shared
-progress array (phase, step, overflows per rank), never on the hot path beyond one store.
+Runs under ``capwatch.demo.ranks.spawn_ranks``; talks to the parent only through its
+``capwatch.demo.progress.RankProgress`` record, never on the hot path beyond one store.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from enum import IntEnum
 
-# Fields of the shared progress array, per rank: phase, steps done, overflow events, raised (0/1).
-PROGRESS_FIELDS = 4
-
-
-class Phase(IntEnum):
-    STARTING = 0
-    RUNNING = 1
-    REPORTED = 2  # the final report went out; exporter still up while holding
-    FINISHED = 3
+from capwatch.demo.progress import Phase, RankProgress
+from capwatch.demo.replay_clock import REPORT_INTERVAL_S, ReplayClock, ReplayReading
 
 
 @dataclass(frozen=True)
@@ -29,8 +22,7 @@ class RankPlan:
 
     cluster: str
     token_counts: list[list[int]]  # [steps][ranks]
-    step_times_s: list[float] | None  # replay pacing; None: as fast as the ranks go
-    step_interval_s: float  # pacing when there are no step times (0: none)
+    clock: ReplayClock  # when each step happens: pacing, report cuts and report dates
     cap: int
     overflow_policy: str
     model: str
@@ -41,16 +33,10 @@ class RankPlan:
     moe_layers: int
     zipf_exponent: float
     service_url: str
-    report_interval_s: float
     metrics_base_port: int | None  # None: no exporter
     hold_s: float
     seed: int = 0
     bearer_token: str | None = None  # the service's CAPWATCH_TOKEN, when it requires one
-
-
-def _set(progress, rank: int, field: int, value: int) -> None:
-    if progress is not None:
-        progress[rank * PROGRESS_FIELDS + field] = value
 
 
 def _routing_pool(plan: RankPlan, rank: int, pool_tokens: int):
@@ -89,9 +75,21 @@ def _expert_fn(plan: RankPlan, rank: int, ep_size: int):
     return compute
 
 
-def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
+def _wait_for_step(clock: ReplayClock, step: int, started: float, reading: ReplayReading, reporter) -> None:
+    """Sleep until ``step`` is due (never ahead of the wall clock). A long pause in a trace still sends
+    a report every REPORT_INTERVAL_S, dated within the pause and holding no step, so the service sees
+    the rank alive and idle."""
+    while (delay := started + clock.offset_s(step) - time.monotonic()) > 0:
+        time.sleep(min(delay, REPORT_INTERVAL_S))
+        if delay > REPORT_INTERVAL_S:
+            reading.idle_until(min(clock.date(step), clock.origin_unix_s + time.monotonic() - started))
+            reporter.cut_interval()
+
+
+def run_rank(rank: int, world_size: int, plan: RankPlan, progress=None) -> dict:
     """The body of one rank process. Returns how it ended; an overflow under the ``raise`` policy
-    is returned as ``{"overflow": message}`` after the final report went out."""
+    is returned as ``{"overflow": message}`` after the final report went out. ``progress``: the
+    shared records (``capwatch.demo.progress.shared_progress``), or None."""
     import torch
 
     from capwatch.dispatcher.counters import DispatchCounters
@@ -113,11 +111,11 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                          num_experts=plan.num_experts, backend="torch-gloo", overflow_policy=plan.overflow_policy)
     exporter = (ExporterOptions(base_port=plan.metrics_base_port, local_rank=rank)
                 if plan.metrics_base_port is not None else None)
+    reading = ReplayReading(plan.clock)
     telemetry = RankTelemetry(counters, identity, config, exporter=exporter,
-                              reporter=ReporterOptions(service_url=plan.service_url,
-                                                       interval_s=plan.report_interval_s,
+                              reporter=ReporterOptions(service_url=plan.service_url, interval_s=None,
                                                        bearer_token=plan.bearer_token),
-                              final_report_timeout_s=10.0).start()
+                              final_report_timeout_s=10.0, clock=reading).start()
     final_sent = False
 
     def send_final(reason: str) -> None:
@@ -137,15 +135,13 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
     experts, hidden, weights = _routing_pool(plan, rank, pool_tokens)
     expert_fn = _expert_fn(plan, rank, world_size)
     outcome: dict = {"rank": rank, "steps": 0, "metrics_url": telemetry.metrics_url}
-    _set(progress, rank, 0, Phase.RUNNING)
+    record = progress[rank] if progress is not None else RankProgress()
+    record.phase = Phase.RUNNING
     started = time.monotonic()
     try:
         for step, tokens in enumerate(plan.token_counts):
-            due = (plan.step_times_s[step] if plan.step_times_s is not None
-                   else step * plan.step_interval_s)
-            delay = started + due - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            _wait_for_step(plan.clock, step, started, reading, telemetry.reporter)
+            reading.at_step(step)
             local = tokens[rank]
             runtime_max_tokens = max(max(tokens), 1)  # R: every rank knows every batch size (DP attention)
             offset = (step * 7919) % max(1, pool_tokens - min(local, pool_tokens) + 1)
@@ -155,13 +151,15 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                 output = layer.run(experts[index], payloads, runtime_max_tokens, expert_fn)
                 payloads[0] = output
             outcome["steps"] = step + 1
-            _set(progress, rank, 1, step + 1)
+            if plan.clock.report_after(step):
+                telemetry.reporter.cut_interval()
+            record.steps_done = step + 1
             if step % 25 == 0:
-                _set(progress, rank, 2, counters.snapshot().overflow_events_total)
+                record.overflow_events = counters.snapshot().overflow_events_total
     except CapOverflowError as error:
         # on_overflow already shipped the final report (bounded wait) before the raise.
         outcome["overflow"] = str(error)
-        _set(progress, rank, 3, 1)
+        record.raised = 1
     outcome["loop_s"] = round(time.monotonic() - started, 3)
     send_final("demo finished")  # already sent when an overflow raised
     snapshot = counters.snapshot()
@@ -169,10 +167,12 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress) -> dict:
                    tokens_sent=snapshot.tokens_sent, max_runtime_tokens=snapshot.max_runtime_tokens,
                    overflow_events=snapshot.overflow_events_total,
                    reports_delivered=telemetry.reporter.stats().delivered)
-    _set(progress, rank, 2, snapshot.overflow_events_total)
-    _set(progress, rank, 0, Phase.REPORTED)
+    stats = telemetry.reporter.stats()
+    record.overflow_events = snapshot.overflow_events_total
+    record.reports_lost = stats.pending + stats.rejected
+    record.phase = Phase.REPORTED
     if plan.hold_s > 0 and "overflow" not in outcome:
         time.sleep(plan.hold_s)  # keep /metrics up for a look or a scrape
     telemetry.close(final_reason=None)  # the final report went out above
-    _set(progress, rank, 0, Phase.FINISHED)
+    record.phase = Phase.FINISHED
     return outcome

@@ -7,6 +7,8 @@
 The embedded service runs the real advisor with its clock compressed: a demo "day" lasts
 seconds, so the advisor's history and confidence thresholds are scaled to match (see
 ``DEMO_ADVISOR_SETTINGS``). A service given with ``--service-url`` keeps its own settings.
+The ranks replay the workload on its own clock (``capwatch.demo.replay_clock``), so the same
+workload gets the same advice on any machine, under any load.
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from capwatch.cli import CommandError
-from capwatch.demo.ports import LOOPBACK, free_port, port_is_free
-from capwatch.demo.rank_process import PROGRESS_FIELDS, Phase, RankPlan
+from capwatch.demo.ports import LOOPBACK, free_port, free_port_block, port_is_free
+from capwatch.demo.progress import Phase, shared_progress
+from capwatch.demo.rank_process import RankPlan
+from capwatch.demo.replay_clock import REPORT_INTERVAL_S, replay_clock, replay_origin
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
-from capwatch.sizing.byte_units import format_gib
+from capwatch.usage_errors import CommandError
 
 DEFAULT_PORT = 8321  # the service's own default
 DEFAULT_METRICS_PORT = 9400
@@ -34,12 +37,11 @@ DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
 DEFAULT_STEPS = 1200
 DEFAULT_RANKS = 4
 DEFAULT_POLICY = "chunk"  # the demo always ends with advice; --overflow-policy raise shows the crash
-REPORT_INTERVAL_S = 0.5
-STEP_INTERVAL_S = 0.025  # pacing of generated steps (a real decode step is ~10-50 ms)
 SERVICE_START_TIMEOUT_S = 60.0
-# The advisor's clock, compressed so a demo "day" (800 steps, ~20-30 s) counts as one.
+DEMO_WINDOW_S = 1  # the embedded service's advisor window; the replay's report interval divides it
+# The advisor's clock, compressed so a demo "day" (800 steps, 20 s of replay) counts as one.
 DEMO_ADVISOR_SETTINGS = {
-    "CAPWATCH_WINDOW_S": "1",
+    "CAPWATCH_WINDOW_S": str(DEMO_WINDOW_S),
     "CAPWATCH_ADVISOR__MIN_SAMPLES": "10",
     "CAPWATCH_ADVISOR__MIN_HISTORY_S": "10",
     "CAPWATCH_ADVISOR__HALF_LIFE_S": "60",
@@ -104,10 +106,16 @@ def choose_service_port(requested: int | None) -> int:
 
 
 def choose_metrics_base(requested: int | None, ranks: int) -> int:
-    """Rank r exports on base + r. An explicit base must be free; the default slides to a free block."""
+    """Rank r exports on base + r. An explicit base must be free; 0 is any free block; the default slides
+    to a free block."""
     def block_free(base: int) -> bool:
         return base + ranks - 1 <= 65_535 and all(port_is_free(base + rank) for rank in range(ranks))
 
+    if requested == 0:
+        try:
+            return free_port_block(ranks)
+        except OSError as error:
+            raise CommandError(f"--metrics-port 0: {error}; pass a base port") from None
     if requested is not None:
         if not block_free(requested):
             raise CommandError(f"metrics ports {requested}..{requested + ranks - 1} are not all free; "
@@ -181,11 +189,9 @@ class RankGroup:
     the foreground can show progress and fetch the advice while ranks hold their exporters up."""
 
     def __init__(self, plan: RankPlan, ranks: int, timeout_s: float):
-        import torch.multiprocessing as mp
-
         self.plan = plan
         self.ranks = ranks
-        self.progress = mp.get_context("spawn").Array("q", ranks * PROGRESS_FIELDS)
+        self.progress = shared_progress(ranks)
         self.timeout_s = timeout_s
         self.outcomes: list[dict] | None = None
         self.error: BaseException | None = None
@@ -222,24 +228,25 @@ class RankGroup:
 
         return [child for child in multiprocessing.active_children() if child.name.startswith("capwatch-rank-")]
 
-    def field(self, rank: int, index: int) -> int:
-        return self.progress[rank * PROGRESS_FIELDS + index]
-
     @property
     def steps_done(self) -> int:
-        return min(self.field(rank, 1) for rank in range(self.ranks))
+        return min(record.steps_done for record in self.progress)
 
     @property
     def overflow_events(self) -> int:
-        return sum(self.field(rank, 2) for rank in range(self.ranks))
+        return sum(record.overflow_events for record in self.progress)
 
     @property
     def raised(self) -> bool:
-        return any(self.field(rank, 3) for rank in range(self.ranks))
+        return any(record.raised for record in self.progress)
+
+    @property
+    def reports_lost(self) -> int:
+        return sum(record.reports_lost for record in self.progress)
 
     @property
     def all_reported(self) -> bool:
-        return all(self.field(rank, 0) >= Phase.REPORTED for rank in range(self.ranks))
+        return all(record.phase >= Phase.REPORTED for record in self.progress)
 
     @property
     def running(self) -> bool:
@@ -257,59 +264,13 @@ class RankGroup:
             child.join(timeout=5)  # reaped here: an orphaned zombie may never be
 
 
-# --- presentation --------------------------------------------------------------------------------
-
-def _gib(value) -> str:
-    return "–" if value is None else format_gib(value, digits=3)
-
-
-def _percent(value) -> str:
-    return "–" if value is None else f"{value:.2%}"
-
-
-def advice_table(advice: dict, cluster: str):
-    from rich.markup import escape
-    from rich.table import Table
-
-    table = Table(title=f"capwatch advice for cluster '{cluster}'", show_header=False, title_justify="left")
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    bounds = (f"{advice.get('lower_bound')} – {advice.get('upper_bound')}"
-              if advice.get("lower_bound") is not None else "–")
-    rows = [
-        ("action", str(advice.get("action", "?")).upper()),
-        ("current cap", f"{advice.get('current_cap')} tokens per rank"),
-        ("recommended cap", "–" if advice.get("recommended_cap") is None else f"{advice['recommended_cap']} tokens per rank"),
-        ("bounds", bounds),
-        ("confidence", _percent(advice.get("confidence"))),
-        ("group peak R seen", str(advice.get("max_peak_runtime_tokens", "–"))),
-        ("overflow rate now / after", f"{_percent(advice.get('predicted_overflow_rate_current'))} / "
-                                      f"{_percent(advice.get('predicted_overflow_rate_recommended'))}"),
-        ("workspace per rank now / after", f"{_gib(advice.get('workspace_bytes_per_rank_current'))} / "
-                                           f"{_gib(advice.get('workspace_bytes_per_rank_recommended'))}"),
-        ("change across the group", _gib(advice.get("workspace_bytes_group_delta"))),
-        ("samples", f"{advice.get('sample_count', '–')} windows, {advice.get('overflow_windows', 0)} overflowed"),
-    ]
-    for name, value in rows:
-        table.add_row(name, escape(value))
-    return table
-
-
-def print_advice(out, advice: dict, cluster: str) -> None:
-    out.print(advice_table(advice, cluster))
-    for reason in advice.get("reasons", []):
-        out.print(f"  - {reason}", soft_wrap=True, markup=False)
-    if advice.get("env"):
-        out.print()
-        out.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False)
-
-
 # --- the chain -----------------------------------------------------------------------------------
 
 def run_demo(options: DemoOptions) -> int:
     from rich.console import Console
     from rich.markup import escape
 
+    from capwatch.advice_table import print_advice
     from capwatch.commands.advise import fetch_advice
 
     out = Console(highlight=False)
@@ -341,23 +302,25 @@ def run_demo(options: DemoOptions) -> int:
         service = EmbeddedService(state_dir, port).start()
         service_url = service.url
 
+    clock = replay_clock(workload, replay_origin(time.time(), DEMO_WINDOW_S))
     plan = RankPlan(
-        cluster=options.cluster, token_counts=workload.token_counts, step_times_s=workload.step_times_s,
-        step_interval_s=STEP_INTERVAL_S if workload.source == "generated" else 0.0,
-        cap=options.cap, overflow_policy=options.overflow_policy, model=geometry.name,
+        cluster=options.cluster, token_counts=workload.token_counts, clock=clock, cap=options.cap,
+        overflow_policy=options.overflow_policy, model=geometry.name,
         hidden_size=geometry.hidden_size, priced_hidden_size=geometry.priced_hidden_size,
         num_experts=geometry.num_experts, top_k=geometry.top_k, moe_layers=1, zipf_exponent=1.0,
-        service_url=service_url, report_interval_s=REPORT_INTERVAL_S, metrics_base_port=metrics_base,
+        service_url=service_url, metrics_base_port=metrics_base,
         hold_s=options.hold_s, seed=options.seed,
         # The embedded service inherits CAPWATCH_TOKEN from the environment; so do the reporters.
         bearer_token=os.environ.get("CAPWATCH_TOKEN") or None,
     )
-    paced_s = (workload.step_times_s[-1] if workload.step_times_s else plan.step_interval_s * workload.steps)
-    group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * paced_s + options.hold_s + 120))
+    group = RankGroup(plan, workload.ranks, timeout_s=max(600.0, 3 * clock.duration_s + options.hold_s + 120))
     err.print(f"[bold]{workload.ranks} ranks[/bold] x {workload.steps} decode steps ({escape(workload.source)}), "
               f"{geometry.name} routing (E={geometry.num_experts}, top-{geometry.top_k}; CPU hidden size "
               f"{geometry.hidden_size}, workspace priced at H={geometry.priced_hidden_size}), cap {options.cap}, "
               f"policy {options.overflow_policy}, torch.distributed gloo")
+    err.print(f"replay clock: {escape(clock.source)}, the last step at {clock.duration_s:g} s; the ranks date and "
+              f"cut their reports on it (one per {REPORT_INTERVAL_S:g} s of it), so this machine's speed does not "
+              "change the advice")
     previous_sigterm = (signal.signal(signal.SIGTERM, _raise_interrupt)
                         if threading.current_thread() is threading.main_thread() else None)
     try:
@@ -369,13 +332,18 @@ def run_demo(options: DemoOptions) -> int:
             err.quiet = False
             err.print(f"capwatch demo: the rank processes failed: {group.error}", markup=False, style="red")
             return 1
+        if group.reports_lost:  # the advice must not pass for one computed from everything the ranks did
+            err.quiet = False
+            err.print(f"capwatch demo: warning: {group.reports_lost} reports of the ranks did not reach the service "
+                      "(refused, or not acknowledged in time: see the service's log); the advice below lacks them",
+                      markup=False, style="yellow")
         advice = fetch_advice(service_url, options.cluster, "target", timeout=30.0)[0]
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
         if options.json:
             print(json.dumps(advice, indent=2))  # plain JSON, for jq and scripts
         else:
-            print_advice(out, advice, options.cluster)
+            print_advice([advice], out)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,
                         hint=service is not None and options.hold_s == 0)
         sys.stdout.flush()  # the advice is out before any hold

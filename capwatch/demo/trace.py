@@ -17,9 +17,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
 
-from capwatch.cli import CommandError
 from capwatch.demo.workload import Workload
 from capwatch.sizing.flashinfer_releases import MAX_EP_SIZE
+from capwatch.usage_errors import CommandError
 
 MAX_TOKENS_PER_RANK = 1 << 20
 # A demo replays a trace in real time (25 ms a step when it has no "t"): 100,000 steps is 40 minutes.

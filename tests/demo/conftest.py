@@ -5,34 +5,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from capwatch.demo.ports import free_port, free_port_block  # noqa: F401  (re-exported for the tests)
 from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from capwatch.demo.trace import write_trace
 from capwatch.demo.workload import Workload
-from tests.support.service import ServiceProcess, free_port  # noqa: F401  (free_port re-exported for the tests)
-
-
-def free_port_block(count: int) -> int:
-    """A base port with ``count`` free ports after it (rank r exports on base + r)."""
-    for _ in range(50):
-        base = free_port()
-        if base + count <= 65_535 and all(_is_free(base + offset) for offset in range(count)):
-            return base
-    raise RuntimeError("no block of free ports")
-
-
-def _is_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+from tests.support.service import ServiceProcess  # noqa: F401  (re-exported for the tests)
 
 
 def get_json(url: str):

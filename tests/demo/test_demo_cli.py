@@ -231,3 +231,20 @@ def test_reports_carry_the_token_a_protected_service_requires(tmp_path):
     assert all(rank["forward_steps_total"] == 3 and rank["final"] for rank in view["ranks"])
     assert "s3cret-token" not in process.stdout + process.stderr
     assert_quiet(process.stderr)
+
+
+def test_metrics_port_zero_is_any_block_of_free_ports():
+    """--metrics-port 0 once meant rank r on port r: port 0 (any) for rank 0, port 1 for rank 1."""
+    import socket
+
+    from capwatch.demo.session import choose_metrics_base
+
+    base = choose_metrics_base(0, 4)
+    assert 1024 < base and base + 3 <= 65_535
+    probes = [socket.socket() for _ in range(4)]
+    try:
+        for offset, probe in enumerate(probes):
+            probe.bind(("127.0.0.1", base + offset))  # all four are free
+    finally:
+        for probe in probes:
+            probe.close()

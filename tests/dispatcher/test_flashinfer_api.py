@@ -1,5 +1,7 @@
 """The FlashInfer adapters against real FlashInfer: the installed package (inspect.signature)
-and, when a wheel is at hand, another release's source (ast). No GPU needed.
+and, when a wheel is at hand, another release's source (ast). No GPU needed. ``MOE_A2A_API`` and
+``MOE_EP_API`` below list every class, method and keyword argument the adapters
+(``capwatch.dispatcher.flashinfer_backend``) use.
 
 The installed one is flashinfer-python 0.7.2.post1 (both APIs). 0.7.4 cannot share a venv with
 it; give its wheel via ``CAPWATCH_FLASHINFER_WHEELS=<dir>`` or ``<repo>/.whl/`` to check it too.
@@ -9,25 +11,103 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import os
 import re
 import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import capwatch.dispatcher.flashinfer_backend as adapters
 import pytest
 from capwatch.dispatcher.flashinfer_backend import (
     LEGACY_METAINFO_INDEX,
-    MOE_A2A_API,
-    MOE_EP_API,
-    ApiUse,
-    missing_parameters,
+    MOE_EP_RUNTIME_TOKENS_KEYWORDS,
+    parameter_names,
 )
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Imports the adapters make only on some versions, and the first version that has them.
 VERSION_SPECIFIC_IMPORTS = {("flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels", "layout_constants")}
+
+
+# --- what the adapters use, declared once -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ApiUse:
+    """A callable (function, method or dataclass) and the parameters the adapter passes.
+
+    ``parameters`` entries may be alternatives ``"a|b"``: one of them must exist.
+    ``attributes``: names read off an instance (checked in the class source).
+    """
+
+    module: str  # the public module the adapter imports from
+    qualname: str  # "Class", "Class.method" or "function"
+    parameters: tuple[str, ...] = ()
+    attributes: tuple[str, ...] = ()
+
+
+MOE_A2A_API: tuple[ApiUse, ...] = (
+    ApiUse("flashinfer.comm", "Mapping", ("world_size", "rank", "gpus_per_node", "moe_ep_size")),
+    ApiUse("flashinfer.comm.mnnvl", "MnnvlConfig", ("comm_backend",)),
+    ApiUse("flashinfer.comm.comm_backend", "TorchDistBackend", ("group",)),
+    ApiUse("flashinfer.comm", "moe_a2a_get_workspace_size_per_rank",
+           ("ep_size", "max_num_tokens", "total_dispatch_payload_size_per_token", "combine_payload_size_per_token")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll",
+           ("mapping", "max_num_tokens", "top_k", "num_experts", "workspace_size_per_rank", "mnnvl_config"),
+           attributes=("workspace", "metainfo", "ep_rank", "ep_size", "max_num_tokens")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll.dispatch",
+           ("token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank",
+            "invalid_token_expert_id", "expert_id_payload_index")),
+    ApiUse("flashinfer.comm", "MoeAlltoAll.combine", ("payload", "runtime_max_tokens_per_rank")),
+)
+
+MOE_EP_API: tuple[ApiUse, ...] = (
+    ApiUse("flashinfer.moe_ep", "BootstrapConfig", ("world_size", "rank", "process_group")),
+    ApiUse("flashinfer.moe_ep", "MoEEpCommParams",
+           ("num_experts", "top_k", "max_tokens_per_rank", "hidden_size", "dtype", "invalid_expert_id")),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedConfig", ()),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll", ("bootstrap", "params", "config"),
+           attributes=("ep_rank", "ep_size", "params")),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.dispatch",
+           ("hidden_states", "topk_ids", "topk_weights", "hidden_states_scale",
+            "|".join(MOE_EP_RUNTIME_TOKENS_KEYWORDS))),
+    ApiUse("flashinfer.moe_ep", "NVLinkOneSidedAlltoAll.combine", ("expert_output",)),
+    ApiUse("flashinfer.moe_ep", "MoEEpDispatchResult",
+           ("hidden_states", "topk_ids", "topk_weights", "tokens_per_rank", "hidden_states_scale")),
+)
+
+
+def _resolve(use: ApiUse):
+    target = importlib.import_module(use.module)
+    for part in use.qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def missing_parameters(names: set[str], wanted: Sequence[str]) -> list[str]:
+    return [option for option in wanted if not any(alt in names for alt in option.split("|"))]
+
+
+def check_installed_api(uses: Sequence[ApiUse]) -> list[str]:
+    """Problems between ``uses`` and the installed flashinfer (empty when everything matches)."""
+    problems = []
+    for use in uses:
+        where = f"{use.module}.{use.qualname}"
+        try:
+            target = _resolve(use)
+        except (ImportError, AttributeError) as error:
+            problems.append(f"{where}: not found ({error})")
+            continue
+        for name in missing_parameters(parameter_names(target), use.parameters):
+            problems.append(f"{where}: no parameter {name!r}")
+        if use.attributes:  # set in the class or a flashinfer base class
+            source = "".join(inspect.getsource(cls) for cls in target.__mro__ if cls.__module__.startswith("flashinfer"))
+            problems += [f"{where}: never sets self.{a}" for a in use.attributes if f"self.{a}" not in source]
+    return problems
 
 
 def installed(module: str):
@@ -54,14 +134,14 @@ def adapter_imports() -> set[tuple[str, str]]:
 def test_legacy_adapter_matches_installed_moe_alltoall():
     if not hasattr(installed("flashinfer.comm"), "MoeAlltoAll"):
         pytest.skip(f"flashinfer {flashinfer.__version__} has no MoeAlltoAll (removed in 0.7.4)")
-    assert adapters.check_installed_api(MOE_A2A_API) == []
+    assert check_installed_api(MOE_A2A_API) == []
 
 
 @needs_flashinfer
 def test_moe_ep_adapter_matches_installed_nvlink_one_sided():
     if installed("flashinfer.moe_ep") is None:
         pytest.skip(f"flashinfer {flashinfer.__version__} has no flashinfer.moe_ep (added in 0.7.2)")
-    assert adapters.check_installed_api(MOE_EP_API) == []
+    assert check_installed_api(MOE_EP_API) == []
 
 
 @needs_flashinfer
@@ -78,7 +158,7 @@ def test_every_flashinfer_import_of_the_adapters_resolves():
 @needs_flashinfer
 def test_the_checker_notices_a_parameter_that_does_not_exist():
     wrong = ApiUse("flashinfer.comm", "MoeAlltoAll.dispatch", ("token_selected_experts", "no_such_argument"))
-    assert adapters.check_installed_api([wrong]) == ["flashinfer.comm.MoeAlltoAll.dispatch: no parameter 'no_such_argument'"]
+    assert check_installed_api([wrong]) == ["flashinfer.comm.MoeAlltoAll.dispatch: no parameter 'no_such_argument'"]
 
 
 @needs_flashinfer

@@ -249,8 +249,9 @@ def check_flashinfer_moe_alltoall() -> str:
         from flashinfer.comm import MoeAlltoAll  # noqa: F401
     except ImportError as error:
         raise Skip(f"flashinfer.comm.MoeAlltoAll not importable ({error})")
-    from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend, flashinfer_version
+    from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
     from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
+    from flashinfer import __version__ as flashinfer_version
 
     _init_group()
     inputs, ids, payloads, compute, expected = _inputs_on(torch.device("cuda"))
@@ -258,7 +259,7 @@ def check_flashinfer_moe_alltoall() -> str:
     dispatch_bytes = 2 * CASE.hidden + 8 * CASE.top_k
     combine_bytes = 2 * CASE.hidden
     backend = FlashInferMoeAlltoAllBackend(CASE.num_experts, CASE.top_k, cap, dispatch_bytes, combine_bytes)
-    layout = workspace_layout(1, cap, dispatch_bytes, combine_bytes, flashinfer_version=flashinfer_version())
+    layout = workspace_layout(1, cap, dispatch_bytes, combine_bytes, flashinfer_version=flashinfer_version)
     expected_metainfo = layout.metainfo
     if len(backend.metainfo) == len(expected_metainfo) - 1:  # before 0.6.16: no EPLB entry
         expected_metainfo = expected_metainfo[:8] + expected_metainfo[9:]
@@ -266,7 +267,7 @@ def check_flashinfer_moe_alltoall() -> str:
         raise AssertionError(f"flashinfer metainfo {backend.metainfo} != sizing {expected_metainfo}")
     if backend.alltoall.workspace_size_per_rank != layout.workspace_bytes_per_rank:
         raise AssertionError("workspace size differs from capwatch.sizing")
-    return f"flashinfer {flashinfer_version()}: metainfo == sizing; " + _flashinfer_step(
+    return f"flashinfer {flashinfer_version}: metainfo == sizing; " + _flashinfer_step(
         backend, expected, ids, payloads, compute, inputs)
 
 

@@ -10,7 +10,8 @@ import pytest
 from capwatch.service.config import Settings
 from pydantic import ValidationError
 
-from capwatch import cli
+from capwatch import cli, usage_errors
+from tests.support.checkout import REPO_ROOT
 from tests.support.launcher import run_capwatch
 from tests.support.service import free_port
 
@@ -97,9 +98,29 @@ def test_a_bug_is_not_dressed_up_as_a_usage_error(monkeypatch):
         cli.main(["advise"])
     from capwatch.sizing.checks import SizingError
 
-    assert cli.usage_error(SizingError("--cap must be positive")) == "--cap must be positive"
-    assert cli.usage_error(ValueError("bug")) is None and cli.usage_error(KeyError("bug")) is None
+    assert usage_errors.usage_error(SizingError("--cap must be positive")) == "--cap must be positive"
+    assert usage_errors.usage_error(ValueError("bug")) is None and usage_errors.usage_error(KeyError("bug")) is None
     with pytest.raises(ValidationError) as caught:
         Settings(port=-1, window_s=0)
-    line = cli.usage_error(caught.value)
+    line = usage_errors.usage_error(caught.value)
     assert "\n" not in line and "port:" in line and "window_s:" in line
+
+
+def test_the_commands_import_their_error_at_the_top_and_never_the_cli():
+    """``CommandError`` lives in ``capwatch.usage_errors`` (which imports nothing of capwatch): every
+    module raising it imports it once, at the top, and only ``python -m capwatch`` imports the CLI."""
+    import ast
+
+    package = REPO_ROOT / "capwatch"
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        top_level = set(tree.body)
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not (node.module or "").startswith("capwatch"):
+                continue
+            where = f"{path.relative_to(REPO_ROOT)}:{node.lineno}"
+            assert node.module != "capwatch.cli" or path.name == "__main__.py", f"{where} imports the CLI"
+            if node.module == "capwatch.usage_errors":
+                assert node in top_level, f"{where} imports CommandError inside a function"
+    own = ast.parse((package / "usage_errors.py").read_text())
+    assert not [node for node in ast.walk(own) if isinstance(node, ast.ImportFrom) and "capwatch" in (node.module or "")]

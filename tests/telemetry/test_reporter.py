@@ -320,6 +320,7 @@ def test_status_classification(status, verdict):
     (dict(service_url="127.0.0.1:8000"), "must look like http://host:port"),
     (dict(service_url="ftp://x"), "must look like"),
     (dict(service_url="http://x", interval_s=0), "interval_s must be > 0"),
+    (dict(service_url="http://x", interval_s=float("nan")), "interval_s must be > 0"),
     (dict(service_url="http://x", max_pending_reports=2), "max_pending_reports must be >= 3"),
     (dict(service_url="http://x", backoff_initial_s=5, backoff_max_s=1), "backoff_max_s"),
 ])
@@ -331,3 +332,32 @@ def test_bad_options_are_refused_with_what_to_fix(options, message):
 def test_counters_that_do_not_match_the_config_are_refused(sink):
     with pytest.raises(ValueError, match="do not match"):
         make_reporter(sink, DispatchCounters(CAP * 2, EP_SIZE))
+
+
+def test_a_reporter_cut_by_its_caller_sends_nothing_uncut_and_dates_intervals_by_the_callers_clock(sink):
+    """interval_s=None: no interval is cut but by cut_interval() (and the final one); each is dated by the
+    tracker's clock, here a replay's, which runs on whatever the caller says, not the wall's."""
+    from capwatch.telemetry.intervals import IntervalTracker
+
+    replay = [1_700_000_000.0]
+    counters = DispatchCounters(CAP, EP_SIZE)
+    identity = RankIdentity(cluster="unit", ep_rank=1, ep_size=EP_SIZE, boot_id=new_boot_id())
+    config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=8, top_k=2, num_experts=4, backend="torch")
+    reporter = RankReporter(counters, identity, config,
+                            ReporterOptions(service_url=sink.url, interval_s=None, request_timeout_s=15.0),
+                            tracker=IntervalTracker(counters, clock=lambda: replay[0])).start()
+    for runtime_tokens in (3, 9, 4):
+        dispatch(counters, runtime_tokens)
+    time.sleep(0.3)  # the thread runs, but only the caller cuts
+    assert sink.by_boot() == {}
+    replay[0] += 0.5
+    reporter.cut_interval()
+    wait_for(lambda: reporter.stats().delivered == 1)
+    dispatch(counters, 7)
+    replay[0] += 0.75
+    assert reporter.close("shutdown", timeout_s=10)
+    first, final = assert_exactly_once(sink, reporter, counters)
+    assert (first.interval.start_unix_s, first.interval.end_unix_s) == (1_700_000_000.0, 1_700_000_000.5)
+    assert (first.interval.forward_steps, first.interval.peak_runtime_tokens) == (3, 9)
+    assert (final.interval.start_unix_s, final.interval.end_unix_s) == (1_700_000_000.5, 1_700_000_001.25)
+    assert (final.interval.forward_steps, final.interval.peak_runtime_tokens) == (1, 7)

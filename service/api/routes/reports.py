@@ -101,6 +101,8 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
         "application/json": {"schema": {"$ref": "#/components/schemas/RankReport"}}}}},
 )
 async def post_report(request: Request) -> Response:
+    """The documented way in, reached only by a body of undeclared size (chunked): a request with a
+    Content-Length, every rank's report, is answered before routing by ``ReportFastPath`` below."""
     started = time.perf_counter()
     headers = {name: request.headers.get(name) for name in _WANTED.values()}
     status_code, body, extra = await answer(request.app.state, {k: v for k, v in headers.items() if v is not None},
@@ -108,11 +110,10 @@ async def post_report(request: Request) -> Response:
     return Response(body, status_code=status_code, media_type="application/json", headers=extra)
 
 
-
-
 class ReportFastPath:
     """ASGI middleware answering ``POST /v1/reports`` with a declared size, through the same ``answer``
-    as the route (see the module's docstring); everything else goes on to the app."""
+    as the route (see the module's docstring); everything else goes on to the app. Installed by
+    ``capwatch.service.main.create_app``, inside ``RequestGuard``."""
 
     def __init__(self, app: ASGIApp):
         self.app = app

@@ -1,0 +1,140 @@
+"""Advice on a terminal: the one renderer of ``capwatch advise`` and ``capwatch demo``.
+
+It reads the objects ``GET /v1/clusters/{cluster}/advice`` and ``/whatif`` answer (plain dicts, so the
+CLI needs no service install to print them). ``ADVICE_FIELDS`` is the one list of what a reader sees of
+an advice and how each value is written: one advice reads as a card (a field a line), several as a table
+(a cluster a row); then each cluster's reasons and the line to export, or why it cannot be advised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.byte_units import format_gib
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else format_gib(value)
+
+
+def _signed_gib(value: int | None) -> str:
+    return "-" if value is None else f"{'+' if value >= 0 else '-'}{format_gib(abs(value))}"
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2%}"
+
+
+def _count(value: float) -> str:
+    """A predicted count: three significant digits, whole numbers from 100 on (8,640, not 8.64e+03)."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _per_day(value: float | None, high: float | None = None) -> str:
+    if value is None:
+        return "-"
+    return _count(value) + ("" if high is None else f" (<= {_count(high)})")
+
+
+def _tokens(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _bounds(advice: dict) -> str:
+    return "-" if advice["lower_bound"] is None else f"{advice['lower_bound']} - {advice['upper_bound']}"
+
+
+# (label, how the value reads): the card's lines and the table's columns, in this order.
+ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
+    ("action", lambda advice: advice["action"]),
+    ("current cap", lambda advice: _tokens(advice["current_cap"])),
+    ("recommended cap", lambda advice: _tokens(advice["recommended_cap"])),
+    ("bounds", _bounds),
+    ("confidence", lambda advice: f"{advice['confidence']:.2f}"),
+    ("group peak R seen", lambda advice: _tokens(advice["max_peak_runtime_tokens"])),
+    ("overflow rate now -> after", lambda advice: f"{_rate(advice['predicted_overflow_rate_current'])} -> "
+                                                  f"{_rate(advice['predicted_overflow_rate_recommended'])}"),
+    ("overflow windows/day after", lambda advice: _per_day(
+        advice.get("predicted_overflow_windows_per_day_recommended"),
+        advice.get("predicted_overflow_windows_per_day_recommended_high"))),
+    ("workspace/rank now -> after", lambda advice: f"{_gib(advice['workspace_bytes_per_rank_current'])} -> "
+                                                   f"{_gib(advice['workspace_bytes_per_rank_recommended'])}"),
+    ("group change", lambda advice: _signed_gib(advice["workspace_bytes_group_delta"])),
+    ("samples", lambda advice: f"{advice['sample_count']} windows, {advice['overflow_windows']} overflowed"),
+)
+
+
+def _stdout():
+    from rich.console import Console
+
+    return Console()
+
+
+def advice_table(advices: list[dict]):
+    """One advice: a card; several: a row per cluster. Values are text, never markup."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if len(advices) == 1:
+        [advice] = advices
+        table = Table(title=f"capwatch advice for cluster '{advice['cluster']}'", title_justify="left",
+                      show_header=False)
+        table.add_column(style="bold", no_wrap=True)
+        table.add_column(overflow="fold")
+        for label, value in ADVICE_FIELDS:
+            table.add_row(label, Text(value(advice)))
+        return table
+    table = Table(title=f"capwatch advice: {FLASHINFER.cap_env_var}")
+    table.add_column("cluster")
+    for label, _ in ADVICE_FIELDS:
+        table.add_column(label, justify="left" if label == "action" else "right")
+    for advice in advices:
+        table.add_row(Text(advice["cluster"]), *(Text(value(advice)) for _, value in ADVICE_FIELDS))
+    return table
+
+
+def print_advice(advices: list[dict], console=None) -> None:
+    """The table, then per cluster its reasons and the line to export; a cluster that cannot be advised
+    (an ``{"cluster", "error"}`` entry) says why. On ``console`` (a rich Console; default: stdout)."""
+    console = console or _stdout()
+    advisable = [advice for advice in advices if "error" not in advice]
+    several = len(advisable) > 1
+    if advisable:
+        console.print(advice_table(advisable))
+    for advice in advisable:
+        if several:
+            console.print(f"{advice['cluster']}:", style="bold", markup=False, highlight=False)
+        for reason in advice["reasons"]:
+            console.print(f"  - {reason}", soft_wrap=True, markup=False, highlight=False)
+        if advice["env"]:
+            console.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False, highlight=False)
+        else:
+            console.print("no change suggested yet", markup=False, highlight=False)
+        if several:
+            console.print()
+    for advice in advices:
+        if "error" in advice:
+            console.print(f"{advice['cluster']}: cannot be advised: {advice['error']}", soft_wrap=True, markup=False,
+                          highlight=False)
+
+
+def print_whatif(rows: list[dict], console=None) -> None:
+    """The what-if curve: per cap, predicted overflowing windows per day (with its band) and the cost."""
+    from rich.table import Table
+
+    console = console or _stdout()
+
+    table = Table(title="capwatch what-if: predicted overflows and cost per cap")
+    for column in ("cap", "overflow windows/day", "band", "workspace/rank", "group change", "KV tokens/rank freed",
+                   "below floor"):
+        table.add_column(column, justify="right")
+    for row in rows:
+        low = row.get("predicted_overflow_windows_per_day_low")
+        high = row.get("predicted_overflow_windows_per_day_high")
+        freed = row.get("kv_cache_tokens_per_rank_freed")
+        table.add_row(str(row["cap"]), _per_day(row.get("predicted_overflow_windows_per_day")),
+                      "-" if low is None else f"{_count(low)}..{_count(high)}", _gib(row["workspace_bytes_per_rank"]),
+                      _signed_gib(row["workspace_bytes_group_delta"]), "-" if freed is None else f"{freed:,}",
+                      "yes" if row["below_floor"] else "no")
+    console.print(table)

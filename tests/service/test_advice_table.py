@@ -1,0 +1,89 @@
+"""``capwatch.advice_table``, the one renderer of ``capwatch advise`` and ``capwatch demo``, over the
+objects the service answers (``ClusterAdvice``, ``WhatIf``, dumped to JSON as the CLI receives them)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from capwatch.service.advisor.recommend import ClusterAdvice, WhatIf
+from rich.console import Console
+
+from capwatch.advice_table import ADVICE_FIELDS, print_advice, print_whatif
+
+ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+
+
+def advice(cluster: str, **changes) -> dict:
+    """An advice object exactly as GET /v1/clusters/{cluster}/advice serialises one."""
+    values = dict(
+        action="lower", current_cap=4096, recommended_cap=1280, target_cap=1280, lower_bound=896, upper_bound=2432,
+        confidence=0.875, predicted_overflow_rate_current=0.0, predicted_overflow_rate_recommended=0.00125,
+        workspace_bytes_per_rank_current=471_859_200, workspace_bytes_per_rank_recommended=147_456_000,
+        workspace_bytes_group_current=4 * 471_859_200, workspace_bytes_group_recommended=4 * 147_456_000,
+        workspace_bytes_group_delta=4 * (147_456_000 - 471_859_200), ep_size=4, floor_cap=None, budget_cap=None,
+        sample_count=70, overflow_windows=2, history_s=70.0, covered_history_s=70.0, max_peak_runtime_tokens=994,
+        env=f"{ENV_VAR}=1280", reasons=["the group's peak R per 1 s window reached 994 tokens",
+                                        "a reason with [bold]brackets[/bold] prints as written"],
+        predicted_overflow_windows_per_day_recommended=0.5, predicted_overflow_windows_per_day_recommended_high=3.0,
+        cluster=cluster, role="target", generated_unix_s=1.8e9)
+    values.update(changes)
+    return json.loads(ClusterAdvice(**values).model_dump_json())
+
+
+def rendered(print_function, objects, width: int = 240) -> str:
+    console = Console(record=True, width=width, color_system=None)
+    print_function(objects, console)
+    return console.export_text()
+
+
+def test_one_advice_is_a_card_with_its_reasons_and_the_line_to_export():
+    text = rendered(print_advice, [advice("demo")])
+    assert "capwatch advice for cluster 'demo'" in text
+    lines = text.splitlines()
+    for label, value in ADVICE_FIELDS:  # every field on a line of its own, label then value
+        assert any(label in line and value(advice("demo")) in line for line in lines), label
+    assert "│ bounds" in text and "896 - 2432" in text and "0.00% -> 0.12%" in text and "0.5 (<= 3)" in text
+    assert "0.44 GiB -> 0.14 GiB" in text and "-1.21 GiB" in text and "70 windows, 2 overflowed" in text
+    assert "  - a reason with [bold]brackets[/bold] prints as written" in text  # text, never markup
+    assert [line for line in lines if line.strip()][-1] == f"export {ENV_VAR}=1280"
+
+
+def test_several_advices_are_a_row_each_then_each_clusters_reasons_and_errors():
+    holding = advice("prod-b", action="insufficient_data", recommended_cap=None, target_cap=None, lower_bound=None,
+                     upper_bound=None, env=None, workspace_bytes_per_rank_recommended=None,
+                     workspace_bytes_group_recommended=None, workspace_bytes_group_delta=None,
+                     reasons=["5 group samples covering 0 min"])
+    text = rendered(print_advice, [advice("prod-a"), holding, {"cluster": "prod-c", "role": "target",
+                                                               "error": "ranks disagree on the cap"}])
+    assert f"capwatch advice: {ENV_VAR}" in text
+    rows = [line for line in text.splitlines() if line.startswith("│")]
+    assert [row.split("│")[1].strip() for row in rows] == ["prod-a", "prod-b"]
+    cells = [cell.strip() for cell in rows[1].split("│")[1:-1]]
+    assert cells[:5] == ["prod-b", "insufficient_data", "4096", "-", "-"] and cells[-2] == "-"
+    after = text[text.index("prod-a:"):]
+    assert after.index("prod-a:") < after.index(f"export {ENV_VAR}=1280") < after.index("prod-b:") \
+        < after.index("no change suggested yet") < after.index("prod-c: cannot be advised: ranks disagree on the cap")
+
+
+@pytest.mark.parametrize("width", [60, 100])
+def test_a_narrow_terminal_still_shows_every_value(width):
+    text = " ".join(rendered(print_advice, [advice("demo")], width=width).split())
+    for value in ("lower", "4096", "1280", "896 - 2432", "994", f"export {ENV_VAR}=1280"):
+        assert value in text
+
+
+def test_whatif_rows_show_the_band_the_cost_and_the_floor():
+    rows = [json.loads(WhatIf(cap=cap, predicted_overflow_rate=rate, workspace_bytes_per_rank=cap * 100_000,
+                              workspace_bytes_group=4 * cap * 100_000, workspace_bytes_group_delta=delta,
+                              aligned=True, below_floor=cap < 512, within_budget=None,
+                              predicted_overflow_windows_per_day=per_day, predicted_overflow_windows_per_day_low=low,
+                              predicted_overflow_windows_per_day_high=high,
+                              kv_cache_tokens_per_rank_freed=freed).model_dump_json())
+            for cap, rate, delta, per_day, low, high, freed in [
+                (256, 0.2, -3 << 30, 674.0, 611.0, 8640.0, 12_571), (4096, 0.0, 0, None, None, None, None)]]
+    text = rendered(print_whatif, rows)
+    [small] = [line for line in text.splitlines() if line.startswith("│  256")]
+    assert "674" in small and "611..8,640" in small and "-3.00 GiB" in small and "12,571" in small and "yes" in small
+    [large] = [line for line in text.splitlines() if line.startswith("│ 4096")]
+    assert "+0.00 GiB" in large and " no " in large and large.count(" - ") >= 2
