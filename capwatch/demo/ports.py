@@ -22,9 +22,14 @@ def free_port_block(count: int, host: str = LOOPBACK, tries: int = 50) -> int:
     """A base port with ``count`` free ports from it (rank r exports on base + r), anywhere the OS offers."""
     for _ in range(tries):
         base = free_port(host)
-        if base + count - 1 <= 65_535 and all(port_is_free(base + offset, host) for offset in range(count)):
+        if block_is_free(base, count, host):
             return base
     raise OSError(f"no block of {count} free ports on {host} in {tries} tries")
+
+
+def block_is_free(base: int, count: int, host: str = LOOPBACK) -> bool:
+    """Ports ``base`` .. ``base + count - 1`` all exist and are free on ``host``."""
+    return base + count - 1 <= 65_535 and all(port_is_free(base + offset, host) for offset in range(count))
 
 
 def port_is_free(port: int, host: str = LOOPBACK) -> bool:

@@ -24,7 +24,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from capwatch.demo.ports import LOOPBACK, free_port, free_port_block, port_is_free
+from capwatch.demo.ports import LOOPBACK, block_is_free, free_port, free_port_block, port_is_free
 from capwatch.demo.progress import Phase, shared_progress
 from capwatch.demo.rank_process import RankPlan
 from capwatch.demo.replay_clock import REPORT_INTERVAL_S, replay_clock, replay_origin
@@ -108,21 +108,18 @@ def choose_service_port(requested: int | None) -> int:
 def choose_metrics_base(requested: int | None, ranks: int) -> int:
     """Rank r exports on base + r. An explicit base must be free; 0 is any free block; the default slides
     to a free block."""
-    def block_free(base: int) -> bool:
-        return base + ranks - 1 <= 65_535 and all(port_is_free(base + rank) for rank in range(ranks))
-
     if requested == 0:
         try:
             return free_port_block(ranks)
         except OSError as error:
             raise CommandError(f"--metrics-port 0: {error}; pass a base port") from None
     if requested is not None:
-        if not block_free(requested):
+        if not block_is_free(requested, ranks):
             raise CommandError(f"metrics ports {requested}..{requested + ranks - 1} are not all free; "
                                "pass another --metrics-port")
         return requested
     for base in range(DEFAULT_METRICS_PORT, DEFAULT_METRICS_PORT + 2000, max(ranks, 1)):
-        if block_free(base):
+        if block_is_free(base, ranks):
             return base
     raise CommandError("no free block of metrics ports near 9400; pass --metrics-port")
 

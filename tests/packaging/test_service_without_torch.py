@@ -11,13 +11,26 @@ import json
 import os
 import urllib.request
 
+import pytest
+
 from tests.support import launcher
-from tests.support.service import INSTALLED_PYTHON, SERVICE_VENV, ServiceProcess, needs_service_venv
+from tests.support.service import (
+    INSTALLED_PYTHON,
+    SERVICE_VENV,
+    ServiceProcess,
+    needs_service_venv,
+    require_current_install,
+)
 
 CAPWATCH = SERVICE_VENV / "bin" / "capwatch"
 OPERATOR_ENV = {"PATH": "/usr/bin:/bin", "HOME": os.environ.get("HOME", "/tmp")}
 
 pytestmark = needs_service_venv
+
+
+@pytest.fixture(autouse=True)
+def _current_install():
+    require_current_install()
 
 
 def _run(*args: str, timeout_s: float = 60):
