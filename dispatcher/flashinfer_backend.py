@@ -166,6 +166,18 @@ class _CounterViews:
             self._flag = _workspace_int32(rank_bytes, int(metainfo[index["FLAG_VAL_OFFSET_INDEX"]]), 1)
         else:
             self._recv = _workspace_int32(rank_bytes, recv_offset, ep_size)
+        self.rank_bytes, self.ep_size = rank_bytes, ep_size
+
+    def traffic(self) -> torch.Tensor:
+        """``[2, ep_size]`` int32: the send row and the receive row, one strided view of the workspace
+        (one ``DispatchCounters.record_traffic`` a dispatch). Only where the receive words are one bank."""
+        if self._parity_banks:
+            raise RuntimeError("the receive counters are two banks here: no single view holds them")
+        gap = self._recv.storage_offset() - self.send.storage_offset()  # in int32 words
+        if gap < self.ep_size:
+            raise RuntimeError(f"flashinfer's receive counters start {gap} words after the send counters; "
+                               f"capwatch expects them after all {self.ep_size}")
+        return self.send.as_strided((2, self.ep_size), (gap, 1))
 
     def recv(self) -> torch.Tensor:
         if not self._parity_banks:
@@ -253,6 +265,13 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
     @property
     def workspace(self) -> torch.Tensor:
         return self.alltoall.workspace
+
+    def traffic_counts(self) -> torch.Tensor:
+        """The workspace's send and receive counter words as one ``[2, ep_size]`` view (valid from the
+        end of a dispatch until the next), for ``DispatchCounters.record_traffic``."""
+        if self.counters_source != "workspace":
+            raise ValueError("traffic_counts reads the workspace's counter words: counters_source='workspace'")
+        return self._views.traffic()
 
     @property
     def send_counts(self) -> torch.Tensor:

@@ -74,7 +74,8 @@ def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: 
         limits = {field: number(spec) for spec, field in catalogue.SGLANG_LIMIT_GAUGES if number(spec) is not None}
         config["sglang"] = {"sglang_version": sglang_info.get("sglang_version") or None,
                             "disaggregation_mode": sglang_info.get("disaggregation_mode", "null"),
-                            "cap_source": sglang_info.get("cap_source", "env"), **limits}
+                            "cap_source": sglang_info.get("cap_source", "env"),
+                            "floor_rule": sglang_info.get("floor_rule") or "sglang", **limits}
     unpriced = {name: value for name, value in config.items() if name not in GEOMETRY}
     if not all(field in config for field in GEOMETRY):
         return unpriced  # an exporter older than the geometry gauges: priced by the cap's own layout

@@ -1,4 +1,4 @@
-"""Launch SGLang scheduler ranks (``rank_program.py``) with the sglang venv's python, scrape them."""
+"""Launch SGLang scheduler ranks (``rank_program.py``) of one release with the sglang venv's python, scrape them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.sglang.releases import RELEASES, missing, release_path
 from tests.support.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -40,10 +41,14 @@ def sglang_missing() -> str | None:
     python = sglang_python()
     if not python.exists():
         return f"no sglang test venv at {python.parent.parent} (make test builds it)"
+    absent = missing()
+    if absent:
+        return f"the release folders of sglang {', '.join(absent)} are not installed (make test installs them)"
     # find_spec, not import: importing sglang takes seconds.
     check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sglang') and u.find_spec('capwatch') else 1)"
-    if subprocess.run([str(python), "-c", check], capture_output=True, timeout=60).returncode != 0:
-        return f"{python} has no sglang or no capwatch installed"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, release_path(RELEASES[-1])))}
+    if subprocess.run([str(python), "-c", check], capture_output=True, timeout=60, env=env).returncode != 0:
+        return f"{python} has no capwatch installed, or the sglang release folders no sglang"
     return None
 
 
@@ -54,6 +59,9 @@ class RankRun:
     run_dir: Path
     world: int
     env: dict[str, str]
+    sglang_release: str = RELEASES[-1]  # the sglang release the ranks run (its folder first on PYTHONPATH)
+    # Folders before the release's own (a test's fake dist-info that says another version).
+    extra_path: tuple[Path, ...] = ()
     optimize: bool = False
     metrics_base_port: int = 0
     program: str = "tests.sglang.rank_program"  # a module run as ``python -m PROGRAM RUN_DIR RANK``
@@ -66,7 +74,8 @@ class RankRun:
         full_plan = {"world": self.world, "master_port": free_port(), "model_dir": str(model_dir), "model": MODEL,
                      **plan}
         (self.run_dir / "plan.json").write_text(json.dumps(full_plan))
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), **self.env}
+        path = [*map(str, self.extra_path), *map(str, release_path(self.sglang_release)), str(REPO_ROOT)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), **self.env}
         env.pop("PROMETHEUS_MULTIPROC_DIR", None)
         flags = ["-O"] if self.optimize else []
         for rank in range(self.world):
