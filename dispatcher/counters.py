@@ -148,13 +148,13 @@ class DispatchCounters:
     def record_step(self, runtime_tokens: int, local_tokens: int | None = None) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R and this rank's
         local batch of ``local_tokens`` (a host int: the token tensor's shape, never a device read)."""
-        cap = self.cap
+        cap, steps = self.cap, self._steps
         runtime_bin = runtime_tokens if runtime_tokens <= cap else cap + 1
         if local_tokens is None:
-            index, value = self._steps.without_local(runtime_bin)
+            self._state.index_add_(0, steps.index_without_local(runtime_bin), steps.one)
         else:
-            index, value = self._steps.views(runtime_bin, local_tokens if local_tokens <= cap else cap + 1)
-        self._state.index_add_(0, index, value)
+            self._state.index_add_(0, steps.index_of(runtime_bin, local_tokens if local_tokens <= cap else cap + 1),
+                                   steps.ones)
         if runtime_bin > cap:  # the histogram's last bin says only "> cap": keep the exact R
             self._runtime_tokens_over_cap_sum.add_(runtime_tokens)
         if runtime_tokens > self._host_max_runtime_tokens:
@@ -280,16 +280,18 @@ class DispatchCounters:
 
 
 class _StepTables:
-    """What one step's single ``index_add_`` adds, as views of two tables made once (before any
-    graph capture): no kernel, no host -> device copy, so a step is the same one kernel eagerly
-    and under capture.
+    """What one step's single ``index_add_`` adds: 1 at its R bin and 1 at its local-batch bin, by an index
+    that is a view of one table made once (before any graph capture), and a constant ``[1, 1]``: no
+    kernel, no host -> device copy, so a step is the same one kernel eagerly and under capture.
 
-    A step adds 1 at its R bin and 1 at its local-batch bin: two positions that depend on two
-    numbers. The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each),
-    so the index table is their positions in order, and a 2-element strided view (offset ``r``,
-    stride ``B + l - r``, always >= 1) lands on R's bin and the local batch's bin. A step without its
-    local batch takes the 1-element view at ``r``.
+    The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each), so the
+    table is their positions in order, and a 2-element strided view (offset ``r``, stride ``B + l - r``,
+    always >= 1) lands on R's bin and the local batch's bin; a step without its local batch takes the
+    1-element view at ``r``. The views are kept (a view is a small host object, not device memory) up to
+    ``MAX_KEPT_VIEWS`` (r, l) pairs; past that a step makes its view anew (a microsecond).
     """
+
+    MAX_KEPT_VIEWS = 1 << 16
 
     def __init__(self, cap: int, histogram_offset: int, local_offset: int, options: dict):
         bins = cap + 2
@@ -297,15 +299,21 @@ class _StepTables:
             raise AssertionError("the local-batch histogram must follow the R histogram")
         self._bins = bins
         self.index = torch.arange(histogram_offset, histogram_offset + 2 * bins, **options)
-        self.value = torch.ones(2 * bins, **options)
+        self.ones = torch.ones(2, **options)
+        self.one = self.ones[:1]
+        self._kept: dict[int, torch.Tensor] = {}
 
-    def views(self, runtime_bin: int, local_bin: int) -> tuple[torch.Tensor, torch.Tensor]:
-        stride = self._bins + local_bin - runtime_bin
-        return (self.index.as_strided((2,), (stride,), runtime_bin),
-                self.value.as_strided((2,), (stride,), runtime_bin))
+    def index_of(self, runtime_bin: int, local_bin: int) -> torch.Tensor:
+        key = runtime_bin * self._bins + local_bin
+        index = self._kept.get(key)
+        if index is None:
+            index = self.index.as_strided((2,), (self._bins + local_bin - runtime_bin,), runtime_bin)
+            if len(self._kept) < self.MAX_KEPT_VIEWS:
+                self._kept[key] = index
+        return index
 
-    def without_local(self, runtime_bin: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.index[runtime_bin : runtime_bin + 1], self.value[runtime_bin : runtime_bin + 1]
+    def index_without_local(self, runtime_bin: int) -> torch.Tensor:
+        return self.index[runtime_bin : runtime_bin + 1]
 
 
 @contextlib.contextmanager

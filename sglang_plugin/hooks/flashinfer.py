@@ -2,8 +2,8 @@
 
 After SGLang constructs a ``FlashinferDispatcher`` (a ``HookRegistry`` hook on ``__init__``), the plugin
 adopts it: each ``MoeAlltoAll`` it holds keeps its workspace and every method, but its ``dispatch`` is
-shadowed by an instance attribute that counts (``counted_dispatch``), and the dispatcher's own
-``dispatch`` by one that only adds a ``try`` (``guarded_dispatch``). That is the whole hot path:
+shadowed by an instance attribute that counts (``counted_dispatch``); SGLang's own ``dispatch`` is left
+alone. That is the whole hot path:
 
 - it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
   sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
@@ -11,10 +11,12 @@ shadowed by an instance attribute that counts (``counted_dispatch``), and the di
 - per dispatch one ``add_`` of the workspace's send/receive counter words (no host read) and one for the
   call, and per step, on the role's step leader, one ``index_add_`` (R bin, local-batch bin); no
   allocation, no host sync, nothing else;
-- an overflow is caught before FlashInfer writes: SGLang's own assert (``AssertionError`` out of its
-  ``dispatch``: the plugin counts it with R from SGLang's functions, ships the final report, and lets the
-  assert end the rank), or under ``python -O``, where SGLang's asserts are gone, capwatch's guard on R and
-  the local batch (``CapOverflowError``).
+- an overflow is caught before FlashInfer writes: SGLang's own assert, or under ``python -O``, where
+  SGLang's asserts are gone, capwatch's guard on R and the local batch (``CapOverflowError``, counted and
+  reported before it is raised). SGLang's assert is counted where the scheduler dies of it, at no cost per
+  call: ``run_scheduler_process`` formats every fatal exception with ``get_exception_traceback()`` before it
+  signals its parent (every verified release); the plugin's hook there finds the dispatcher's frame in the
+  traceback, computes R with SGLang's functions, counts the overflow and ships the final report.
 
 What differs between the releases (read from their wheels) is the :class:`Adapter`:
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import inspect
 import logging
 import pkgutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -48,6 +51,12 @@ MODULE = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 DISPATCHER = f"{MODULE}.FlashinferDispatcher"
 INIT = f"{DISPATCHER}.__init__"
 DISPATCH = Target(f"{DISPATCHER}.dispatch", ("hidden_states", "topk_output"))
+# FlashInfer's, shadowed per object by the counting dispatch, which passes these positionally.
+ALLTOALL_DISPATCH = Target("flashinfer.comm.MoeAlltoAll.dispatch", (
+    "token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank", "invalid_token_expert_id",
+    "expert_id_payload_index"))
+# run_scheduler_process's except block formats the fatal exception with it (imported from sglang.utils).
+EXCEPTION_TRACEBACK = Target("sglang.utils.get_exception_traceback")
 CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
                            ("moe_runner_config", "quant_method"))
 # Every graph capture of a scheduler goes through one of these (spec runners subclass the two runners).
@@ -101,7 +110,8 @@ class Adapter:
 
     def targets(self) -> tuple[Target, ...]:
         create = (CREATE_DISPATCHER,) if self.layer_id_at_create else ()
-        return (Target(INIT, self.init_parameters), DISPATCH, *create, *CAPTURE_TARGETS)
+        return (Target(INIT, self.init_parameters), DISPATCH, ALLTOALL_DISPATCH, EXCEPTION_TRACEBACK, *create,
+                *CAPTURE_TARGETS)
 
 
 ALL_GATHER_PREFILL = Adapter(
@@ -173,7 +183,15 @@ def register(session, adapter: Adapter, source) -> None:
         with session.capturing():
             return original(*args, **kwargs)
 
+    def after_fatal_exception(result, *args, **kwargs):
+        try:
+            count_fatal_overflow(session, adapter, module, sys.exc_info()[1])
+        except Exception:  # the scheduler is dying of its own error; capwatch's must not replace it
+            logger.exception("capwatch: could not count the overflow behind SGLang's assert")
+        return None
+
     HookRegistry.register(INIT, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(EXCEPTION_TRACEBACK.name, after_fatal_exception, HookType.AFTER, source=source)
     if adapter.layer_id_at_create:
         HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
     for target in CAPTURE_TARGETS:
@@ -181,12 +199,11 @@ def register(session, adapter: Adapter, source) -> None:
 
 
 def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -> None:
-    """Count each MoeAlltoAll the dispatcher holds (no second workspace), and guard its dispatch."""
+    """Count each MoeAlltoAll the dispatcher holds (no second workspace)."""
     for attribute, role in adapter.roles(module, dispatcher):
         alltoall = getattr(dispatcher, attribute)
         layer = session.adopt_layer(dispatcher, alltoall, role, layer_id)
         alltoall.dispatch = _first_dispatch(session, alltoall, layer)
-    dispatcher.dispatch = guarded_dispatch(session, adapter, module, dispatcher)
 
 
 def unadopt(dispatcher) -> None:
@@ -195,7 +212,6 @@ def unadopt(dispatcher) -> None:
         alltoall = getattr(dispatcher, attribute, None)
         if alltoall is not None:
             vars(alltoall).pop("dispatch", None)
-    vars(dispatcher).pop("dispatch", None)
 
 
 def _first_dispatch(session, alltoall, layer):
@@ -215,32 +231,19 @@ def counted_dispatch(dispatch, layer, traffic_counts):
     record_step, record_traffic = counters.record_step, counters.record_traffic
     cap = layer.cap
 
-    def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, **options):
+    def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
+                expert_id_payload_index=None, **more):
         local_tokens = token_selected_experts.shape[0]
         if runtime_max_tokens_per_rank > cap or local_tokens > runtime_max_tokens_per_rank:
             layer.guard(runtime_max_tokens_per_rank, local_tokens)  # counts, reports, raises CapOverflowError
-        received = dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, **options)
+        received = dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                            invalid_token_expert_id, expert_id_payload_index, **more)
         if layer.step_leader:
             record_step(runtime_max_tokens_per_rank, local_tokens)
         record_traffic(traffic_counts)
         return received
 
     return counted
-
-
-def guarded_dispatch(session, adapter: Adapter, module, dispatcher):
-    """SGLang's own ``dispatch``, with an ``except`` for its asserts: the overflow it caught is counted and
-    reported before the assert, re-raised unchanged, ends the rank as it would without capwatch."""
-    dispatch = type(dispatcher).dispatch
-
-    def guarded(hidden_states, topk_output):
-        try:
-            return dispatch(dispatcher, hidden_states, topk_output)
-        except AssertionError:
-            count_sglang_overflow(session, adapter, module, dispatcher, hidden_states.shape[0])
-            raise
-
-    return guarded
 
 
 def runtime_tokens(module, local_tokens: int) -> int:
@@ -251,13 +254,30 @@ def runtime_tokens(module, local_tokens: int) -> int:
     return local_tokens
 
 
-def count_sglang_overflow(session, adapter: Adapter, module, dispatcher, local_tokens: int) -> None:
+def _dispatch_frame(error: BaseException, dispatch_code):
+    """The frame of ``FlashinferDispatcher.dispatch`` the error came out of, or None."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is dispatch_code:
+            return traceback.tb_frame
+        traceback = traceback.tb_next
+    return None
+
+
+def count_fatal_overflow(session, adapter: Adapter, module, error: BaseException | None) -> None:
+    """An ``AssertionError`` out of SGLang's ``dispatch`` on R: counted, reported (bounded wait) and logged,
+    never raised; SGLang's own error then ends the rank as it would without capwatch."""
+    if not isinstance(error, AssertionError):
+        return
+    frame = _dispatch_frame(error, inspect.unwrap(module.FlashinferDispatcher.dispatch).__code__)
+    if frame is None:
+        return
+    dispatcher, local_tokens = frame.f_locals["self"], frame.f_locals["hidden_states"].shape[0]
+    layer = session.layer_of(getattr(dispatcher, adapter.active(module, dispatcher)))
+    runtime = runtime_tokens(module, local_tokens)
+    if layer is None or not (runtime > layer.cap or local_tokens > runtime):
+        return
     try:
-        layer = session.layer_of(getattr(dispatcher, adapter.active(module, dispatcher)))
-        runtime = runtime_tokens(module, local_tokens)
-        if layer is not None and (runtime > layer.cap or local_tokens > runtime):
-            layer.guard(runtime, local_tokens)
-    except CapOverflowError as error:  # counted and reported: SGLang's own assert ends the rank
-        logger.error("capwatch: %s (counted and reported; SGLang's assert ends the rank)", error)
-    except Exception:  # another assert of SGLang's; capwatch must not hide it
-        logger.exception("capwatch: could not count the overflow behind SGLang's assert")
+        layer.guard(runtime, local_tokens)
+    except CapOverflowError as overflow:
+        logger.error("capwatch: %s (counted and reported; SGLang's assert ends the rank)", overflow)

@@ -216,5 +216,18 @@ def main(run_dir: Path, rank: int) -> None:
         time.sleep(0.05)
 
 
+def run_scheduler(run_dir: Path, rank: int) -> None:
+    """``main`` as ``run_scheduler_process`` runs a scheduler: a fatal exception is formatted with SGLang's
+    ``get_exception_traceback()`` (where the plugin counts an overflow behind SGLang's assert), then the
+    process dies of it (SGLang signals its parent, which kills it)."""
+    try:
+        main(run_dir, rank)
+    except Exception:
+        from sglang.srt.managers import scheduler
+
+        logging.getLogger("rank").error("Scheduler hit an exception: %s", scheduler.get_exception_traceback())
+        raise
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]))
+    run_scheduler(Path(sys.argv[1]), int(sys.argv[2]))
