@@ -40,13 +40,17 @@ $(SERVICE_VENV)/.deps: pyproject.toml constraints.txt
 service-venv: $(SERVICE_VENV)/.deps
 	$(SERVICE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall .
 
-# The SGLang plugin's tests run the released sglang 0.5.23 code on CPU in a venv of their own. sglang
-# pins torch==2.14.1: that CUDA build (on this machine's disk) runs on the CPU, and it comes with the
-# torchvision whose operators match (PyPI's torchvision fails to import beside the CPU torch 2.13 wheel).
-# torch first, so nothing below can pull another; sglang --no-deps (its GPU kernel packages are of no
-# use on CPU), then what its imports need; capwatch last, for its sglang.srt.plugins entry point.
+# The SGLang plugin's tests run each verified release's released code (0.5.19 - 0.5.23) on CPU.
+# One venv holds one dependency set, 0.5.22 - 0.5.23's pins: sglang pins torch==2.14.1, and that CUDA
+# build (on this machine's disk) runs on the CPU, with the torchvision whose operators match (PyPI's
+# torchvision fails to import beside the CPU torch 2.13 wheel). torch first, so nothing below can pull
+# another; then what sglang's imports need (flashinfer-python for its dependencies: it is removed again,
+# each release brings its own pin). Each release adds folders on PYTHONPATH (tests/sglang/releases.py:
+# its sglang wheel --no-deps, its FlashInfer pin, its own transformers/xgrammar pins), each installed once.
+# capwatch last, for its sglang.srt.plugins entry point.
 SGLANG_VENV := .venv-sglang
 SGLANG_PINS := tests/sglang/constraints.txt
+SGLANG_RELEASES := .sglang-releases
 SGLANG_IMPORTS := flashinfer-python transformers orjson psutil pybase64 msgspec pyzmq aiohttp ipython dill \
 	sentencepiece compressed-tensors gguf setproctitle openai partial-json-parser uvicorn fastapi \
 	prometheus-client httpx
@@ -54,12 +58,15 @@ $(SGLANG_VENV)/.deps: $(SGLANG_PINS)
 	$(PYTHON) -m venv $(SGLANG_VENV)
 	$(SGLANG_VENV)/bin/python -m pip install -q --upgrade pip
 	$(SGLANG_VENV)/bin/python -m pip install -q -c $(SGLANG_PINS) torch torchvision
-	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps sglang==0.5.23
-	# pip lists the sglang requirements left out (above) as conflicts; it still exits 0.
 	$(SGLANG_VENV)/bin/python -m pip install -q -c $(SGLANG_PINS) $(SGLANG_IMPORTS)
+	$(SGLANG_VENV)/bin/python -m pip uninstall -q -y flashinfer-python
 	touch $@
 
-sglang-venv: $(SGLANG_VENV)/.deps
+$(SGLANG_RELEASES)/.installed: $(SGLANG_VENV)/.deps tests/sglang/releases.py
+	$(SGLANG_VENV)/bin/python -m tests.sglang.releases install $(SGLANG_RELEASES)
+	touch $@
+
+sglang-venv: $(SGLANG_VENV)/.deps $(SGLANG_RELEASES)/.installed
 	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps -e .
 
 system-deps:

@@ -30,19 +30,20 @@ from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, ROLES
 
 class Field(IntEnum):
     """Slots of the flat int64 counter vector (one clone copies them all at once). Internal: the
-    snapshot names every value; the order here is no interface."""
+    snapshot names every value; the order here is no interface. Forward steps and the sum of R are
+    no slots: the snapshot reads them off the R histogram (every step adds 1 to one bin), plus the
+    exact R of the steps above the cap."""
 
     DISPATCH_CALLS = 0
-    FORWARD_STEPS = 1
-    RUNTIME_TOKENS_SUM = 2  # sum of R over steps, exact also for R > cap (the histogram's last bin is not)
-    MAX_RUNTIME_TOKENS = 3
-    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 4
-    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 5
-    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 6
+    RUNTIME_TOKENS_OVER_CAP_SUM = 1  # sum of R over the steps with R > cap (the histogram's last bin is not exact)
+    MAX_RUNTIME_TOKENS = 2
+    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 3
+    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 4
+    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 5
     # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
-    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 7
-    CHUNKED_ROUNDS = 8
-    MAX_LOCAL_TOKENS = 9  # this rank's own largest local batch (tokens it dispatched in one step)
+    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 6
+    CHUNKED_ROUNDS = 7
+    MAX_LOCAL_TOKENS = 8  # this rank's own largest local batch (tokens it dispatched in one step)
 
 
 def overflow_field(kind: str, outcome: str) -> Field:
@@ -88,10 +89,11 @@ class DispatchCounters:
     """All counters live in one flat int64 tensor (one host copy per snapshot); the public
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
-    a step pays (about 1 us each on CPU), so a step is one ``index_add_`` (plus a ``clamp_`` on
-    the steps where R sets a new max), one ``add_`` for its local batch's bin (plus a ``clamp_``
-    when that sets a new max) and a dispatch one ``_foreach_add_``. The snapshot's token totals
-    are the sums of the per-rank counts."""
+    a step pays (a few us each on CPU, a kernel launch each on GPU), so a step is **one**
+    ``index_add_``: its R bin and its local-batch bin (plus a ``clamp_`` on the rare step that sets a
+    new max, and an ``add_`` of R on a step above the cap). A dispatch is its call and one ``add_`` of
+    its ``[2, ep_size]`` send/receive counts (:meth:`record_traffic`; :meth:`record_dispatch` takes
+    them as two vectors). The snapshot's token totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -121,26 +123,12 @@ class DispatchCounters:
         self._local_offset = local_offset
 
         self._one = torch.ones(1, **options)
-        # What one dispatch adds to: its call count and the per-rank token counts. The totals are
-        # their sums, taken at snapshot time: fewer kernels on the hot path.
-        self._dispatch_targets = [self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1],
-                                  self.tokens_sent_per_rank, self.tokens_received_per_rank]
-        # One step adds [1, 1, R] at [FORWARD_STEPS, its histogram bin, RUNTIME_TOKENS_SUM]: one
-        # index_add_. Indices and values are rows of tables built here, before any graph capture;
-        # record_step takes views of them (no kernel, no host -> device copy), so it is the same
-        # single kernel eagerly and under capture. R > cap (an overflowing step) uses the [1, 1, 0]
-        # row plus an add_ of the Python int R: a scalar kernel argument, no host buffer, so it
-        # is capture-safe too, and costs one extra kernel only on overflow steps.
-        self._step_index_table = torch.tensor(
-            [[Field.FORWARD_STEPS, histogram_offset + bin_, Field.RUNTIME_TOKENS_SUM] for bin_ in range(cap + 2)],
-            **options,
-        )
-        self._step_value_table = torch.stack(
-            [torch.ones(cap + 1, **options), torch.ones(cap + 1, **options), torch.arange(cap + 1, **options)], dim=1
-        )
-        self._runtime_tokens_sum = self._state[Field.RUNTIME_TOKENS_SUM : Field.RUNTIME_TOKENS_SUM + 1]
-        self._step_views: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._local_bin_views: dict[int, torch.Tensor] = {}
+        self._calls = self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1]
+        # sent and received are adjacent: one [2, ep_size] view takes a dispatch's traffic in one add_.
+        self._traffic = self._state[sent_offset:histogram_offset].view(2, ep_size)
+        self._runtime_tokens_over_cap_sum = self.values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
+                                                        Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
+        self._steps = _StepTables(cap, histogram_offset, local_offset, options)
         self._host_max_runtime_tokens = 0
         self._host_max_local_tokens = 0
 
@@ -160,42 +148,45 @@ class DispatchCounters:
     def record_step(self, runtime_tokens: int, local_tokens: int | None = None) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R and this rank's
         local batch of ``local_tokens`` (a host int: the token tensor's shape, never a device read)."""
-        if local_tokens is not None:
-            self._record_local(local_tokens)
-        bin_ = min(runtime_tokens, self.cap + 1)
-        views = self._step_views.get(bin_)
-        if views is None:  # views, made once per bin: no kernel, so capture-safe
-            views = self._step_views[bin_] = (self._step_index_table[bin_],
-                                              self._step_value_table[bin_ if bin_ <= self.cap else 0])
-        self._state.index_add_(0, views[0], views[1])
-        if bin_ > self.cap:  # the value row said 0 tokens: add the exact R
-            self._runtime_tokens_sum.add_(runtime_tokens)
-        self._raise_max(runtime_tokens)
+        cap, steps = self.cap, self._steps
+        runtime_bin = runtime_tokens if runtime_tokens <= cap else cap + 1
+        if local_tokens is None:
+            self._state.index_add_(0, steps.index_without_local(runtime_bin), steps.one)
+        else:
+            self._state.index_add_(0, steps.index_of(runtime_bin, local_tokens if local_tokens <= cap else cap + 1),
+                                   steps.ones)
+        if runtime_bin > cap:  # the histogram's last bin says only "> cap": keep the exact R
+            self._runtime_tokens_over_cap_sum.add_(runtime_tokens)
+        if runtime_tokens > self._host_max_runtime_tokens:
+            self._raise_max(runtime_tokens)
+        if local_tokens is not None and local_tokens > self._host_max_local_tokens:
+            self._raise_local_max(local_tokens)
 
-    def _record_local(self, local_tokens: int) -> None:
-        bin_ = min(local_tokens, self.cap + 1)
-        view = self._local_bin_views.get(bin_)
-        if view is None:  # a view, made once per bin: no kernel, so capture-safe
-            view = self._local_bin_views[bin_] = self._state[self._local_offset + bin_ : self._local_offset + bin_ + 1]
-        view.add_(1)
+    def _raise_local_max(self, local_tokens: int) -> None:
         # As for R: the host knows when the max can grow, so the clamp runs only then.
-        if local_tokens > self._host_max_local_tokens:
-            self._max_local_tokens.clamp_(min=local_tokens)
-            if not self._capturing():
-                self._host_max_local_tokens = local_tokens
+        self._max_local_tokens.clamp_(min=local_tokens)
+        if not self._capturing():
+            self._host_max_local_tokens = local_tokens
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
-        torch._foreach_add_(self._dispatch_targets, [self._one, send_counts, recv_counts])
+        self._calls.add_(self._one)
+        self._traffic[0].add_(send_counts)
+        self._traffic[1].add_(recv_counts)
+
+    def record_traffic(self, counts: torch.Tensor) -> None:
+        """One dispatch call and its tokens sent to (row 0) and received from (row 1) each rank,
+        ``[2, ep_size]`` (a view of the backend's own counter words): two ``add_``."""
+        self._calls.add_(self._one)
+        self._traffic.add_(counts)
 
     def _raise_max(self, runtime_tokens: int) -> None:
         # R is a host int, so the host knows when the max can grow: no kernel on most steps.
         # A clamp recorded during graph capture runs only at replay, so capture never raises the
         # host's bar for later eager steps.
-        if runtime_tokens > self._host_max_runtime_tokens:
-            self._max_runtime_tokens.clamp_(min=runtime_tokens)
-            if not self._capturing():
-                self._host_max_runtime_tokens = runtime_tokens
+        self._max_runtime_tokens.clamp_(min=runtime_tokens)
+        if not self._capturing():
+            self._host_max_runtime_tokens = runtime_tokens
 
     def _capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph."""
@@ -268,7 +259,7 @@ class DispatchCounters:
             role=self.role,
             taken_at=time.time(),
             dispatch_calls=values[Field.DISPATCH_CALLS],
-            forward_steps=values[Field.FORWARD_STEPS],
+            forward_steps=sum(histogram),
             tokens_sent=sum(sent),
             tokens_received=sum(received),
             max_runtime_tokens=values[Field.MAX_RUNTIME_TOKENS],
@@ -281,10 +272,48 @@ class DispatchCounters:
             runtime_tokens_histogram=tuple(histogram),
             tokens_sent_per_rank=tuple(sent),
             tokens_received_per_rank=tuple(received),
-            runtime_tokens_sum=values[Field.RUNTIME_TOKENS_SUM],
+            runtime_tokens_sum=sum(tokens * count for tokens, count in enumerate(histogram[: self.cap + 1]))
+            + values[Field.RUNTIME_TOKENS_OVER_CAP_SUM],
             local_tokens_histogram=tuple(local_histogram),
             max_local_tokens=values[Field.MAX_LOCAL_TOKENS],
         )
+
+
+class _StepTables:
+    """What one step's single ``index_add_`` adds: 1 at its R bin and 1 at its local-batch bin, by an index
+    that is a view of one table made once (before any graph capture), and a constant ``[1, 1]``: no
+    kernel, no host -> device copy, so a step is the same one kernel eagerly and under capture.
+
+    The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each), so the
+    table is their positions in order, and a 2-element strided view (offset ``r``, stride ``B + l - r``,
+    always >= 1) lands on R's bin and the local batch's bin; a step without its local batch takes the
+    1-element view at ``r``. The views are kept (a view is a small host object, not device memory) up to
+    ``MAX_KEPT_VIEWS`` (r, l) pairs; past that a step makes its view anew (a microsecond).
+    """
+
+    MAX_KEPT_VIEWS = 1 << 16
+
+    def __init__(self, cap: int, histogram_offset: int, local_offset: int, options: dict):
+        bins = cap + 2
+        if local_offset != histogram_offset + bins:
+            raise AssertionError("the local-batch histogram must follow the R histogram")
+        self._bins = bins
+        self.index = torch.arange(histogram_offset, histogram_offset + 2 * bins, **options)
+        self.ones = torch.ones(2, **options)
+        self.one = self.ones[:1]
+        self._kept: dict[int, torch.Tensor] = {}
+
+    def index_of(self, runtime_bin: int, local_bin: int) -> torch.Tensor:
+        key = runtime_bin * self._bins + local_bin
+        index = self._kept.get(key)
+        if index is None:
+            index = self.index.as_strided((2,), (self._bins + local_bin - runtime_bin,), runtime_bin)
+            if len(self._kept) < self.MAX_KEPT_VIEWS:
+                self._kept[key] = index
+        return index
+
+    def index_without_local(self, runtime_bin: int) -> torch.Tensor:
+        return self.index[runtime_bin : runtime_bin + 1]
 
 
 @contextlib.contextmanager

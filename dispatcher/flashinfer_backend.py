@@ -86,6 +86,16 @@ class WorkspaceCounts(DispatchCounts):
     def __init__(self, rank_bytes: torch.Tensor, metainfo: Sequence[int], index: dict[str, int], ep_size: int):
         self.send = _workspace_int32(rank_bytes, int(metainfo[index["SEND_COUNTERS_OFFSET_INDEX"]]), ep_size)
         self.recv = _workspace_int32(rank_bytes, int(metainfo[index["RECV_COUNTERS_OFFSET_INDEX"]]), ep_size)
+        self.ep_size = ep_size
+
+    def traffic(self) -> torch.Tensor:
+        """``[2, ep_size]`` int32: the send row and the receive row, one strided view of the workspace
+        (one ``DispatchCounters.record_traffic`` a dispatch)."""
+        gap = self.recv.storage_offset() - self.send.storage_offset()  # in int32 words
+        if gap < self.ep_size:
+            raise RuntimeError(f"flashinfer's receive counters start {gap} words after the send counters; "
+                               f"capwatch expects them after all {self.ep_size}")
+        return self.send.as_strided((2, self.ep_size), (gap, 1))
 
 
 class ParityBankedWorkspaceCounts(DispatchCounts):
@@ -202,6 +212,13 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
     @property
     def workspace(self) -> torch.Tensor:
         return self.alltoall.workspace
+
+    def traffic_counts(self) -> torch.Tensor:
+        """The workspace's send and receive counter words as one ``[2, ep_size]`` view (valid from the
+        end of a dispatch until the next), for ``DispatchCounters.record_traffic``."""
+        if self.counters_source != "workspace":
+            raise ValueError("traffic_counts reads the workspace's counter words: counters_source='workspace'")
+        return self._counts.traffic()
 
     @property
     def send_counts(self) -> torch.Tensor:

@@ -1,10 +1,10 @@
 """One scheduler process: the counters of each role, its exporter, its reports.
 
-Roles follow SGLang's workspace namespaces: DECODE -> ``target``, SPECULATIVE (a draft model's
-layers) -> ``draft``, SP_PREFILL -> ``sp_prefill``. Each role has one ``DispatchCounters`` shared by
-all its layers; the lowest layer id is the step leader. A role's telemetry (reporter, collector)
-starts at its first dispatch, when every layer and workspace of the model is known; the exporter
-serves from the first moment (base port + local GPU index) with the plugin's own info metric.
+Roles follow SGLang's workspaces: the decode one -> ``target``, the speculative one (a draft model's
+layers) -> ``draft``, SP prefill (0.5.23) -> ``sp_prefill``. Each role has one ``DispatchCounters``
+shared by all its layers; the lowest layer id is the step leader. A role's telemetry (reporter, collector) starts at its first dispatch, when
+every layer and workspace of the model is known; the exporter serves from the first moment (base port
++ local GPU index) with the plugin's own info metric.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.dispatcher.instrumented import InstrumentedDispatcher
-from capwatch.sglang_plugin.adopted import InstrumentedMoeAlltoAll
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
 from capwatch.telemetry.exporter import RankExporter
@@ -29,26 +28,28 @@ from capwatch.telemetry.reporter import new_boot_id
 
 logger = logging.getLogger("capwatch.sglang")
 
-NAMESPACE_ROLES = {"DECODE": "target", "SPECULATIVE": "draft", "SP_PREFILL": "sp_prefill"}
 BACKEND_NAME = "sglang-flashinfer"
 
 
 @dataclass
 class RoleWatch:
-    """One role of one scheduler: shared counters, its layers' wrappers, its distinct workspaces."""
+    """One role of one scheduler: shared counters, its layers, its distinct workspaces."""
 
     role: str
     counters: DispatchCounters
     geometry: dict
-    layers: list[tuple[float, InstrumentedDispatcher]] = field(default_factory=list)
+    layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), InstrumentedDispatcher, dispatcher]
     workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr -> bytes: each counted once
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
-    def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher) -> None:
-        self.layers.append((math.inf if layer_id is None else layer_id, instrumented))
+    def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher, dispatcher) -> None:
+        self.layers.append([math.inf if layer_id is None else layer_id, instrumented, dispatcher])
+        self.elect_leader()
+
+    def elect_leader(self) -> None:
         leader = min(range(len(self.layers)), key=lambda index: self.layers[index][0])  # first of equals
-        for index, (_, each) in enumerate(self.layers):
+        for index, (_, each, _) in enumerate(self.layers):
             each.step_leader = index == leader
 
 
@@ -60,24 +61,16 @@ class SchedulerSession:
         self.limits = limits
         self.boot_id = new_boot_id()
         self.roles: dict[str, RoleWatch] = {}
+        self._layers: dict[int, tuple[InstrumentedDispatcher, FlashInferMoeAlltoAllBackend]] = {}  # id(MoeAlltoAll)
         self.status = PluginStatusCollector(state, reason, versions)
         self.role_series = RolesCollector()
         self.exporter = RankExporter(self.status, self.role_series)
         self.exporter.serve(settings.exporter(local_gpu_index))
-        if state == "enabled":
-            logger.info("capwatch: enabled; /metrics on %s", self.exporter.url)
 
     # --- adoption, at FlashinferDispatcher construction ------------------------------------------
 
-    def adopt(self, dispatcher, layer_id: int | None) -> None:
-        """Wrap the dispatcher's MoeAlltoAll objects in place (no second workspace)."""
-        namespace = dispatcher.decode_a2a_namespace.name
-        dispatcher.moe_a2a = self._wrap(dispatcher, dispatcher.moe_a2a, NAMESPACE_ROLES[namespace], layer_id)
-        if dispatcher.sp_prefill_moe_a2a is not None:
-            dispatcher.sp_prefill_moe_a2a = self._wrap(dispatcher, dispatcher.sp_prefill_moe_a2a, "sp_prefill",
-                                                       layer_id)
-
-    def _wrap(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedMoeAlltoAll:
+    def adopt_layer(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedDispatcher:
+        """Count one MoeAlltoAll of a dispatcher (its own workspace: nothing allocated but the counters)."""
         backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
         watch = self.roles.get(role)
         if watch is None:
@@ -88,12 +81,40 @@ class SchedulerSession:
             watch = self.roles[role] = RoleWatch(role, counters, geometry)
         watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
         instrumented = InstrumentedDispatcher(backend, watch.counters, dispatcher.max_num_tokens)
-        watch.add_layer(layer_id, instrumented)
+        watch.add_layer(layer_id, instrumented, dispatcher)
         if watch.telemetry is not None:
             instrumented.on_overflow.append(watch.telemetry.on_overflow)
-        return InstrumentedMoeAlltoAll(alltoall, instrumented)
+        self._layers[id(alltoall)] = (instrumented, backend)
+        return instrumented
+
+    def layer_of(self, alltoall) -> InstrumentedDispatcher | None:
+        found = self._layers.get(id(alltoall))
+        return None if found is None else found[0]
+
+    def traffic_counts(self, alltoall):
+        return self._layers[id(alltoall)][1].traffic_counts()
+
+    def set_layer_id(self, dispatcher, layer_id: int | None) -> None:
+        """A layer id that reaches the plugin after construction (0.5.22: ``create_moe_dispatcher``)."""
+        if layer_id is None:
+            return
+        for watch in self.roles.values():
+            for entry in watch.layers:
+                if entry[2] is dispatcher:
+                    entry[0] = layer_id
+            watch.elect_leader()
 
     # --- telemetry, from a role's first dispatch ------------------------------------------------------
+
+    def start_role_once(self, role: str) -> None:
+        watch = self.roles[role]
+        if watch.started:
+            return
+        watch.started = True
+        try:
+            self.start_role(watch)
+        except Exception:  # the counters keep counting; SGLang must not notice
+            logger.exception("capwatch: the %s role's reports and series did not start", role)
 
     def start_role(self, watch: RoleWatch) -> RankTelemetry:
         geometry = watch.geometry
@@ -103,7 +124,7 @@ class SchedulerSession:
         telemetry = RankTelemetry(watch.counters, identity, self.config(watch), exporter=None,
                                   reporter=self.settings.reporter(),
                                   final_report_timeout_s=self.settings.final_report_timeout_s).start()
-        for _, instrumented in watch.layers:
+        for _, instrumented, _ in watch.layers:
             instrumented.on_overflow.append(telemetry.on_overflow)
         self.role_series.collectors.append(telemetry.collector)
         watch.telemetry = telemetry

@@ -27,6 +27,9 @@ class PluginSettings:
     metrics_host: str = "127.0.0.1"  # CAPWATCH_METRICS_HOST
     report_interval_s: float = 5.0  # CAPWATCH_REPORT_INTERVAL_S
     final_report_timeout_s: float = 2.0  # CAPWATCH_FINAL_REPORT_TIMEOUT_S: the bounded wait before a rank dies
+    # CAPWATCH_ALLOW_NEWER_SGLANG: run an SGLang newer than the verified ones on the newest adapters
+    # (only when every hook target and signature still matches them).
+    allow_newer_sglang: bool = False
 
     def exporter(self, local_gpu_index: int) -> ExporterOptions:
         return ExporterOptions(base_port=self.metrics_base_port, local_rank=local_gpu_index, host=self.metrics_host)
@@ -50,6 +53,13 @@ def _number(environ: Mapping[str, str], name: str, kind: type, default):
     return value
 
 
+def _switch(environ: Mapping[str, str], name: str) -> bool:
+    raw = (environ.get(PREFIX + name) or "0").strip().lower()
+    if raw not in ("0", "1", "false", "true"):
+        raise SettingsError(f"{PREFIX}{name}={environ[PREFIX + name]!r} must be 1 or 0")
+    return raw in ("1", "true")
+
+
 def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
     """Settings from the environment, each checked by the part that uses it (one rule, one place)."""
     settings = PluginSettings(
@@ -61,6 +71,7 @@ def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
         report_interval_s=_number(environ, "REPORT_INTERVAL_S", float, PluginSettings.report_interval_s),
         final_report_timeout_s=_number(environ, "FINAL_REPORT_TIMEOUT_S", float,
                                        PluginSettings.final_report_timeout_s),
+        allow_newer_sglang=_switch(environ, "ALLOW_NEWER_SGLANG"),
     )
     checks = (
         ("CLUSTER", lambda: RankIdentity(cluster=settings.cluster, ep_rank=0, ep_size=1, boot_id="check")),

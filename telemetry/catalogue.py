@@ -30,7 +30,7 @@ class MetricSpec:
 # moe_a2a_info's and moe_a2a_sglang_info's own labels are RankConfig's and RankConfig.sglang's field names
 # (ep_size aside, the identity's); the value "none" on moe_a2a_info, an empty one on the SGLang info, is None.
 INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "payload_format", "flashinfer_version", "overflow_policy")
-SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source")
+SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule")
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",

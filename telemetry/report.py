@@ -88,6 +88,12 @@ class SGLangLimits(_Strict):
     ``disaggregation_mode != "decode"`` — and the largest decode/verify CUDA-graph batch times the
     tokens each request dispatches per step (``_decode_graph_dispatch_tokens_per_rank``). The advisor
     never recommends below that; the plugin and the log reader fill these fields the way SGLang does.
+
+    ``floor_rule`` says who computed the floor's terms: ``sglang`` (its own functions, 0.5.22 on: it
+    refuses to start below them) or ``capwatch`` (sglang 0.5.19 - 0.5.21 have no such check: capwatch
+    computes the same rule for the batches that reach that release's A2A — its eager prefill goes
+    through an all-gather, so the prefill chunk is no term there — and below it a dispatch fails at
+    run time instead).
     """
 
     sglang_version: Annotated[str, Field(min_length=1, max_length=32)] | None = None
@@ -99,6 +105,7 @@ class SGLangLimits(_Strict):
     # Where the cap came from: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, or SGLang's default
     # rule max(max_prefill_buffer_tokens, 4096) when the variable is unset.
     cap_source: Literal["env", "default"] = "env"
+    floor_rule: Literal["sglang", "capwatch"] = "sglang"
 
 
 class RankConfig(_Strict):

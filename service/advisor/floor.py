@@ -1,12 +1,16 @@
 """The smallest cap the deployment can run with, and which of its terms binds.
 
-SGLang 0.5.23 refuses to start when the cap is below ``_required_flashinfer_a2a_dispatch_tokens_per_rank``
+SGLang 0.5.22 and 0.5.23 refuse to start when the cap is below ``_required_flashinfer_a2a_dispatch_tokens_per_rank``
 (``arg_groups/moe_hook.py`` ``validate_flashinfer_a2a_token_budget``): the largest of
 
 - the prefill buffer (``max_prefill_buffer_tokens``: the chunked-prefill size) and
 - the prefill CUDA-graph batch — both only when ``disaggregation_mode != "decode"`` —, and
 - the largest decode/verify CUDA-graph batch x the tokens each request dispatches per step
   (``_decode_graph_dispatch_tokens_per_rank``: the speculative draft tokens, else 1; none on a prefill server).
+
+SGLang 0.5.19 - 0.5.21 have no such check (``SGLangLimits.floor_rule == "capwatch"``): the plugin computed
+the same terms, and the prefill chunk is none of them there (those releases send eager prefill through an
+all-gather, never through the A2A); below the floor a captured graph's dispatch fails at run time.
 
 Advice below that cannot be followed. Ranks that predate the SGLang plugin report only their CUDA-graph
 decode batch and draft tokens: a batch of up to the largest captured size, each request bringing
@@ -37,8 +41,9 @@ def sglang_floor_terms(limits: SGLangLimits) -> list[tuple[int, str]]:
     """SGLang's terms, as (tokens, what) — the ones that apply to this server's mode."""
     terms = []
     if limits.disaggregation_mode != "decode":
-        terms.append((limits.max_prefill_buffer_tokens,
-                      f"the prefill chunk (max prefill buffer) of {limits.max_prefill_buffer_tokens} tokens"))
+        if limits.floor_rule == "sglang":  # under capwatch's rule eager prefill never reaches the A2A
+            terms.append((limits.max_prefill_buffer_tokens,
+                          f"the prefill chunk (max prefill buffer) of {limits.max_prefill_buffer_tokens} tokens"))
         if limits.prefill_cuda_graph_max_batch_size:
             terms.append((limits.prefill_cuda_graph_max_batch_size,
                           f"the prefill CUDA-graph batch of {limits.prefill_cuda_graph_max_batch_size} tokens"))
@@ -50,10 +55,21 @@ def sglang_floor_terms(limits: SGLangLimits) -> list[tuple[int, str]]:
     return terms
 
 
+def sglang_floor_why(limits: SGLangLimits) -> str:
+    """What happens below SGLang's floor, and whose computation it is."""
+    if limits.floor_rule == "sglang":
+        return "SGLang refuses to start below it"
+    release = f"sglang {limits.sglang_version}" if limits.sglang_version else "this SGLang release"
+    return (f"{release} has no start-up check: capwatch computed SGLang's rule for what reaches its A2A, "
+            "and below it a dispatch fails at run time")
+
+
 def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int | None,
                      speculative_tokens: int = 0) -> Floor | None:
-    refuses = "SGLang refuses to start below it"
-    terms = [(tokens, what, refuses) for tokens, what in (sglang_floor_terms(sglang) if sglang is not None else [])]
+    terms = []
+    if sglang is not None:
+        why = sglang_floor_why(sglang)
+        terms = [(tokens, what, why) for tokens, what in sglang_floor_terms(sglang)]
     if cuda_graph_max_batch_size is not None:
         terms.append((cuda_graph_max_batch_size * (1 + speculative_tokens),
                       f"the largest CUDA-graph decode batch {cuda_graph_max_batch_size} x "
@@ -80,7 +96,9 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
         prefill_cuda_graph_max_batch_size=max(item.prefill_cuda_graph_max_batch_size for item in found),
         decode_cuda_graph_max_batch_size=max(item.decode_cuda_graph_max_batch_size for item in found),
         tokens_per_request=max(item.tokens_per_request for item in found),
-        cap_source="env" if any(item.cap_source == "env" for item in found) else "default")
+        cap_source="env" if any(item.cap_source == "env" for item in found) else "default",
+        # A group of mixed releases (mid-upgrade): SGLang's own rule, the stricter one, covers all of them.
+        floor_rule="capwatch" if all(item.floor_rule == "capwatch" for item in found) else "sglang")
 
 
 def raise_to_floor(given: Evidence, sized: float) -> Step[float]:

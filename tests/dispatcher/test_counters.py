@@ -147,3 +147,52 @@ def test_pausing_waits_for_a_snapshot_in_flight():
     reporter.join(5)
     engine.join(5)
     assert order == ["copy done", "paused"]
+
+
+def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
+    """The step's R bin and local-batch bin land with one index_add_ (the strided step tables): checked
+    against a plain count for every (R, local) pair of a small cap, over-cap bins included."""
+    cap = 5
+    counters = DispatchCounters(cap=cap, ep_size=2)
+    pairs = [(runtime, local) for runtime in range(cap + 3) for local in range(cap + 3)]
+    for runtime, local in pairs:
+        counters.record_step(runtime, local)
+    counters.record_step(4)  # no local batch: only R
+    snapshot = counters.snapshot()
+    expected_r = [0] * (cap + 2)
+    expected_local = [0] * (cap + 2)
+    for runtime, local in pairs:
+        expected_r[min(runtime, cap + 1)] += 1
+        expected_local[min(local, cap + 1)] += 1
+    expected_r[4] += 1
+    assert list(snapshot.runtime_tokens_histogram) == expected_r
+    assert list(snapshot.local_tokens_histogram) == expected_local
+    assert snapshot.forward_steps == len(pairs) + 1
+    assert snapshot.dispatch_calls == 0  # a step is no dispatch call: record_traffic/record_dispatch count them
+    assert snapshot.runtime_tokens_sum == sum(runtime for runtime, _ in pairs) + 4
+    assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (cap + 2, cap + 2)
+
+
+def test_traffic_is_one_add_of_a_two_row_view_and_counts_its_call():
+    counters = DispatchCounters(cap=8, ep_size=3)
+    words = torch.zeros(64, dtype=torch.int32)  # a workspace's counter words: send at 4, receive at 20
+    traffic = words.as_strided((2, 3), (16, 1), 4)
+    words[4:7] = torch.tensor([1, 0, 2], dtype=torch.int32)
+    words[20:23] = torch.tensor([3, 1, 0], dtype=torch.int32)
+    counters.record_traffic(traffic)
+    counters.record_traffic(traffic)
+    snapshot = counters.snapshot()
+    assert snapshot.tokens_sent_per_rank == (2, 0, 4) and snapshot.tokens_received_per_rank == (6, 2, 0)
+    assert snapshot.dispatch_calls == 2
+    counters.record_dispatch(torch.tensor([1, 1, 1]), torch.tensor([0, 0, 5]))
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == 3 and snapshot.tokens_received_per_rank == (6, 2, 5)
+
+
+def test_recording_a_step_or_its_traffic_never_reads_the_device():
+    counters = DispatchCounters(cap=16, ep_size=2)
+    traffic = torch.ones(2, 2, dtype=torch.int32)
+    with forbid_host_reads():
+        for runtime, local in ((3, 1), (16, 16), (40, 2), (0, 0)):
+            counters.record_step(runtime, local)
+            counters.record_traffic(traffic)

@@ -58,6 +58,26 @@ def test_the_group_takes_each_terms_largest_value_over_its_ranks():
     assert merged_sglang_limits([None, {}]) is None
 
 
+def test_on_sglang_0_5_21_capwatchs_rule_leaves_the_prefill_chunk_out_and_says_whose_rule_it_is():
+    """0.5.19 - 0.5.21 send eager prefill through an all-gather and check nothing at start-up: the floor is
+    the graph terms alone, and its reason says capwatch computed it and what happens below it."""
+    limits = SGLangLimits(sglang_version="0.5.21", max_prefill_buffer_tokens=8192, prefill_cuda_graph_max_batch_size=0,
+                          decode_cuda_graph_max_batch_size=256, floor_rule="capwatch")
+    floor = deployment_floor(limits, None)
+    assert floor.tokens == 256 and "decode CUDA-graph batch 256" in floor.binds
+    assert "sglang 0.5.21 has no start-up check" in floor.why and "fails at run time" in floor.why
+    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    assert advice.floor_cap == 256 and advice.recommended_cap < 8192  # the chunk no longer holds the cap up
+    assert deployment_floor(limits.model_copy(update={"floor_rule": "sglang"}), None).tokens == 8192
+
+
+def test_a_group_mid_upgrade_takes_sglangs_own_rule():
+    old = SGLangLimits(sglang_version="0.5.21", max_prefill_buffer_tokens=8192, floor_rule="capwatch")
+    new = SGLangLimits(sglang_version="0.5.23", max_prefill_buffer_tokens=8192)
+    assert merged_sglang_limits([old, old]).floor_rule == "capwatch"
+    assert merged_sglang_limits([old, new]).floor_rule == "sglang"
+
+
 @settings(max_examples=300, deadline=None)
 @given(mode=st.sampled_from(["null", "prefill", "decode"]), buffer=st.integers(0, 40_000),
        prefill_graph=st.integers(0, 40_000), decode_graph=st.integers(0, 1024), per_request=st.integers(1, 16),

@@ -39,6 +39,7 @@ sglang_limits = st.builds(
     decode_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
     tokens_per_request=st.integers(1, 1024),
     cap_source=st.sampled_from(["env", "default"]),
+    floor_rule=st.sampled_from(["sglang", "capwatch"]),
 )
 
 
@@ -87,7 +88,7 @@ def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
     info = families[catalogue.SGLANG_INFO.name].samples
     assert len(info) == 1 and info[0].value == 1 and info[0].labels == {
         "cluster": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
-        "disaggregation_mode": "null", "cap_source": "env"}
+        "disaggregation_mode": "null", "cap_source": "env", "floor_rule": "sglang"}
     assert families[catalogue.SGLANG_MAX_PREFILL_BUFFER_TOKENS.name].samples[0].value == 2048
     assert families[catalogue.SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS.name].samples[0].value == 256
     assert families[catalogue.MODEL_EXPERTS.name].samples[0].value == 128

@@ -1,4 +1,5 @@
-"""The SGLang plugin against the released sglang 0.5.23 code, on CPU, in its own venv (.venv-sglang).
+"""The SGLang plugin against the released code of every verified sglang release, on CPU, in its own venv
+(.venv-sglang) with each release's folders (tests/sglang/releases.py).
 
 Skipped when that venv is absent, unless ``CAPWATCH_REQUIRE_SGLANG_VENV=1`` (``make test``), where a
 missing venv is a failure.
@@ -13,7 +14,7 @@ import pytest
 from tests.sglang.ranks import sglang_missing
 
 _missing = sglang_missing()
-NEEDS_SGLANG = {"test_plugin.py"}  # the other modules test the plugin's pieces in the main venv
+NEEDS_SGLANG = {"test_plugin.py", "test_releases.py"}  # the other modules test the plugin's pieces in the main venv
 
 
 def pytest_collection_modifyitems(config, items):

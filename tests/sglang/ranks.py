@@ -1,4 +1,4 @@
-"""Launch SGLang scheduler ranks (``rank_program.py``) with the sglang venv's python, scrape them."""
+"""Launch SGLang scheduler ranks (``rank_program.py``) of one release with the sglang venv's python, scrape them."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.sglang.releases import RELEASES, missing, release_path
 from tests.support import launcher
 from tests.support.checkout import REPO_ROOT
 from tests.support.ports import free_port
@@ -41,10 +42,13 @@ def sglang_missing() -> str | None:
     python = sglang_python()
     if not python.exists():
         return f"no sglang test venv at {python.parent.parent} (make test builds it)"
+    absent = missing()
+    if absent:
+        return f"the release folders of sglang {', '.join(absent)} are not installed (make test installs them)"
     # find_spec, not import: importing sglang takes seconds.
     check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sglang') and u.find_spec('capwatch') else 1)"
-    if launcher.run("-c", check, python=python, timeout_s=60).returncode != 0:
-        return f"{python} has no sglang or no capwatch installed"
+    if launcher.run("-c", check, python=python, path_first=release_path(RELEASES[-1]), timeout_s=60).returncode != 0:
+        return f"{python} has no capwatch installed, or the sglang release folders no sglang"
     return None
 
 
@@ -55,6 +59,9 @@ class RankRun:
     run_dir: Path
     world: int
     env: dict[str, str]
+    sglang_release: str = RELEASES[-1]  # the sglang release the ranks run (its folder first on PYTHONPATH)
+    # Folders before the release's own (a test's fake dist-info that says another version).
+    extra_path: tuple[Path, ...] = ()
     optimize: bool = False
     metrics_base_port: int = 0
     program: str = "tests.sglang.rank_program"  # a module run as ``python -m PROGRAM RUN_DIR RANK``
@@ -73,6 +80,7 @@ class RankRun:
             self.processes.append(launcher.start(
                 *flags, "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(), env=self.env,
                 unset=("PROMETHEUS_MULTIPROC_DIR",), imports_tests=True, cwd=self.run_dir, stdout=log,
+                path_first=[*self.extra_path, *release_path(self.sglang_release)],
                 stderr=subprocess.STDOUT))
             log.close()
         return self

@@ -14,11 +14,13 @@ kernel does. The workspace size function is capwatch's exact formula (``capwatch
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import torch
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank, workspace_layout
 
-FLASHINFER_VERSION = "0.7.2"  # what sglang 0.5.23 pins
+FLASHINFER_VERSION = importlib.metadata.version("flashinfer-python")  # the release's pin, from its folder
 
 
 def moe_a2a_get_workspace_size_per_rank(ep_size, max_num_tokens, total_dispatch_payload_size_per_token,
@@ -47,7 +49,7 @@ class TorchMoeAlltoAll:
             }
         self.workspace = entry["workspace"]
         self._backend = entry["backend"]
-        # FlashInfer's metainfo (byte offsets of the flag, the counters, ...) by capwatch's layout of 0.7.2;
+        # FlashInfer's metainfo (byte offsets of the flag, the counters, ...) by capwatch's layout of that release;
         # the counter offsets do not depend on the payload sizes.
         layout = workspace_layout(self.ep_size, max_num_tokens, 1, 1, eplb_stats_num_experts, FLASHINFER_VERSION)
         self.metainfo = torch.tensor(layout.metainfo, dtype=torch.int64)

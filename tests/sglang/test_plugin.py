@@ -1,6 +1,8 @@
-"""The plugin in real SGLang 0.5.23 ranks: loaded by load_plugins() through its entry point, around
-real FlashinferDispatchers, on 2 and 4 gloo ranks; /metrics against the dispatched geometry, reports
-and advice from a real ``capwatch serve``, overflows before the rank dies, outputs unchanged."""
+"""The plugin in real SGLang ranks of every verified release (0.5.19 - 0.5.23, each from its released
+wheel with its FlashInfer pin, the release in each test id): loaded by load_plugins() through its entry
+point, started by configure_scheduler_process, around real FlashinferDispatchers on 2 and 4 gloo ranks;
+/metrics against the dispatched geometry, reports and advice from a real ``capwatch serve``, overflows
+before the rank dies, outputs unchanged when the plugin stands aside, a newer release only on opt-in."""
 
 from __future__ import annotations
 
@@ -11,29 +13,42 @@ import pytest
 import torch
 
 from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
+from tests.sglang.releases import RELEASES
 from tests.support.ports import free_port
 from tests.support.service import ServiceProcess
 
 CLUSTER = "sglang-e2e"
-NAMESPACE_PADDING = 128  # SGLang's _WORKSPACE_NAMESPACE_ALIGNMENT: DECODE 0, SPECULATIVE 1, SP_PREFILL 2
-DEFAULT_CAP = 4096  # SGLang's rule max(prefill buffer, 4096) with the CPU defaults here
-
-# Target layers built out of order (the lowest id leads), a draft layer, an SP-prefill layer.
-PLAN = {
-    "target_layers": [3, 1],
-    "draft_layers": [7],
-    "sp_prefill_layers": [5],
-    "steps": [
-        {"dp_tokens": [3, 5]},
-        {"dp_tokens": [1, 0]},
-        {"dp_tokens": [6, 2], "draft": True},
-        {"dp_tokens": [2, 2], "sp_prefill": True},
-        {"dp_tokens": [7, 4]},
-    ],
-}
+NAMESPACE_PADDING = 128  # SGLang's _WORKSPACE_NAMESPACE_ALIGNMENT: decode 0, speculative 1, SP prefill 2
+DEFAULT_CAP = 4096  # SGLang's default rule on every release with the CPU defaults here
+NEWEST = RELEASES[-1]
+A2A_PREFILL = {"0.5.22"}  # sends extend (prefill) batches through the A2A: counted with the target role
+SGLANG_FLOOR = {"0.5.22", "0.5.23"}  # have SGLang's own start-up floor functions
 
 
-def _role_of(step: dict) -> str:
+def release_id(release: str) -> str:
+    return f"sglang-{release}"
+
+
+def plan_for(release: str) -> dict:
+    """Target layers built out of order (the lowest id leads), a draft layer, and what the release
+    sends through the A2A beyond decode: SP prefill on 0.5.23, a whole prefill batch on 0.5.22."""
+    steps = [{"dp_tokens": [3, 5]}, {"dp_tokens": [1, 0]}, {"dp_tokens": [6, 2], "draft": True}]
+    plan = {"target_layers": [3, 1], "draft_layers": [7], "steps": steps}
+    if release == "0.5.23":
+        plan["sp_prefill_layers"] = [5]
+        steps.append({"dp_tokens": [2, 2], "sp_prefill": True})
+    if release in A2A_PREFILL:
+        steps.append({"dp_tokens": [9, 4], "extend": True})
+    steps.append({"dp_tokens": [7, 4]})
+    return plan
+
+
+PLAN = plan_for(NEWEST)
+
+
+def _role_of(step: dict, release: str) -> str:
+    if step.get("extend"):
+        return "target" if release in A2A_PREFILL else "all-gather"  # all-gather: no A2A, nothing counted
     return "draft" if step.get("draft") else "sp_prefill" if step.get("sp_prefill") else "target"
 
 
@@ -54,7 +69,7 @@ def expected_geometry(run: RankRun, plan: dict) -> dict[tuple[int, str], dict]:
     expected = {}
     cursors = [0] * world
     for step in plan["steps"]:
-        role = _role_of(step)
+        role = _role_of(step, run.sglang_release)
         runtime_tokens = max(step["dp_tokens"])
         for _ in range(_layers(plan, role)):
             targets = []
@@ -77,12 +92,12 @@ def value(metrics: dict, name: str, **labels) -> float:
     return matches[0]
 
 
-def assert_metrics_match(run: RankRun, plan: dict, scraped: dict[int, dict]) -> None:
+def assert_metrics_match(run: RankRun, plan: dict, scraped: dict[int, dict], cluster: str) -> None:
     """Each rank's scraped /metrics against the geometry it dispatched, role by role."""
     workspace_size = run.record(0)["workspace_size"]
     for (rank, role), entry in expected_geometry(run, plan).items():
         metrics = scraped[rank]
-        series = {"dispatcher": role, "ep_rank": rank, "cluster": CLUSTER}
+        series = {"dispatcher": role, "ep_rank": rank, "cluster": cluster}
         assert value(metrics, "moe_a2a_dispatch_calls_total", **series) == entry["dispatch_calls"]
         assert value(metrics, "moe_a2a_forward_steps_total", **series) == len(entry["steps"])
         assert value(metrics, "moe_a2a_tokens_sent_total", **series) == entry["sent"]
@@ -114,52 +129,71 @@ def service(tmp_path_factory):
     process.stop()
 
 
-def launch(tmp_path, world: int, plan: dict, env: dict | None = None, optimize: bool = False) -> RankRun:
+def launch(tmp_path, world: int, plan: dict, env: dict | None = None, optimize: bool = False,
+           release: str = NEWEST, extra_path=()) -> RankRun:
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": CLUSTER, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_REPORT_INTERVAL_S": "0.5", **(env or {})}
-    return RankRun(tmp_path, world, env, optimize=optimize, metrics_base_port=base_port).start(plan)
+    return RankRun(tmp_path, world, env, optimize=optimize, metrics_base_port=base_port, sglang_release=release,
+                   extra_path=tuple(extra_path)).start(plan)
 
 
-@pytest.fixture(scope="module")
-def enabled_run(tmp_path_factory, service):
-    """Two ranks with the plugin, reporting to the service: scraped while alive, then released."""
-    run = launch(tmp_path_factory.mktemp("enabled"), 2, PLAN, {"CAPWATCH_SERVICE_URL": service.url})
+@pytest.fixture(scope="module", params=RELEASES, ids=release_id)
+def enabled_run(request, tmp_path_factory, service):
+    """Two ranks of one release with the plugin, reporting to the service: scraped while alive, then released."""
+    release = request.param
+    cluster = f"{CLUSTER}-{release.replace('.', '-')}"
+    plan = plan_for(release)
+    run = launch(tmp_path_factory.mktemp("enabled"), 2, plan, {"CAPWATCH_SERVICE_URL": service.url,
+                                                               "CAPWATCH_CLUSTER": cluster}, release=release)
     run.wait_ready()
     scraped = {rank: run.metrics(rank) for rank in range(run.world)}
     codes = run.release()
-    yield run, scraped, codes
+    yield run, plan, cluster, scraped, codes
 
 
 def test_each_rank_exports_the_dispatched_geometry_per_role(enabled_run):
-    run, scraped, codes = enabled_run
+    run, plan, cluster, scraped, codes = enabled_run
     assert codes == [0, 0], run.logs()
-    assert_metrics_match(run, PLAN, scraped)
+    assert_metrics_match(run, plan, scraped, cluster)
+    for rank in range(run.world):  # every scheduler serves its own exporter: base port + its GPU index
+        log = run.log(rank)
+        assert f"capwatch: enabled on sglang {run.sglang_release} (flashinfer backend, GPU {rank}); /metrics on " \
+               f"http://127.0.0.1:{run.metrics_base_port + rank}/metrics" in log, log[-3000:]
 
 
 def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
-    run, _, _ = enabled_run
+    run, plan, cluster, _, _ = enabled_run
     # sp_prefill reports are accepted too; the service's ?role= query knows target and draft only so far.
     for role in ("target", "draft"):
-        view = get_json(f"{service.url}/v1/clusters/{CLUSTER}?role={role}")
+        view = get_json(f"{service.url}/v1/clusters/{cluster}?role={role}")
         assert view["ranks_reporting"] + sum(rank["final"] for rank in view["ranks"]) >= 2
         assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1]
         assert all(rank["final"] for rank in view["ranks"])  # the shutdown report of each rank
-        steps = [step for step in PLAN["steps"] if _role_of(step) == role]
+        steps = [step for step in plan["steps"] if _role_of(step, run.sglang_release) == role]
         assert view["group_max_runtime_tokens"] == max(max(step["dp_tokens"]) for step in steps)
-    advice = get_json(f"{service.url}/v1/clusters/{CLUSTER}/advice")
+    advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
     assert advice["current_cap"] == DEFAULT_CAP
     assert advice["ep_size"] == 2
     assert advice["reasons"]
-    assert "capwatch: enabled" in run.log(0)
 
 
-def test_advice_floor_is_sglangs_own_start_up_rule(enabled_run, service):
-    """The advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
-    ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server."""
-    run, _, _ = enabled_run
-    advice = get_json(f"{service.url}/v1/clusters/{CLUSTER}/advice")
-    assert advice["floor_cap"] == run.record(0)["required_cap"]
+def test_advice_floor_is_the_releases_own_rule(enabled_run, service):
+    """0.5.22 on: the advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
+    ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server. 0.5.19 - 0.5.21 have no such
+    function: capwatch's computation of the rule, which leaves out the prefill chunk (their prefill goes
+    through an all-gather): cross-checked against 0.5.22's own function run on this release's settings."""
+    run, _, cluster, scraped, _ = enabled_run
+    advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
+    rule = "sglang" if run.sglang_release in SGLANG_FLOOR else "capwatch"
+    assert value(scraped[0], "moe_a2a_sglang_info", dispatcher="target", floor_rule=rule,
+                 sglang_version=run.sglang_release) == 1
+    floor = run.record(0)["floor"]
+    if rule == "sglang":
+        assert advice["floor_cap"] == floor["required"]
+    else:  # SGLang 0.5.22's terms on this release's settings, the prefill chunk left out
+        assert advice["floor_cap"] == (max(floor["decode_graph"], floor["prefill_graph"]) or None), floor
+        assert floor["prefill_chunk"] > (advice["floor_cap"] or 0)  # what SGLang's own rule would have added
 
 
 def test_four_ranks(tmp_path):
@@ -169,7 +203,7 @@ def test_four_ranks(tmp_path):
     run.wait_ready()
     scraped = {rank: run.metrics(rank) for rank in range(run.world)}
     assert run.release() == [0, 0, 0, 0], run.logs()
-    assert_metrics_match(run, plan, scraped)
+    assert_metrics_match(run, plan, scraped, CLUSTER)
 
 
 # A cap SGLang accepts at start-up (chunked prefill 32, no CUDA graphs on CPU), then a decode step
@@ -182,10 +216,14 @@ OVERFLOW_PLAN = {
 }
 
 
-@pytest.mark.parametrize("optimize", [False, True], ids=["asserts", "python-O"])
-def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, service, optimize):
-    cluster = f"overflow-{'O' if optimize else 'plain'}"
-    run = launch(tmp_path, 2, OVERFLOW_PLAN, optimize=optimize, env={
+OVERFLOW_CASES = [(release, False) for release in RELEASES] + [(NEWEST, True)]
+
+
+@pytest.mark.parametrize("release, optimize", OVERFLOW_CASES,
+                         ids=[f"{release_id(r)}-{'python-O' if o else 'asserts'}" for r, o in OVERFLOW_CASES])
+def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, service, release, optimize):
+    cluster = f"overflow-{release.replace('.', '-')}-{'O' if optimize else 'plain'}"
+    run = launch(tmp_path, 2, OVERFLOW_PLAN, optimize=optimize, release=release, env={
         "CAPWATCH_CLUSTER": cluster, "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "60",
         "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(OVERFLOW_CAP)})
     codes = run.wait_exit(START_TIMEOUT_S)  # they start, dispatch, overflow and die
@@ -207,26 +245,42 @@ def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, serv
         assert rank_view["forward_steps_total"] == 2  # the overflowing step is in the histogram too
 
 
+CAPTURE = "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"
+NEWER = "0.5.24"  # what a fake dist-info before the newest release's folder says it is
+# case: (environment, plan extras, a newer version's dist-info, the disabled reason's words)
 DISABLED_CASES = {
-    "not-enabled": ({"SGLANG_PLUGINS": "some-other-plugin"}, {}),
-    "bad-setting": ({"CAPWATCH_METRICS_BASE_PORT": "ninety"}, {}),
+    "not-enabled": ({"SGLANG_PLUGINS": "some-other-plugin"}, {}, False, None),
+    "bad-setting": ({"CAPWATCH_METRICS_BASE_PORT": "ninety"}, {}, False, None),
     # A function of SGLang's that the CPU ranks never call, gone as if a release had moved it.
-    "moved-target": ({}, {"hide_hook_target":
-                          "sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"}),
+    "moved-target": ({}, {"hide_hook_target": CAPTURE}, False, "cuda_graph_setup.capture_cuda_graphs is not there"),
+    "newer-release": ({}, {}, True, f"sglang {NEWER} is newer than the releases capwatch is verified on"),
+    # Opted in, but a target of the newest adapter is gone in the newer release: still disabled.
+    "newer-release-opted-in-moved-target": ({"CAPWATCH_ALLOW_NEWER_SGLANG": "1"}, {"hide_hook_target": CAPTURE},
+                                            True, "cuda_graph_setup.capture_cuda_graphs is not there"),
 }
 
 
+def newer_release(tmp_path) -> list:
+    """A folder whose sglang dist-info says 0.5.24, put before the newest release's own: its code, a newer
+    version number, as a release whose hook targets still match the newest adapter."""
+    dist_info = tmp_path / "newer" / f"sglang-{NEWER}.dist-info"
+    dist_info.mkdir(parents=True)
+    (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {NEWER}\n")
+    return [tmp_path / "newer"]
+
+
+@pytest.mark.parametrize("enabled_run", [NEWEST], indirect=True, ids=release_id)
 @pytest.mark.parametrize("case", sorted(DISABLED_CASES))
 def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, case):
-    enabled, _, _ = enabled_run
-    env, extra_plan = DISABLED_CASES[case]
-    run = launch(tmp_path, 2, {**PLAN, **extra_plan}, env=env)
+    enabled = enabled_run[0]
+    env, extra_plan, newer, reason = DISABLED_CASES[case]
+    run = launch(tmp_path, 2, {**PLAN, **extra_plan}, env=env, extra_path=newer_release(tmp_path) if newer else ())
     run.wait_ready()
-    if case == "moved-target":  # one log line and an info metric that says why
+    if reason is not None:  # one log line and an info metric that says why
         metrics = run.metrics(0)
         reasons = [dict(labels)["reason"] for (name, labels), _ in metrics.items()
                    if name == "capwatch_sglang_plugin_info" and dict(labels)["state"] == "disabled"]
-        assert reasons and "cuda_graph_setup.capture_cuda_graphs is not there" in reasons[0]
+        assert reasons and reason in reasons[0], reasons
         assert not any(name.startswith("moe_a2a_") for name, _ in metrics)
     assert run.release() == [0, 0], run.logs()
     for rank in range(run.world):
@@ -239,3 +293,17 @@ def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, case):
             assert "Skipping plugin capwatch (not in SGLANG_PLUGINS)" in log and not disabled_lines
         else:
             assert len(disabled_lines) == 1, log[-3000:]
+
+
+def test_a_newer_release_runs_on_the_newest_adapters_when_the_operator_opts_in(tmp_path):
+    """CAPWATCH_ALLOW_NEWER_SGLANG=1 and every hook target and signature of the newest adapter matches:
+    instrumented, and the one log line says on what."""
+    plan = {"target_layers": [0, 1], "steps": [{"dp_tokens": [3, 5]}, {"dp_tokens": [2, 2]}]}
+    run = launch(tmp_path, 2, plan, env={"CAPWATCH_ALLOW_NEWER_SGLANG": "1"}, extra_path=newer_release(tmp_path))
+    run.wait_ready()
+    scraped = {rank: run.metrics(rank) for rank in range(run.world)}
+    assert run.release() == [0, 0], run.logs()
+    assert_metrics_match(run, plan, scraped, CLUSTER)
+    lines = [line for line in run.log(0).splitlines() if "capwatch: enabled" in line]
+    assert len(lines) == 1 and f"sglang {NEWER}, newer than the verified 0.5.19 - {NEWEST}, on the {NEWEST} adapters" \
+        in lines[0] and "every hook target and signature matched" in lines[0], lines

@@ -1,4 +1,4 @@
-"""The plugin's pieces that need no SGLang: CAPWATCH_* settings, the version rule, merged role series."""
+"""The plugin's pieces that need no SGLang: CAPWATCH_* settings, the release rule, merged role series."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
-from capwatch.sglang_plugin import compat
+from capwatch.sglang_plugin import releases
+from capwatch.sglang_plugin.hooks import flashinfer as flashinfer_hooks
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
 
@@ -46,19 +47,52 @@ def test_a_bad_variable_is_one_clear_line_naming_it(environ, names):
     assert names in message and "\n" not in message
 
 
-@pytest.mark.parametrize("found, supported", [
-    ({"sglang": "0.5.23", "flashinfer": "0.7.2"}, True),
-    ({"sglang": "0.5.23", "flashinfer": "0.7.2.post1"}, True),
-    ({"sglang": "0.5.22", "flashinfer": "0.7.2"}, False),
-    ({"sglang": "0.5.23", "flashinfer": "0.7.4"}, False),
-    ({"sglang": "0.5.23", "flashinfer": None}, False),
-    ({"sglang": None, "flashinfer": "0.7.2"}, False),
+@pytest.mark.parametrize("raw, allowed", [("1", True), ("true", True), ("0", False), ("", False)])
+def test_the_newer_release_switch(raw, allowed):
+    assert load({"CAPWATCH_ALLOW_NEWER_SGLANG": raw}).allow_newer_sglang is allowed
+
+
+def test_the_newer_release_switch_takes_only_one_or_zero():
+    with pytest.raises(SettingsError, match="CAPWATCH_ALLOW_NEWER_SGLANG='yes' must be 1 or 0"):
+        load({"CAPWATCH_ALLOW_NEWER_SGLANG": "yes"})
+
+
+@pytest.mark.parametrize("version", releases.VERIFIED)
+def test_each_verified_release_runs_on_its_own_adapters(version):
+    for allow_newer in (False, True):
+        assert releases.choose(version, allow_newer) == releases.ReleaseChoice(version, version)
+    assert version in flashinfer_hooks.ADAPTERS
+
+
+@pytest.mark.parametrize("version", ["0.5.24", "0.5.23.post1", "0.6.0", "0.5.24rc1", "1.0.0"])
+def test_a_newer_release_only_on_opt_in_and_then_on_the_newest_adapters(version):
+    reason = releases.choose(version, allow_newer=False)
+    assert isinstance(reason, str) and "CAPWATCH_ALLOW_NEWER_SGLANG=1" in reason and "newer" in reason
+    assert releases.choose(version, allow_newer=True) == releases.ReleaseChoice(version, releases.NEWEST, newer=True)
+
+
+@pytest.mark.parametrize("version", ["0.5.18", "0.5.13", "0.4.9", "0.5.23rc1", None, "nightly"])
+def test_an_older_or_unreadable_release_never_runs(version):
+    for allow_newer in (False, True):
+        reason = releases.choose(version, allow_newer)
+        assert isinstance(reason, str) and "capwatch is verified on sglang 0.5.19" in reason
+
+
+@pytest.mark.parametrize("release, flashinfer, newer, supported", [
+    ("0.5.19", "0.6.18", False, True), ("0.5.21", "0.6.18.post1", False, True),
+    ("0.5.21", "0.7.1", False, False),  # 0.7.1 is 0.5.22's pin, not 0.5.21's
+    ("0.5.22", "0.7.1", False, True), ("0.5.22", "0.7.2", False, False),
+    ("0.5.23", "0.7.2", False, True), ("0.5.23", "0.7.2.post1", False, True), ("0.5.23", "0.7.4", False, False),
+    ("0.5.23", None, False, False),
+    ("0.5.23", "0.6.18", True, True),  # a newer SGLang: any FlashInfer whose MoeAlltoAll capwatch knows
+    ("0.5.23", "0.7.4", True, False),  # 0.7.4 has no MoeAlltoAll
 ])
-def test_only_the_releases_the_plugin_was_written_against(found, supported):
-    reason = compat.unsupported_reason(found)
-    assert (reason is None) == supported
-    if reason:
-        assert "not supported" in reason
+def test_each_release_with_its_flashinfer_pin(release, flashinfer, newer, supported):
+    reason = flashinfer_hooks.problem(flashinfer_hooks.ADAPTERS[release], flashinfer, newer)
+    if supported:  # the version passes; the targets are checked next (no sglang here)
+        assert reason is None or "flashinfer-python" not in reason
+    else:
+        assert reason is not None and f"flashinfer-python {flashinfer} is not supported" in reason
 
 
 class _Role:

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from tests.support.checkout import REPO_ROOT
@@ -41,9 +41,10 @@ def outside_checkout(folder: Path | str | None = None) -> Path:
 
 
 def environment(extra: Mapping[str, str] | None = None, *, imports_tests: bool = False, inherit: bool = True,
-                unset: Collection[str] = ()) -> dict[str, str]:
+                unset: Collection[str] = (), path_first: Sequence[Path | str] = ()) -> dict[str, str]:
     """This process's environment (or none, ``inherit=False``) less ``unset``, with ``extra`` on top, as a child
-    gets it."""
+    gets it. ``path_first``: folders a test installed packages into (an SGLang release), on ``PYTHONPATH``
+    before the checkout."""
     given = [name for name in OWN_VARIABLES if name in (extra or {})]
     if given:
         raise ValueError(f"the launcher sets {', '.join(given)} itself (imports_tests=True puts the checkout on "
@@ -52,18 +53,20 @@ def environment(extra: Mapping[str, str] | None = None, *, imports_tests: bool =
     for name in (*OWN_VARIABLES, *unset):
         env.pop(name, None)
     env["PYTHONSAFEPATH"] = "1"
-    if imports_tests:
-        env["PYTHONPATH"] = str(REPO_ROOT)
+    path = [*map(str, path_first), *([str(REPO_ROOT)] if imports_tests else [])]
+    if path:
+        env["PYTHONPATH"] = os.pathsep.join(path)
     return env
 
 
 def start(*args: str, python: Path | str = PYTHON, env: Mapping[str, str] | None = None, inherit_env: bool = True,
           unset: Collection[str] = (), imports_tests: bool = False, cwd: Path | str | None = None,
-          **popen) -> subprocess.Popen:
+          path_first: Sequence[Path | str] = (), **popen) -> subprocess.Popen:
     """``python ARGS`` running (``python``: an interpreter, or a console script of one); ``popen`` goes to
     ``subprocess.Popen`` (stdout, start_new_session, ...)."""
     return subprocess.Popen([str(python), *args], cwd=outside_checkout(cwd), **popen,
-                            env=environment(env, imports_tests=imports_tests, inherit=inherit_env, unset=unset))
+                            env=environment(env, imports_tests=imports_tests, inherit=inherit_env, unset=unset,
+                                            path_first=path_first))
 
 
 def run(*args: str, timeout_s: float, input: str | bytes | None = None, text: bool = True,

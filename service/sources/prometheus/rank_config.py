@@ -45,7 +45,8 @@ def rank_config_of(values: dict[str, float], info: dict[str, str],
         limits = {name: number(spec) for spec, name in catalogue.SGLANG_LIMIT_GAUGES if number(spec) is not None}
         config["sglang"] = {"sglang_version": sglang_info.get("sglang_version") or None,
                             "disaggregation_mode": sglang_info.get("disaggregation_mode", "null"),
-                            "cap_source": sglang_info.get("cap_source", "env"), **limits}
+                            "cap_source": sglang_info.get("cap_source", "env"),
+                            "floor_rule": sglang_info.get("floor_rule") or "sglang", **limits}
     if (config.get("cap") or 0) < 1:
         return None
     if all(name in config for name in GEOMETRY):

@@ -1,0 +1,283 @@
+"""FlashInfer's MoE A2A in SGLang (``--moe-a2a-backend flashinfer``): what the plugin hooks, per release.
+
+After SGLang constructs a ``FlashinferDispatcher`` (a ``HookRegistry`` hook on ``__init__``), the plugin
+adopts it: each ``MoeAlltoAll`` it holds keeps its workspace and every method, but its ``dispatch`` is
+shadowed by an instance attribute that counts (``counted_dispatch``); SGLang's own ``dispatch`` is left
+alone. That is the whole hot path:
+
+- it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
+  sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
+  (0.5.22), prefill is counted with decode;
+- per dispatch one ``add_`` of the workspace's send/receive counter words (no host read) and one for the
+  call, and per step, on the role's step leader, one ``index_add_`` (R bin, local-batch bin); no
+  allocation, no host sync, nothing else;
+- an overflow is caught before FlashInfer writes: SGLang's own assert, or under ``python -O``, where
+  SGLang's asserts are gone, capwatch's guard on R and the local batch (``CapOverflowError``, counted and
+  reported before it is raised). SGLang's assert is counted where the scheduler dies of it, at no cost per
+  call: ``run_scheduler_process`` formats every fatal exception with ``get_exception_traceback()`` before it
+  signals its parent (every verified release); the plugin's hook there finds the dispatcher's frame in the
+  traceback, computes R with SGLang's functions, counts the overflow and ships the final report.
+
+What differs between the releases (read from their wheels) is the :class:`Adapter`:
+
+=============  ===========  ==================================  ===========================================
+releases       FlashInfer   ``FlashinferDispatcher.__init__``   prefill (extend) batches; workspaces
+=============  ===========  ==================================  ===========================================
+0.5.19-0.5.21  0.6.18       ``..., moe_runner_config``          all-gather (not counted); target/draft by
+                                                                ``get_flags().moe.speculative_context``
+0.5.22         0.7.1        no ``moe_runner_config`` (layer id   through the A2A (counted); target/draft
+                            from ``create_moe_dispatcher``)      as 0.5.19
+0.5.23         0.7.2        ``..., moe_runner_config,           all-gather; SP prefill through its own A2A
+                            enable_sp_prefill_a2a``             (``sp_prefill``); ``_WorkspaceNamespace``
+=============  ===========  ==================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import pkgutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from capwatch.dispatcher.instrumented import CapOverflowError
+from capwatch.sglang_plugin.releases import Target, first_problem
+
+logger = logging.getLogger("capwatch.sglang")
+
+NAME = "flashinfer"  # --moe-a2a-backend
+MODULE = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
+DISPATCHER = f"{MODULE}.FlashinferDispatcher"
+INIT = f"{DISPATCHER}.__init__"
+DISPATCH = Target(f"{DISPATCHER}.dispatch", ("hidden_states", "topk_output"))
+# FlashInfer's, shadowed per object by the counting dispatch, which passes these positionally.
+ALLTOALL_DISPATCH = Target("flashinfer.comm.MoeAlltoAll.dispatch", (
+    "token_selected_experts", "input_payloads", "runtime_max_tokens_per_rank", "invalid_token_expert_id",
+    "expert_id_payload_index"))
+# run_scheduler_process's except block formats the fatal exception with it (imported from sglang.utils).
+EXCEPTION_TRACEBACK = Target("sglang.utils.get_exception_traceback")
+CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
+                           ("moe_runner_config", "quant_method"))
+# Every graph capture of a scheduler goes through one of these (spec runners subclass the two runners).
+CAPTURE_TARGETS = (
+    Target("sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"),
+    Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture"),
+    Target("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture"),
+)
+# What the hooks read off the dispatcher module in every release: R as SGLang computes it.
+MODULE_NAMES = ("_max_tokens_per_scattered_source", "get_dp_global_num_tokens", "get_parallel", "get_flags")
+BASE_INIT = ("group", "router_topk", "num_experts", "num_local_experts", "hidden_size", "params_dtype")
+NAMESPACE_ROLES = {"DECODE": "target", "SPECULATIVE": "draft", "SP_PREFILL": "sp_prefill"}
+
+
+# --- how each release tells its workspaces apart, and which one a dispatch is using ----------------
+
+def _roles_by_flag(module, dispatcher) -> list[tuple[str, str]]:
+    """0.5.19 - 0.5.22: one MoeAlltoAll, SPECULATIVE (+128 B) while SGLang builds a draft model's layers."""
+    return [("moe_a2a", "draft" if module.get_flags().moe.speculative_context else "target")]
+
+
+def _roles_by_namespace(module, dispatcher) -> list[tuple[str, str]]:
+    """0.5.23: ``decode_a2a_namespace`` (DECODE or SPECULATIVE), and SP_PREFILL when enabled."""
+    roles = [("moe_a2a", NAMESPACE_ROLES[dispatcher.decode_a2a_namespace.name])]
+    if dispatcher.sp_prefill_moe_a2a is not None:
+        roles.append(("sp_prefill_moe_a2a", "sp_prefill"))
+    return roles
+
+
+def _active_decode(module, dispatcher) -> str:
+    return "moe_a2a"
+
+
+def _active_decode_or_sp(module, dispatcher) -> str:
+    """0.5.23's choice in ``dispatch``: an extend batch with SP active uses the SP-prefill workspace."""
+    return "sp_prefill_moe_a2a" if module.get_is_extend_in_batch() and module.get_forward().sp_active else "moe_a2a"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How one family of SGLang releases builds and drives ``FlashinferDispatcher``."""
+
+    releases: tuple[str, ...]
+    flashinfer: tuple[str, ...]  # SGLang's FlashInfer pin, then its hot-fix releases
+    init_parameters: tuple[str, ...]
+    module_names: tuple[str, ...]
+    prefill: str  # where extend batches go, in words (docs, tests)
+    roles: Callable  # (module, dispatcher) -> [(attribute, role)]: the MoeAlltoAll objects it holds
+    active: Callable  # (module, dispatcher) -> the attribute of the MoeAlltoAll a dispatch uses now
+    layer_id_at_create: bool = False  # the layer id reaches only create_moe_dispatcher (0.5.22)
+
+    def targets(self) -> tuple[Target, ...]:
+        create = (CREATE_DISPATCHER,) if self.layer_id_at_create else ()
+        return (Target(INIT, self.init_parameters), DISPATCH, ALLTOALL_DISPATCH, EXCEPTION_TRACEBACK, *create,
+                *CAPTURE_TARGETS)
+
+
+ALL_GATHER_PREFILL = Adapter(
+    releases=("0.5.19", "0.5.20", "0.5.21"), flashinfer=("0.6.18", "0.6.18.post1"),
+    init_parameters=(*BASE_INIT, "moe_runner_config"),
+    module_names=(*MODULE_NAMES, "get_is_extend_in_batch"),
+    prefill="all-gather (not through the A2A, not counted)",
+    roles=_roles_by_flag, active=_active_decode)
+A2A_PREFILL = Adapter(
+    releases=("0.5.22",), flashinfer=("0.7.1",), init_parameters=BASE_INIT, module_names=MODULE_NAMES,
+    prefill="through the A2A (counted with decode, role target/draft)",
+    roles=_roles_by_flag, active=_active_decode, layer_id_at_create=True)
+SP_PREFILL = Adapter(
+    releases=("0.5.23",), flashinfer=("0.7.2", "0.7.2.post1"),
+    init_parameters=(*BASE_INIT, "moe_runner_config", "enable_sp_prefill_a2a"),
+    module_names=(*MODULE_NAMES, "get_is_extend_in_batch", "get_forward", "_WorkspaceNamespace"),
+    prefill="all-gather; SP prefill through its own A2A (counted, role sp_prefill)",
+    roles=_roles_by_namespace, active=_active_decode_or_sp)
+
+ADAPTERS = {release: adapter for adapter in (ALL_GATHER_PREFILL, A2A_PREFILL, SP_PREFILL)
+            for release in adapter.releases}
+KNOWN_FLASHINFER = tuple(dict.fromkeys(v for adapter in ADAPTERS.values() for v in adapter.flashinfer))
+
+
+def problem(adapter: Adapter, flashinfer_version: str | None, newer: bool) -> str | None:
+    """Why this backend cannot be instrumented with ``adapter``, or None: FlashInfer's version (a newer
+    SGLang still needs a FlashInfer whose MoeAlltoAll capwatch knows), then every target and signature."""
+    accepted = KNOWN_FLASHINFER if newer else adapter.flashinfer
+    if flashinfer_version not in accepted:
+        beside = "a newer sglang" if newer else f"sglang {adapter.releases[0]}" + (
+            f" - {adapter.releases[-1]}" if len(adapter.releases) > 1 else "")
+        return (f"flashinfer-python {flashinfer_version} is not supported beside {beside} "
+                f"(capwatch knows {', '.join(accepted)})")
+    found = first_problem(adapter.targets())
+    if found is not None:
+        return found
+    module = pkgutil.resolve_name(MODULE)
+    missing = [name for name in adapter.module_names if not hasattr(module, name)]
+    if missing:
+        return f"{MODULE} lacks {', '.join(missing)}"
+    if not getattr(module, "use_flashinfer", False):
+        return f"{MODULE} could not import flashinfer's MoE A2A (use_flashinfer is False)"
+    return None
+
+
+# --- the hooks --------------------------------------------------------------------------------------
+
+def register(session, adapter: Adapter, source) -> None:
+    """Hook construction (adoption) and the graph captures through SGLang's HookRegistry."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    module = pkgutil.resolve_name(MODULE)
+    init_signature = inspect.signature(pkgutil.resolve_name(INIT))
+
+    def around_init(original, dispatcher, *args, **kwargs):
+        original(dispatcher, *args, **kwargs)
+        try:
+            runner_config = init_signature.bind(dispatcher, *args, **kwargs).arguments.get("moe_runner_config")
+            adopt(session, adapter, module, dispatcher, getattr(runner_config, "layer_id", None))
+        except Exception:
+            logger.exception("capwatch: this dispatcher is not instrumented (adoption failed); it runs as SGLang's")
+
+    def around_create(original, moe_runner_config, *args, **kwargs):
+        dispatcher = original(moe_runner_config, *args, **kwargs)
+        session.set_layer_id(dispatcher, getattr(moe_runner_config, "layer_id", None))
+        return dispatcher
+
+    def around_capture(original, *args, **kwargs):
+        with session.capturing():
+            return original(*args, **kwargs)
+
+    def after_fatal_exception(result, *args, **kwargs):
+        try:
+            count_fatal_overflow(session, adapter, module, sys.exc_info()[1])
+        except Exception:  # the scheduler is dying of its own error; capwatch's must not replace it
+            logger.exception("capwatch: could not count the overflow behind SGLang's assert")
+        return None
+
+    HookRegistry.register(INIT, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(EXCEPTION_TRACEBACK.name, after_fatal_exception, HookType.AFTER, source=source)
+    if adapter.layer_id_at_create:
+        HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
+    for target in CAPTURE_TARGETS:
+        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+
+
+def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -> None:
+    """Count each MoeAlltoAll the dispatcher holds (no second workspace)."""
+    for attribute, role in adapter.roles(module, dispatcher):
+        alltoall = getattr(dispatcher, attribute)
+        layer = session.adopt_layer(dispatcher, alltoall, role, layer_id)
+        alltoall.dispatch = _first_dispatch(session, alltoall, layer)
+
+
+def unadopt(dispatcher) -> None:
+    """SGLang's dispatcher exactly as shipped again (the benchmark's bare side)."""
+    for attribute in ("moe_a2a", "sp_prefill_moe_a2a"):
+        alltoall = getattr(dispatcher, attribute, None)
+        if alltoall is not None:
+            vars(alltoall).pop("dispatch", None)
+
+
+def _first_dispatch(session, alltoall, layer):
+    """The role's reports and series start at its first dispatch (every layer and workspace is known
+    then); after it, the MoeAlltoAll's dispatch is the counting one, with no check left per call."""
+    def first(*args, **kwargs):
+        session.start_role_once(layer.counters.role)
+        alltoall.dispatch = counted = counted_dispatch(type(alltoall).dispatch.__get__(alltoall), layer,
+                                                       session.traffic_counts(alltoall))
+        return counted(*args, **kwargs)
+    return first
+
+
+def counted_dispatch(dispatch, layer, traffic_counts):
+    """``MoeAlltoAll.dispatch`` as SGLang calls it, counted: the hot path (see the module docstring)."""
+    counters = layer.counters
+    record_step, record_traffic = counters.record_step, counters.record_traffic
+    cap = layer.cap
+
+    def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
+                expert_id_payload_index=None, **more):
+        local_tokens = token_selected_experts.shape[0]
+        if runtime_max_tokens_per_rank > cap or local_tokens > runtime_max_tokens_per_rank:
+            layer.guard(runtime_max_tokens_per_rank, local_tokens)  # counts, reports, raises CapOverflowError
+        received = dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
+                            invalid_token_expert_id, expert_id_payload_index, **more)
+        if layer.step_leader:
+            record_step(runtime_max_tokens_per_rank, local_tokens)
+        record_traffic(traffic_counts)
+        return received
+
+    return counted
+
+
+def runtime_tokens(module, local_tokens: int) -> int:
+    """R exactly as SGLang's ``dispatch`` computes it (every verified release), from its own functions."""
+    dp_global = module.get_dp_global_num_tokens()
+    if dp_global is not None and len(dp_global) > 1:
+        return module._max_tokens_per_scattered_source(dp_global, module.get_parallel().attn_tp_size)
+    return local_tokens
+
+
+def _dispatch_frame(error: BaseException, dispatch_code):
+    """The frame of ``FlashinferDispatcher.dispatch`` the error came out of, or None."""
+    traceback = error.__traceback__
+    while traceback is not None:
+        if traceback.tb_frame.f_code is dispatch_code:
+            return traceback.tb_frame
+        traceback = traceback.tb_next
+    return None
+
+
+def count_fatal_overflow(session, adapter: Adapter, module, error: BaseException | None) -> None:
+    """An ``AssertionError`` out of SGLang's ``dispatch`` on R: counted, reported (bounded wait) and logged,
+    never raised; SGLang's own error then ends the rank as it would without capwatch."""
+    if not isinstance(error, AssertionError):
+        return
+    frame = _dispatch_frame(error, inspect.unwrap(module.FlashinferDispatcher.dispatch).__code__)
+    if frame is None:
+        return
+    dispatcher, local_tokens = frame.f_locals["self"], frame.f_locals["hidden_states"].shape[0]
+    layer = session.layer_of(getattr(dispatcher, adapter.active(module, dispatcher)))
+    runtime = runtime_tokens(module, local_tokens)
+    if layer is None or not (runtime > layer.cap or local_tokens > runtime):
+        return
+    try:
+        layer.guard(runtime, local_tokens)
+    except CapOverflowError as overflow:
+        logger.error("capwatch: %s (counted and reported; SGLang's assert ends the rank)", overflow)
