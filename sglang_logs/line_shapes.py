@@ -142,20 +142,45 @@ def _generalize(text: str) -> str:
 
 
 @lru_cache(maxsize=64)
-def fast_pattern(template: Template, by_second: bool, identity: bool) -> re.Pattern:
+def fast_pattern(template: Template, by_second: bool, identity: bool) -> re.Pattern[bytes]:
     """One pattern over a chunk (each line after a newline) for lines of this template. Groups:
-    ``(window key, tags, #running-req)``, with the line from its stamp on first when ``identity``. The
-    window key is ``YYYY-MM-DD HH:MM`` (``:SS`` with ``by_second``), without the date for time-only stamps."""
+    ``(window key, #running-req)``, with the line from its stamp on first when ``identity``. The window key
+    is ``YYYY-MM-DD HH:MM`` (``:SS`` with ``by_second``), without the date for time-only stamps. (The tags
+    are not captured: only the line with a window's peak needs them, ``peak_line_tags`` finds them.) It reads
+    bytes, undecoded."""
     key = r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d" if template.dated else r"\d\d:\d\d"
     seconds = r":\d\d"
     if by_second:
         key, seconds = key + seconds, ""
-    tags = r"([^\]\n]*)\] " if template.between is None else f"({template.between})"
-    fraction_and_zone = r"(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)?"
-    body = f"({key}){seconds}{fraction_and_zone}{tags}{_MESSAGE}(\\d{{1,{MAX_RUNNING_DIGITS}}}),"
+    tags = r"[^\]\n]*\] " if template.between is None else template.between
+    # Loose where the general parser is strict (the fraction and zone, the message's variants): a class
+    # loop costs less than alternatives, and what it lets through still has to match the rest.
+    fraction_and_zone = r"[.,0-9Z+:-]*"
+    message = r"Decode batch[ .,\[\]0-9iter:]{1,24}#running-req: "
+    body = f"({key}){seconds}{fraction_and_zone}{tags}{message}(\\d{{1,{MAX_RUNNING_DIGITS}}}),"
     if identity:
         body = f"({body}[^\\n]*)"
-    return re.compile("\n" + template.before + body)
+    return re.compile(("\n" + template.before + body).encode())
+
+
+def peak_line_tags(text: bytes, start: int, end: int, key: bytes, running: int) -> tuple[str, int]:
+    """(the tags, the position) of the first decode line in ``text[start:end]`` whose window key is ``key`` and
+    whose #running-req is ``running``: the line a fast pattern found a window's peak in. ("", start) if none."""
+    needle = f"#running-req: {running},".encode()
+    mark = DECODE_MARK.encode()
+    at = text.find(key, start, end)
+    while at >= 0:
+        hit = text.find(needle, at, end)
+        if hit < 0:
+            break
+        line_start = text.rfind(b"\n", 0, hit) + 1
+        message = text.find(mark, line_start, hit)
+        if message >= 0 and text.find(key, line_start, message) >= 0:
+            prefix = text[line_start:message].decode("utf-8", "replace")
+            stamps = list(STAMP.finditer(prefix))
+            return (prefix[stamps[-1].end():] if stamps else ""), line_start
+        at = hit + len(needle)
+    return "", start
 
 
 def dp_rank(tags: str) -> int:

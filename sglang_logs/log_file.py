@@ -1,27 +1,28 @@
 """One log file -> its records, in time order (``reader.py`` merges the files by time).
 
-The file is read in chunks of whole lines. The rare lines (``server_args=``, an overflow assertion) are
-found by plain substring search and read one by one; decode lines are read a block at a time by the
-fast pattern of the file's template (``line_shapes.fast_pattern``: one regex over the block, at C speed)
-wherever it accounts for every decode line of the block; a block where it does not is split in two
-until the lines it misses are few, and those are read by the general parser, which learns the template
-of new shapes. Decode lines are folded per window as they are read: a chunk yields one record per
-window (the largest ``#running-req``, the tags of that line, the number of lines, and — when several
-files are merged — a hash of each line, so that a line present in two files counts once).
+The file is read as bytes, straight into the buffer the patterns run over (decoding would cost as much as
+the search: only lines read one by one are decoded, as UTF-8 with replacement), in chunks of whole lines.
+The rare lines (``server_args=``, an overflow assertion) are found by plain substring search and read one
+by one; decode lines are read a block at a time by the fast pattern of the file's template
+(``line_shapes.fast_pattern``: one regex over the block, at C speed) wherever it accounts for every decode
+line of the block; a block where it does not is split in two until the lines it misses are few, and those
+are read by the general parser, which learns the template of new shapes. Decode lines are folded per
+window as they are read: a chunk yields one record per window (the largest ``#running-req``, the tags of
+that line, the number of lines, and — when several files are merged — a hash of each line, so that a
+line present in two files counts once).
 
-Memory: one chunk, and a line of at most ``MAX_LINE_CHARS`` (a longer one is counted, not kept).
+Memory: one chunk, and a line of at most ``MAX_LINE_BYTES`` bytes (a longer one is counted, not kept).
 """
 
 from __future__ import annotations
 
 import gzip
-import io
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
-from typing import BinaryIO, TextIO
+from typing import BinaryIO
 
 from capwatch.sglang_logs.line_shapes import (
     DECODE_MARK,
@@ -34,18 +35,19 @@ from capwatch.sglang_logs.line_shapes import (
     fast_pattern,
     parse_decode_line,
     parse_overflow,
+    peak_line_tags,
 )
 from capwatch.sglang_logs.server_args import ARGS_MARK, MAX_ARGS_CHARS, ServerConfig, UnreadableArgs, read_server_args
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY, STAMP, DayCounter, key_seconds, nearest_day, stamp_unix_s
 from capwatch.sglang_logs.wrappers import LineAssembly, unwrap
 
 ARGS, WINDOW, OVERFLOW = 0, 1, 2  # record kinds; at one time, args come first (a start precedes its lines)
-CHUNK_CHARS = 1 << 22
+CHUNK_BYTES = 1 << 22
 # No SGLang line is this long (its args line is tens of KiB): a longer one (binary, or not a log) is
 # dropped a chunk at a time and counted, so memory stays bounded.
-MAX_LINE_CHARS = 1 << 22
-_BLOCK_CHARS = 1 << 18  # decode lines are read this much at a time
-_SPLIT_MIN_CHARS = 4096  # below this, lines a block's pattern misses are read one by one
+MAX_LINE_BYTES = 1 << 22
+_BLOCK_BYTES = 1 << 18  # decode lines are read this much at a time
+_SPLIT_MIN_BYTES = 4096  # below this, lines a block's pattern misses are read one by one
 _LOOK_BACK_LINES = 64  # an assertion's stamp: the first stamped line above it, this far up
 _EXAMPLES = 3  # lines named per kind of problem
 _DAYS = 4096  # days an Unplaced tells apart
@@ -105,15 +107,38 @@ class FileCounts:
                 - self.unstamped.lines)
 
 
-def open_log(path: str) -> tuple[BinaryIO, TextIO]:
-    """(the file on disk, its text) for a plain or gzip log, told by the magic number (rotated logs
+_ARGS = ARGS_MARK.encode()
+_OVERFLOW = OVERFLOW_MARK.encode()
+_DECODE = DECODE_MARK.encode()
+
+
+def open_log(path: str) -> tuple[BinaryIO, BinaryIO]:
+    """(the file on disk, its content) for a plain or gzip log, told by the magic number (rotated logs
     are renamed freely). The file's position tells how far the reading got, compressed or not."""
     raw = open(path, "rb")
     if raw.read(2) == b"\x1f\x8b":
         raw.seek(0)
-        return raw, io.TextIOWrapper(gzip.GzipFile(fileobj=raw), encoding="utf-8", errors="replace")
+        return raw, gzip.GzipFile(fileobj=raw)
     raw.seek(0)
-    return raw, io.TextIOWrapper(raw, encoding="utf-8", errors="replace")
+    return raw, raw
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _read_into(content: BinaryIO, buffer: bytearray, start: int) -> int:
+    """Fill ``buffer`` from ``start`` (a gzip stream returns a little at a time); the end of what was read."""
+    view = memoryview(buffer)
+    try:
+        while start < len(buffer):
+            got = content.readinto(view[start:])
+            if not got:
+                break
+            start += got
+    finally:
+        view.release()
+    return start
 
 
 class LogFile:
@@ -125,21 +150,21 @@ class LogFile:
     """
 
     def __init__(self, path: str, index: int, name: str, window_s: float, *, identities: bool = False,
-                 chunk_chars: int = CHUNK_CHARS) -> None:
+                 chunk_bytes: int = CHUNK_BYTES) -> None:
         self.path = path
         self.index = index
         self.name = name
         self.window_s = window_s
         self.identities = identities
-        self.chunk_chars = chunk_chars
+        self.chunk_bytes = chunk_bytes
         self.counts = FileCounts()
         self.position = 0  # bytes read on disk (compressed for .gz): the progress bar's measure
         self._by_second = window_s % 60 != 0
         self._template: Template | None = None
         self._pattern = None
-        self._getters = (itemgetter(1), itemgetter(2), itemgetter(3), itemgetter(0)) if identities else \
-            (itemgetter(0), itemgetter(1), itemgetter(2), None)
-        self._key_cache: dict[str, int | None] = {}
+        self._getters = (itemgetter(1), itemgetter(2), itemgetter(0)) if identities else \
+            (itemgetter(0), itemgetter(1), None)
+        self._key_cache: dict[bytes, int | None] = {}
         self._days = DayCounter()
         self._last_index: int | None = None  # the window of the last stamped line read
         self._line_base = 0  # lines before the current chunk
@@ -150,35 +175,43 @@ class LogFile:
 
     # -- the file ------------------------------------------------------------------------------------------
     def records(self) -> Iterator[tuple]:
-        raw, text = open_log(self.path)
-        with raw, text:
-            carry = ""
+        raw, content = open_log(self.path)
+        with raw, content:
+            carry = b""
             while True:
-                chunk = text.read(self.chunk_chars)
-                if not chunk:
+                # read straight into the buffer the patterns run over (after a newline and the carried part of
+                # a line): no copy of the chunk
+                buffer = bytearray(1 + len(carry) + self.chunk_bytes)
+                buffer[0:1 + len(carry)] = b"\n" + carry
+                filled = _read_into(content, buffer, 1 + len(carry))
+                if filled == 1 + len(carry):
                     break
-                cut = chunk.rfind("\n") + 1
-                if cut == 0:  # no line ends in this chunk
-                    carry += chunk
-                    if len(carry) > MAX_LINE_CHARS:
-                        carry = self._drop_long_line(text, chunk)
+                last = buffer.rfind(b"\n", 1 + len(carry), filled)
+                if last < 0:  # no line ends in this chunk
+                    carry = bytes(buffer[1:filled])
+                    if len(carry) > MAX_LINE_BYTES:
+                        carry = self._drop_long_line(content)
                     continue
-                block, carry = carry + chunk[:cut], chunk[cut:]
+                records = self._chunk(buffer, last + 1)
+                carry = bytes(buffer[last + 1:filled])
+                del buffer  # a suspended file keeps its records, not its text
                 self.position = raw.tell()
-                yield from self._chunk(block)
+                yield from records
             if carry:
-                yield from self._chunk(carry + "\n")
+                text = b"\n" + carry + b"\n"
+                yield from self._chunk(text, len(text))
             self.position = raw.tell()
         yield from self._end()
 
-    def _drop_long_line(self, text: TextIO, chunk: str) -> str:
+    def _drop_long_line(self, content: BinaryIO) -> bytes:
         """Skip the rest of an over-long line without keeping it; count it as one unusable line."""
         self.counts.lines += 1
-        self._unusable(f"a line of more than {MAX_LINE_CHARS:,} characters (not a log line)", self._line_base + 1)
+        self._unusable(f"a line of more than {MAX_LINE_BYTES:,} bytes (not a log line)", self._line_base + 1)
         self._line_base += 1
-        while chunk and "\n" not in chunk:
-            chunk = text.read(self.chunk_chars)
-        return chunk[chunk.find("\n") + 1:] if chunk else ""
+        while chunk := content.read(self.chunk_bytes):
+            if b"\n" in chunk:
+                return chunk[chunk.find(b"\n") + 1:]
+        return b""
 
     def _end(self) -> Iterator[tuple]:
         if self._assembly is not None:  # the file ends inside a split line
@@ -187,34 +220,33 @@ class LogFile:
             yield from specials
 
     # -- a chunk of whole lines ----------------------------------------------------------------------------
-    def _chunk(self, block: str) -> list[tuple]:
-        text = "\n" + block  # every line, the first too, follows a newline
-        lines = block.count("\n")
+    def _chunk(self, text: bytes | bytearray, end: int) -> list[tuple]:
+        """The whole lines of ``text[1:end]`` (``text[0]`` is a newline: every line, the first too, follows one)."""
+        lines = text.count(b"\n", 1, end)
         self.counts.lines += lines
         self._cursor = (0, self._line_base)
         windows: dict[int, list] = {}
         specials: list[tuple] = []
         position = 1
         if self._assembly is not None:
-            position = self._continue_assembly(text, position, specials)
-        next_args = text.find(ARGS_MARK, position)
-        next_overflow = text.find(OVERFLOW_MARK, position)
-        end = len(text)
+            position = self._continue_assembly(text, position, end, specials)
+        next_args = text.find(_ARGS, position, end)
+        next_overflow = text.find(_OVERFLOW, position, end)
         while position < end:
             marks = [at for at in (next_args, next_overflow) if at >= 0]
             if not marks:
                 self._decode_span(text, position, end, windows)
                 break
             at = min(marks)
-            line_start = text.rfind("\n", 0, at) + 1
+            line_start = text.rfind(b"\n", 0, at) + 1
             if line_start > position:
                 self._decode_span(text, position, line_start, windows)
-            line_end = text.find("\n", at)
-            position = self._special(text, line_start, line_end, windows, specials)
+            line_end = text.find(b"\n", at)
+            position = self._special(text, line_start, line_end, end, windows, specials)
             if 0 <= next_args < position:
-                next_args = text.find(ARGS_MARK, position)
+                next_args = text.find(_ARGS, position, end)
             if 0 <= next_overflow < position:
-                next_overflow = text.find(OVERFLOW_MARK, position)
+                next_overflow = text.find(_OVERFLOW, position, end)
         self._line_base += lines
         window_s = self.window_s
         records = [(index * window_s, WINDOW, self.index, index, *window) for index, window in windows.items()]
@@ -222,70 +254,74 @@ class LogFile:
         records.sort(key=itemgetter(0, 1))
         return records
 
-    def _line_at(self, text: str, position: int) -> int:
+    def _line_at(self, text: bytes, position: int) -> int:
         """The line number (1-based, in the file) of the line at ``position`` in this chunk's text."""
         at, line = self._cursor
         if position < at:
             at, line = 0, self._line_base
-        line += text.count("\n", at, position)
+        line += text.count(b"\n", at, position)
         self._cursor = (position, line)
         return line
 
     # -- decode lines --------------------------------------------------------------------------------------
-    def _decode_span(self, text: str, start: int, end: int, windows: dict) -> None:
+    def _decode_span(self, text: bytes, start: int, end: int, windows: dict) -> None:
         while start < end:
-            cut = end if end - start <= _BLOCK_CHARS else text.find("\n", start + _BLOCK_CHARS, end) + 1 or end
+            cut = end if end - start <= _BLOCK_BYTES else text.find(b"\n", start + _BLOCK_BYTES, end) + 1 or end
             self._decode_block(text, start, cut, windows)
             start = cut
 
-    def _decode_block(self, text: str, start: int, end: int, windows: dict) -> None:
-        mentions = text.count(DECODE_MARK, start, end)
-        if not mentions:
-            return
-        if self._pattern is not None:
-            items = self._pattern.findall(text, start - 1, end)  # the newline before the first line too
-            if len(items) == mentions:
-                self._take(items, text, start, windows)
+    def _decode_block(self, text: bytes, start: int, end: int, windows: dict) -> None:
+        while start < end:
+            mentions = text.count(_DECODE, start, end)
+            if not mentions:
                 return
-            if items and end - start > _SPLIT_MIN_CHARS:
-                middle = text.find("\n", (start + end) // 2, end) + 1
-                if start < middle < end:
-                    self._decode_block(text, start, middle, windows)
-                    self._decode_block(text, middle, end, windows)
+            if self._pattern is not None:
+                items = self._pattern.findall(text, start - 1, end)  # the newline before the first line too
+                if len(items) == mentions:
+                    self._take(items, text, start, end, windows)
                     return
-        self._read_one_by_one(text, start, end, windows)
+                if items and end - start > _SPLIT_MIN_BYTES:
+                    middle = text.find(b"\n", (start + end) // 2, end) + 1
+                    if start < middle < end:
+                        self._decode_block(text, start, middle, windows)
+                        self._decode_block(text, middle, end, windows)
+                        return
+            start = self._read_one_by_one(text, start, end, windows)
 
-    def _take(self, items: list[tuple], text: str, start: int, windows: dict) -> None:
-        """The fast pattern's matches, in file order: one max per window key (C-level per group)."""
-        key_of, tags_of, running_of, identity_of = self._getters
+    def _take(self, items: list[tuple], text: bytes, start: int, end: int, windows: dict) -> None:
+        """The fast pattern's matches, in file order: one max per window key (C-level per group); the tags
+        only of a line that sets a window's peak."""
+        key_of, running_of, identity_of = self._getters
         used = len(items)
+        cursor = start
         for key, grouped in groupby(items, key_of):
             group = list(grouped)
             index = self._key_index(key)
-            running = list(map(int, map(running_of, group)))
-            peak = max(running)
+            peak = max(map(int, map(running_of, group)))
             if index is None:
                 self.counts.unstamped.add(len(group), None, peak, 0,
-                                          f"{self.name}: the timestamp {key!r} is not a real time")
+                                          f"{self.name}: the timestamp {_text(key)!r} is not a real time")
                 used -= len(group)
                 continue
             window = windows.get(index)
             if window is None:
-                window = windows[index] = [peak, tags_of(group[running.index(peak)]), 0,
-                                           Counter() if identity_of else None, f"lines stamped {key}"]
+                tags, cursor = peak_line_tags(text, cursor, end, key, peak)
+                window = windows[index] = [peak, tags, 0, Counter() if identity_of else None,
+                                           f"lines stamped {_text(key)}"]
             elif peak > window[0]:
-                window[0], window[1] = peak, tags_of(group[running.index(peak)])
+                window[1], cursor = peak_line_tags(text, cursor, end, key, peak)
+                window[0] = peak
             window[2] += len(group)
             if identity_of is not None:
                 window[3].update(map(hash, map(identity_of, group)))
             self._last_index = index
         self.counts.decode += used
 
-    def _key_index(self, key: str) -> int | None:
+    def _key_index(self, key: bytes) -> int | None:
         cache = self._key_cache
         if key in cache:
             return cache[key]
-        day, second = key_seconds(key)
+        day, second = key_seconds(_text(key))
         if second is None:
             return None
         if len(key) <= 8:  # time only: the day depends on the lines before, so it is not cached
@@ -297,29 +333,32 @@ class LogFile:
         index = cache[key] = int((day * SECONDS_PER_DAY + second) // self.window_s)
         return index
 
-    def _read_one_by_one(self, text: str, start: int, end: int, windows: dict) -> None:
-        """The general parser, line by line: the lines no fast pattern reads. A line of a new shape
-        teaches the file its template, so the next block can go fast again."""
+    def _read_one_by_one(self, text: bytes, start: int, end: int, windows: dict) -> int:
+        """The general parser, line by line: the lines no fast pattern reads, up to one of a new shape, which
+        teaches the file its template (the rest of the block then goes fast again). Where it stopped."""
         position = start
         while True:
-            at = text.find(DECODE_MARK, position, end)
+            at = text.find(_DECODE, position, end)
             if at < 0:
-                return
-            line_start = text.rfind("\n", 0, at) + 1
-            line_end = text.find("\n", at)
-            self._decode_line(text, line_start, line_end, windows)
+                return end
+            line_start = text.rfind(b"\n", 0, at) + 1
+            line_end = text.find(b"\n", at)
+            learned = self._decode_line(text, line_start, line_end, windows)
             position = line_end + 1
+            if learned:
+                return position
 
-    def _decode_line(self, text: str, line_start: int, line_end: int, windows: dict) -> None:
-        raw = text[line_start:line_end]
+    def _decode_line(self, text: bytes, line_start: int, line_end: int, windows: dict) -> bool:
+        """One decode line by the general parser; True when it taught the file a new template."""
+        raw = _text(text[line_start:line_end])
         line = self._line_at(text, line_start)
         parsed = parse_decode_line(raw)
         if isinstance(parsed, str):
             self._unusable(parsed, line)
-            return
+            return False
         if isinstance(parsed, Unstamped):
             self.counts.unstamped.add(1, None, parsed.running, 0, f"{self.name}:{line}: {parsed.why}")
-            return
+            return False
         day = parsed.day
         if day is None:
             self.counts.undated = True
@@ -335,17 +374,19 @@ class LogFile:
             window[0], window[1] = parsed.running, parsed.tags
         window[2] += 1
         if self.identities:
-            window[3][hash(raw[parsed.identity_start:])] += 1
+            window[3][hash(raw[parsed.identity_start:].encode())] += 1
         self.counts.decode += 1
         self._last_index = index
         if parsed.template is not None and parsed.template != self._template:
             self._template = parsed.template
             self._pattern = fast_pattern(parsed.template, self._by_second, self.identities)
+            return True
+        return False
 
     # -- the rare lines ------------------------------------------------------------------------------------
-    def _special(self, text: str, line_start: int, line_end: int, windows: dict, specials: list) -> int:
+    def _special(self, text: bytes, line_start: int, line_end: int, end: int, windows: dict, specials: list) -> int:
         """A line with an args or overflow mark; returns where reading goes on."""
-        raw = text[line_start:line_end]
+        raw = _text(text[line_start:line_end])
         if ARGS_MARK in raw:
             content = unwrap(raw)
             candidate = args_candidate(content.text)
@@ -353,7 +394,7 @@ class LogFile:
                 line = self._line_at(text, line_start)
                 if content.partial:  # a runtime split the long line: join its parts first
                     self._assembly, self._assembly_line = LineAssembly(content, MAX_ARGS_CHARS), line
-                    return self._continue_assembly(text, line_end + 1, specials)
+                    return self._continue_assembly(text, line_end + 1, end, specials)
                 self._args(content.text, candidate, content.outer_time, line, specials)
                 return line_end + 1
         if OVERFLOW_MARK in raw:
@@ -373,12 +414,11 @@ class LogFile:
                                   "other text (a logged request?), not SGLang's start-up line")
         return line_end + 1
 
-    def _continue_assembly(self, text: str, position: int, specials: list) -> int:
+    def _continue_assembly(self, text: bytes, position: int, end: int, specials: list) -> int:
         assembly = self._assembly
-        end = len(text)
         while position < end:
-            line_end = text.find("\n", position)
-            piece = unwrap(text[position:line_end])
+            line_end = text.find(b"\n", position)
+            piece = unwrap(_text(text[position:line_end]))
             position = line_end + 1
             if not assembly.continues_with(piece):
                 continue  # the other stream's line, between two parts: counted as a skipped line
@@ -424,7 +464,7 @@ class LogFile:
         self.counts.args_unread += 1
         self._example("args", f"{self.name}:{line}: {why}")
 
-    def _overflow(self, overflow: Overflow, text: str, line_start: int, raw: str, specials: list) -> None:
+    def _overflow(self, overflow: Overflow, text: bytes, line_start: int, raw: str, specials: list) -> None:
         """The assertion ends a traceback, which SGLang logs as one record: its window is the one of the
         record's first (stamped) line above it, else of the last stamped line read."""
         line = self._line_at(text, line_start)
@@ -441,13 +481,13 @@ class LogFile:
         specials.append((index * self.window_s, OVERFLOW, self.index, index, needed, overflow.cap, tags,
                          f"line {line}"))
 
-    def _stamp_above(self, text: str, line_start: int) -> tuple[int | None, str]:
+    def _stamp_above(self, text: bytes, line_start: int) -> tuple[int | None, str]:
         end = line_start - 1
         for _ in range(_LOOK_BACK_LINES):
             if end <= 0:
                 break
-            start = text.rfind("\n", 0, end) + 1
-            content = unwrap(text[start:end])
+            start = text.rfind(b"\n", 0, end) + 1
+            content = unwrap(_text(text[start:end]))
             stamp = STAMP.search(content.text, 0, 64)
             if stamp is not None:
                 seconds = self._match_seconds(stamp, content.outer_time)

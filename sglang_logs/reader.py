@@ -19,11 +19,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from capwatch.sglang_logs.log_file import CHUNK_CHARS, LogFile, Unplaced
+from capwatch.sglang_logs.log_file import CHUNK_BYTES, LogFile, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.timeline import Segment, Timeline
 
-_MEMORY_FOR_CHUNKS = 1 << 26  # characters of chunks held at once, all files together (each at least 256 Ki)
+_MEMORY_FOR_CHUNKS = 1 << 26  # bytes of chunks, all files together (each at least 256 KiB, at most 4 MiB)
 _PROGRESS_EVERY = 64  # records between two progress calls
 
 
@@ -61,14 +61,14 @@ def identity(config: ServerConfig) -> ServerConfig:
 def read_logs(paths: list[str], *, window_s: float = 60.0, half_life_s: float = 86_400.0, bump_factor: float = 1.2,
               bump_min_tokens: int = 16, cap: int | None = None, fallback: ServerConfig | None = None,
               configure: Callable[[ServerConfig], ServerConfig] = identity,
-              progress: Callable[[int], None] | None = None, chunk_chars: int | None = None) -> LogRead:
+              progress: Callable[[int], None] | None = None, chunk_bytes: int | None = None) -> LogRead:
     """Read every file into one timeline. ``cap``: the cap the server runs with (else each configuration's
     SGLang default, or what its overflow assertions show); ``fallback``: the configuration of lines before
     any start-up line (from flags); ``configure``: flags applied to every configuration read; ``progress``
-    gets the bytes read so far (on disk: compressed bytes for .gz); ``chunk_chars``: characters read at a time
-    per file (default: 64 Mi shared by the files, between 256 Ki and 4 Mi each)."""
-    chunk_chars = chunk_chars or max(1 << 18, min(CHUNK_CHARS, _MEMORY_FOR_CHUNKS // max(1, len(paths))))
-    files = [LogFile(path, index, path, window_s, identities=len(paths) > 1, chunk_chars=chunk_chars)
+    gets the bytes read so far (on disk: compressed bytes for .gz); ``chunk_bytes``: read at a time per file
+    (default: 64 MiB shared by the files, between 256 KiB and 4 MiB each)."""
+    chunk_bytes = chunk_bytes or max(1 << 18, min(CHUNK_BYTES, _MEMORY_FOR_CHUNKS // max(1, len(paths))))
+    files = [LogFile(path, index, path, window_s, identities=len(paths) > 1, chunk_bytes=chunk_bytes)
              for index, path in enumerate(paths)]
     timeline = Timeline(window_s, half_life_s, (bump_factor, bump_min_tokens), cap=cap, fallback=fallback,
                         configure=configure, names=paths)

@@ -193,7 +193,7 @@ def test_a_log_with_many_chunks_reads_like_one_chunk(tmp_path):
     lines, _, _ = format_log(sg.FORMATS[0], minutes=20)
     path = write(tmp_path / "c.log", lines)
     whole = read([path], cap=4096)
-    small = [record for record in LogFile(path, 0, path, 60.0, chunk_chars=4096).records()]
+    small = [record for record in LogFile(path, 0, path, 60.0, chunk_bytes=4096).records()]
     big = [record for record in LogFile(path, 0, path, 60.0).records()]
 
     def windows(records):

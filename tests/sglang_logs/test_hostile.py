@@ -7,7 +7,7 @@ import json
 import random
 
 import pytest
-from capwatch.sglang_logs.log_file import MAX_LINE_CHARS
+from capwatch.sglang_logs.log_file import MAX_LINE_BYTES
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -71,7 +71,7 @@ def test_a_100_mb_line_and_binary_garbage_are_read_in_bounded_memory(tmp_path):
     advice = json.loads(stdout)
     assert advice["max_peak_runtime_tokens"] == 100
     assert "unusable line(s) skipped" in advice["reasons"][0]
-    assert f"more than {MAX_LINE_CHARS:,}" in advice["reasons"][0]
+    assert f"more than {MAX_LINE_BYTES:,}" in advice["reasons"][0]
 
 
 @pytest.mark.parametrize("megabytes, counted", [(15, "unusable line(s) skipped"), (2, "server_args= line(s) not read")])
