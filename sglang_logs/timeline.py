@@ -260,8 +260,15 @@ class Timeline:
             del self._change_times[:drop], self._change_segments[:drop]
 
     def _configuration_at(self, seconds: float) -> Segment | None:
-        at = bisect_right(self._change_times, seconds) - 1
-        return self._change_segments[at] if at >= 0 else self._fallback
+        """The configuration of the window starting at ``seconds``: the last start at or before it; else the
+        flags'; else the first start within the window (a log that begins with its start-up line)."""
+        times = self._change_times
+        at = bisect_right(times, seconds) - 1
+        if at >= 0:
+            return self._change_segments[at]
+        if self._fallback is None and times and times[0] < seconds + self.window_s:
+            return self._change_segments[0]
+        return self._fallback
 
     def _fold(self, index: int, window: _Window) -> None:
         self._collapse(window)

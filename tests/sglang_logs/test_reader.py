@@ -99,7 +99,7 @@ def test_rotated_and_gzipped_files_read_as_one_log_in_any_order(tmp_path):
 
 
 def test_unusable_lines_are_counted_never_fatal(tmp_path):
-    lines = [sg.line(T0 - 60, sg.decode_message(5), rank(0))]  # before any args line: no configuration
+    lines = [sg.line(T0 - 120, sg.decode_message(5), rank(0))]  # a window before any args line: no configuration
     lines += LOG.start(T0 - 30) + ["garbage \x00 line", sg.line(T0, "Prefill batch, #new-seq: 1, #new-token: 10")]
     lines += decode_lines(LOG, traffic(20, lambda m, s, d: 64))
     lines += [sg.line(T0 + 5, "Decode batch, #running-req: oops, #token: 1")[:60],  # truncated, not a number
@@ -140,3 +140,10 @@ def test_any_mix_of_lines_is_read_without_error_and_every_line_is_counted_once(t
     assert result.lines == len(lines)
     assert every_line_counted_once(result)
     assert result.decode_lines == 3 * 30 * DP
+
+
+def test_a_log_that_begins_with_its_start_up_line_uses_it_from_the_first_window(tmp_path):
+    """A server that starts and decodes within one minute: the start's window is its configuration's."""
+    lines = LOG.start(T0 + 10) + decode_lines(LOG, traffic(3, lambda m, s, d: 7 + m, start_s=T0 + 20))
+    result = read([write(tmp_path / "quick.log", lines)])
+    assert result.unplaced_lines == 0 and result.segments[0].history.max_peak_runtime_tokens == 9
