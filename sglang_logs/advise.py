@@ -27,6 +27,7 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
+from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
@@ -156,8 +157,7 @@ def _latest_with_data(read: LogRead, paths: list[str], flags: ServerFlags) -> Se
     if with_data:
         return max(with_data, key=lambda segment: segment.last_unix_s)
     where = ", ".join(paths)
-    unplaced = {unplaced.why: unplaced for unplaced in read.unplaced}
-    unconfigured = next((item for why, item in unplaced.items() if why.startswith("before any start-up")), None)
+    unconfigured = next((item for item in read.unplaced if item.kind == UNCONFIGURED), None)
     if unconfigured is not None and unconfigured.lines:
         if read.args_unread and not read.args_lines:
             raise LogError(f"{read.examples['args'][0]}; to advise from the decode lines alone pass "
@@ -214,15 +214,15 @@ def _refuse_if_unplaced_lines_matter(read: LogRead, segment: Segment, peak: int)
     since = segment.first_start_s if segment.first_start_s is not None else -math.inf
     since_day = since // SECONDS_PER_DAY if math.isfinite(since) else -math.inf
     for unplaced in read.unplaced:
-        if unplaced.why.startswith("before any start-up") and not segment.from_flags:
+        if unplaced.kind == UNCONFIGURED and not segment.from_flags:
             continue  # before the first start: another configuration's lines
         found = unplaced.highest(since_day, segment.config.tokens_per_request)
         if found is not None and found[0] > peak:
             tokens, where = found
             what = ("give the files separately, in any order (they are merged by time), rather than one file "
-                    "concatenated out of order" if unplaced.why.startswith("older") else
+                    "concatenated out of order" if unplaced.kind == LATE else
                     "fix or remove the line(s): capwatch cannot tell when they were written"
-                    if "timestamp" in unplaced.why else "give the start-up line, or the flags")
+                    if unplaced.kind == UNSTAMPED else "give the start-up line, or the flags")
             raise LogError(f"{unplaced.lines:,} decode/overflow line(s) were read but could not be placed "
                            f"({unplaced.why}); one needs {tokens:,} tokens per rank, above the {peak:,} the advice "
                            f"saw, so the advice could be too low ({where}): {what}")
@@ -262,6 +262,10 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
         text += f"; {read.unusable_lines:,} unusable line(s) skipped (e.g. {read.examples['unusable'][0]})"
     if read.args_unread:
         text += f"; {read.args_unread:,} server_args= line(s) not read (e.g. {read.examples['args'][0]})"
+    if read.late_starts:
+        text += f"; {read.late_starts:,} start-up line(s) older than the windows already placed ignored"
+    if read.dropped_configurations:
+        text += f"; {read.dropped_configurations:,} older configuration(s) let go (more than 64)"
     if segment.dp_peak_tokens and len(segment.dp_peak_tokens) > 1:
         hot = max(segment.dp_peak_tokens, key=segment.dp_peak_tokens.get)
         text += f"; DP rank {hot} drives the peak ({segment.dp_peak_tokens[hot]} tokens)"

@@ -42,6 +42,7 @@ from capwatch.sglang_logs.stamps import SECONDS_PER_DAY, STAMP, DayCounter, key_
 from capwatch.sglang_logs.wrappers import LineAssembly, unwrap
 
 ARGS, WINDOW, OVERFLOW = 0, 1, 2  # record kinds; at one time, args come first (a start precedes its lines)
+LATE, UNCONFIGURED, UNSTAMPED = "late", "unconfigured", "unstamped"  # why a line read was not placed
 CHUNK_BYTES = 1 << 22
 # No SGLang line is this long (its args line is tens of KiB): a longer one (binary, or not a log) is
 # dropped a chunk at a time and counted, so memory stays bounded.
@@ -60,6 +61,7 @@ class Unplaced:
     advice can tell whether any of them could have changed it. Bounded: past ``_DAYS`` days, the rest
     share one bucket of unknown day (compared against every configuration)."""
 
+    kind: str  # LATE, UNCONFIGURED or UNSTAMPED
     why: str
     lines: int = 0
     by_day: dict[int | None, list] = field(default_factory=dict)  # day -> [max #running-req, max tokens, where]
@@ -96,7 +98,7 @@ class FileCounts:
     args_unread: int = 0  # mention server_args= but are no start-up line that reads
     overflow: int = 0
     unusable: int = 0  # look like a decode or overflow line but do not read (number, length)
-    unstamped: Unplaced = field(default_factory=lambda: Unplaced("no usable timestamp"))  # decode lines
+    unstamped: Unplaced = field(default_factory=lambda: Unplaced(UNSTAMPED, "no usable timestamp"))  # decode lines
     examples: dict[str, list[str]] = field(default_factory=dict)  # kind -> first few "file:line: why"
     dated: bool = False
     undated: bool = False  # time-only stamps with no date: days counted from the file's first line

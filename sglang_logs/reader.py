@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from capwatch.sglang_logs.log_file import CHUNK_BYTES, LogFile, Unplaced
+from capwatch.sglang_logs.log_file import CHUNK_BYTES, UNSTAMPED, LogFile, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.timeline import Segment, Timeline
 
@@ -54,13 +54,13 @@ class LogRead:
         return sum(unplaced.lines for unplaced in self.unplaced)
 
 
-def identity(config: ServerConfig) -> ServerConfig:
+def _unchanged(config: ServerConfig) -> ServerConfig:
     return config
 
 
 def read_logs(paths: list[str], *, window_s: float = 60.0, half_life_s: float = 86_400.0, bump_factor: float = 1.2,
               bump_min_tokens: int = 16, cap: int | None = None, fallback: ServerConfig | None = None,
-              configure: Callable[[ServerConfig], ServerConfig] = identity,
+              configure: Callable[[ServerConfig], ServerConfig] = _unchanged,
               progress: Callable[[int], None] | None = None, chunk_bytes: int | None = None) -> LogRead:
     """Read every file into one timeline. ``cap``: the cap the server runs with (else each configuration's
     SGLang default, or what its overflow assertions show); ``fallback``: the configuration of lines before
@@ -84,7 +84,7 @@ def read_logs(paths: list[str], *, window_s: float = 60.0, half_life_s: float = 
     read = LogRead(placement.segments, files=len(files), decode_lines=placement.decode_lines,
                    duplicate_lines=placement.duplicate_lines, overflow_lines=placement.overflow_lines,
                    late_starts=placement.late_starts, dropped_configurations=placement.dropped_configurations)
-    unstamped = Unplaced(files[0].counts.unstamped.why if files else "no usable timestamp")
+    unstamped = Unplaced(UNSTAMPED, "no usable timestamp")
     for file in files:
         counts = file.counts
         read.lines += counts.lines

@@ -32,7 +32,7 @@ from operator import itemgetter, or_
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sglang_logs.line_shapes import dp_rank
-from capwatch.sglang_logs.log_file import ARGS, WINDOW, Unplaced
+from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 
@@ -97,8 +97,9 @@ class Placement:
     overflow_lines: int = 0
     duplicate_lines: int = 0  # decode and overflow lines already read in another file
     late: Unplaced = field(default_factory=lambda: Unplaced(
-        f"older than lines before it by more than {REORDER_S // 3600} h"))
-    unconfigured: Unplaced = field(default_factory=lambda: Unplaced("before any start-up line (no flags)"))
+        LATE, f"older than lines before it by more than {REORDER_S // 3600} h"))
+    unconfigured: Unplaced = field(default_factory=lambda: Unplaced(
+        UNCONFIGURED, "before any start-up line (no flags)"))
     late_starts: int = 0  # start-up lines older than the placed windows: ignored
     dropped_configurations: int = 0
 

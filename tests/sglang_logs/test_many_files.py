@@ -100,7 +100,7 @@ def test_lines_older_than_the_reorder_window_are_named_and_stop_the_advice_when_
     lines = LOG.start(T0 - 30) + decode_lines(LOG, recent) + decode_lines(LOG, late)
     path = write(tmp_path / "cat.log", lines)
     result = read([path])
-    assert result.unplaced_lines == len(late) and result.unplaced[0].why.startswith("older than lines before it")
+    assert result.unplaced_lines == len(late) and result.unplaced[0].kind == "late"
     assert result.segments[0].history.max_peak_runtime_tokens == 100
     refused = advise("--sglang-log", path)
     assert refused.returncode == 2 and not refused.stdout, refused.stderr

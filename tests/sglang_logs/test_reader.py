@@ -107,7 +107,7 @@ def test_unusable_lines_are_counted_never_fatal(tmp_path):
               "runtime_max_tokens_per_rank=x"]
     result = read([write(tmp_path / "dirty.log", lines)])
     assert result.unusable_lines == 2 and result.skipped_lines == 2 and result.unplaced_lines == 1
-    assert result.unplaced[0].why.startswith("before any start-up line")
+    assert result.unplaced[0].kind == "unconfigured"
     assert result.segments[0].history.max_peak_runtime_tokens == 64
     assert result.examples["unusable"][0].startswith(str(tmp_path / "dirty.log") + ":")
 
