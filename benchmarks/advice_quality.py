@@ -17,7 +17,10 @@ decoding with 3 draft tokens, a rare large burst that the test day exceeds, and 
 (growth, daily bursts, speculative decoding, a unified server whose floor binds, a PD decode server, a hot
 DP rank, a regime change), scored on day 8: overflowing windows and bytes against the oracle (the smallest
 aligned cap with no overflow that day, never below SGLang's floor), static 4096 / KRR / VPA / capwatch.
-Goal: zero day-8 overflows at <= 1.25x the oracle's bytes. ``python -m benchmarks advice_quality [--quick] [--json]``.
+Goal: zero day-8 overflows at <= 1.25x the oracle's bytes. ``short_histories``: the same for growth seen over
+3 days (+20 %/day) and 4 days (+10 %/day) only, scored on the next day: too few daily peaks for their trend,
+so the hourly peaks' (each hour against the same hour on the other days) must find it.
+``python -m benchmarks advice_quality [--quick] [--json]``.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from capwatch.service.advisor.recommend import recommend
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
-from benchmarks.advice_suites import run_suites
+from benchmarks.advice_suites import SHORT_SUITES, run_suites
 from capwatch.demo.workload import WorkloadSpec, generate_token_counts, runtime_max_tokens
 
 EP_SIZE = 8
@@ -144,6 +147,7 @@ def run(quick: bool = False) -> dict:
         for policy, totals in summary.items()
     }
     multi_day = run_suites(quick)
+    short = run_suites(quick, SHORT_SUITES)
     columns = ("trace", "policy", "cap", "action", "train_peak_r", "test_peak_r", "overflow_steps",
                "overflow_step_rate", "workspace_gib_per_rank", "workspace_vs_static")
     return {
@@ -152,11 +156,13 @@ def run(quick: bool = False) -> dict:
         "test_steps_per_trace": next(iter(scenarios(quick).values()))[1].steps,
         "policies": policies,
         "multi_day": {key: value for key, value in multi_day.items() if key != "rows"},
+        "short_histories": {key: value for key, value in short.items() if key != "rows"},
         "seconds": round(time.perf_counter() - started, 2),
         "tables": {
             "per trace (fit on 3 days, then the next day)":
                 [{column: row[column] for column in columns} for rows in results.values() for row in rows],
             "multi-day suites (fit on 7 days, scored on day 8)": multi_day["rows"],
+            "short histories (fit on 3 or 4 days of growth, scored on the next day)": short["rows"],
         },
     }
 

@@ -1,4 +1,5 @@
-"""Multi-day suites for ``advice_quality``: a week of one-minute windows, scored on the following day.
+"""Multi-day suites for ``advice_quality``: a week of one-minute windows, scored on the following day; and
+short histories (3 and 4 days of growth, what operators often keep of their logs), scored on the next day.
 
 Each suite is a week (7 days) of an EP group's window peaks at SGLang's real clock (60 s windows, 8 DP
 ranks), generated at window level: per rank, the largest of the ~20 decode steps the window holds is
@@ -63,6 +64,7 @@ class Suite:
     regime_day: int | None = None  # from this day on the level is x regime_factor
     regime_factor: float = 1.0
     trough: float = 0.35  # the diurnal low over the high
+    train_days: int = TRAIN_DAYS  # days the policies fit on; the next one is scored
 
     @property
     def tokens_per_request(self) -> int:
@@ -88,6 +90,11 @@ SUITES = (
     Suite("PD decode server, diurnal", 1200, _pd_decode(512)),
     Suite("hot DP rank x1.8 (PD decode)", 700, _pd_decode(512), hot_rank_share=1.8),
     Suite("regime change x1.8 on day 5 (PD decode)", 700, _pd_decode(512), regime_day=4, regime_factor=1.8),
+)
+# Growth seen over a few days only: too few daily peaks for their trend; the hourly peaks' must find it.
+SHORT_SUITES = (
+    Suite("growth 20 %/day, 3 days kept (PD decode)", 600, _pd_decode(512), growth_per_day=0.20, train_days=3),
+    Suite("growth 10 %/day, 4 days kept (PD decode)", 700, _pd_decode(512), growth_per_day=0.10, train_days=4),
 )
 
 
@@ -135,8 +142,8 @@ def capwatch_cap(suite: Suite, train: list[int], policy: AdvisorPolicy) -> tuple
 
 
 def score(suite: Suite, seed: int, policy: AdvisorPolicy) -> list[dict]:
-    peaks = window_peaks(suite, TRAIN_DAYS + 1, seed)
-    train, test = peaks[:TRAIN_DAYS * DAY_WINDOWS], peaks[TRAIN_DAYS * DAY_WINDOWS:]
+    peaks = window_peaks(suite, suite.train_days + 1, seed)
+    train, test = peaks[:suite.train_days * DAY_WINDOWS], peaks[suite.train_days * DAY_WINDOWS:]
     floor = deployment_floor(suite.limits, None)
     floor_tokens = floor.tokens if floor else 0
     oracle = max(floor_tokens, CAP_ALIGNMENT, align_up(max(test)))
@@ -151,7 +158,7 @@ def score(suite: Suite, seed: int, policy: AdvisorPolicy) -> list[dict]:
     for name, (cap, action) in caps.items():
         rows.append({
             "suite": suite.name, "seed": seed, "policy": name, "cap": cap, "action": action,
-            "oracle_cap": oracle, "floor": floor_tokens, "week_peak_r": max(train), "day8_peak_r": max(test),
+            "oracle_cap": oracle, "floor": floor_tokens, "train_peak_r": max(train), "scored_day_peak_r": max(test),
             "starts": cap >= floor_tokens, "overflow_windows": sum(r > cap for r in test),
             "bytes_vs_oracle": round(PRICING.bytes_per_rank(cap) / oracle_bytes, 3),
         })
@@ -166,10 +173,10 @@ class Totals:
     bytes_vs_oracle: list[float] = field(default_factory=list)
 
 
-def run_suites(quick: bool) -> dict:
+def run_suites(quick: bool, suites: tuple[Suite, ...] = SUITES) -> dict:
     policy = AdvisorPolicy()
     seeds = (1,) if quick else (1, 2, 3)
-    rows = [row for suite in SUITES for seed in seeds for row in score(suite, seed, policy)]
+    rows = [row for suite in suites for seed in seeds for row in score(suite, seed, policy)]
     totals: dict[str, Totals] = {}
     for row in rows:
         total = totals.setdefault(row["policy"], Totals())
@@ -178,22 +185,22 @@ def run_suites(quick: bool) -> dict:
         total.refused_starts += not row["starts"]
         total.bytes_vs_oracle.append(row["bytes_vs_oracle"])
     summary = {
-        name: {"day8_overflow_windows": total.overflow_windows, "scored_days_with_overflow": total.days_with_overflow,
-               "refused_starts": total.refused_starts,
+        name: {"scored_day_overflow_windows": total.overflow_windows,
+               "scored_days_with_overflow": total.days_with_overflow, "refused_starts": total.refused_starts,
                "mean_bytes_vs_oracle": round(sum(total.bytes_vs_oracle) / len(total.bytes_vs_oracle), 3),
                "max_bytes_vs_oracle": max(total.bytes_vs_oracle)}
         for name, total in totals.items()
     }
     ours = summary["capwatch"]
     return {
-        "suites": len(SUITES), "seeds": len(seeds), "scored_days": len(SUITES) * len(seeds),
+        "suites": len(suites), "seeds": len(seeds), "scored_days": len(suites) * len(seeds),
         "geometry": f"{MODEL.name} (H={MODEL.hidden_size}, top-{MODEL.top_k}), bf16, EP {DP_RANKS}, 60 s windows",
         "policies": summary,
         # every scored day within 1.25x, and (weaker) the mean: a day-8 without the week's burst makes
         # any cap sized for the bursts seen look generous against that day's oracle
-        "goal_met_every_day": ours["day8_overflow_windows"] == 0 and ours["max_bytes_vs_oracle"] <= 1.25
+        "goal_met_every_day": ours["scored_day_overflow_windows"] == 0 and ours["max_bytes_vs_oracle"] <= 1.25
                               and ours["refused_starts"] == 0,
-        "goal_met_on_mean": ours["day8_overflow_windows"] == 0 and ours["mean_bytes_vs_oracle"] <= 1.25
+        "goal_met_on_mean": ours["scored_day_overflow_windows"] == 0 and ours["mean_bytes_vs_oracle"] <= 1.25
                             and ours["refused_starts"] == 0,
         "rows": rows,
     }

@@ -1,17 +1,29 @@
-"""A start-up ``server_args={...}`` line -> what the advisor needs, by SGLang 0.5.23's own rules.
+"""A start-up ``server_args=`` line -> what the advisor needs, by SGLang's own rules.
 
-The line is ``logger.info(f"server_args={_server_args_for_logging(server_args)}")``
-(``entrypoints/engine.py``): the repr of ``ServerArgs.resolved_dict()``, resolved values, nested
-records (``cuda_graph_config``) as dicts. The rules below are SGLang's, read from the wheel:
+SGLang logs its resolved arguments once per start, in one of two forms:
 
-- tokens per request per decode/verify step: ``max_speculative_num_draft_tokens() or 1`` with a
-  speculative algorithm, else 1 (``arg_groups/moe_hook.py`` ``_decode_graph_dispatch_tokens_per_rank``);
-- decode graph batch: ``cuda_graph_config.decode.max_bs`` (0 when that backend is ``disabled`` or on a
-  prefill server), at most ``max_running_requests // attn_dp_size``;
+- ``server_args=ServerArgs(model_path='...', tp_size=8, ...)``: ``logger.info(f"{server_args=}")``, the
+  dataclass repr, from every release up to 0.5.18 (nested records such as ``cuda_graph_config`` are reprs
+  too: ``CudaGraphConfig(decode=PhaseConfig(backend='full', max_bs=256, ...), ...)``);
+- ``server_args={'model_path': '...', ...}``: the repr of ``ServerArgs.resolved_dict()`` (0.5.19+;
+  ``entrypoints/engine.py``), nested records as dicts, secrets redacted from 0.5.22.
+
+Both are read by PARSING (``ast.parse``, then a walk that accepts literals, calls with keywords, and
+``inf``/``nan``), never by evaluating. A line is bounded (``MAX_ARGS_CHARS``) before it is parsed, and
+every number that sizes the cap is checked to be plausible, so no input can exhaust memory or end in a
+traceback: anything else is an ``UnreadableArgs`` with one line saying why.
+
+SGLang's rules, read from the wheels:
+
+- tokens per request per decode/verify step: ``speculative_num_draft_tokens`` with a speculative
+  algorithm, else 1 (``arg_groups/moe_hook.py`` ``_decode_graph_dispatch_tokens_per_rank``);
+- decode graph batch: ``cuda_graph_config.decode.max_bs`` (0.5.14+; ``cuda_graph_max_bs`` before), 0 when
+  that backend is ``disabled`` or on a prefill server, at most ``max_running_requests // attn_dp_size``;
 - prefill buffer: ``chunked_prefill_size`` if > 0, grown to ``max(max_prefill_tokens, 1.25 x chunk)`` by
   PP dynamic chunking (``arg_groups/overrides.py`` ``max_prefill_buffer_tokens``);
 - the default cap (the env var unset): ``max(prefill buffer, 4096)``
-  (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``).
+  (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``);
+- ``attn_dp_size`` is in the dict from 0.5.20; before, ``dp_size`` with ``enable_dp_attention``.
 """
 
 from __future__ import annotations
@@ -22,14 +34,22 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.telemetry.report import SGLangLimits
 
 SGLANG_DEFAULT_MIN_CAP = 4096  # overrides.py flashinfer_a2a_max_dispatch_tokens_per_rank
 DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
+ARGS_MARK = "server_args="
+# SGLang's args line is tens of KiB (0.5.23: about 20 KiB for 542 fields); beyond this it is not one.
+MAX_ARGS_CHARS = 1 << 20
+MAX_TOKENS_PER_REQUEST = 1024  # SGLangLimits' bound: no speculative config drafts more per step
+MAX_PARALLEL_SIZE = 1 << 16  # tp/ep/dp sizes: far beyond any cluster
+_MAX_DEPTH = 32  # nesting of records in the args (SGLang's is 3)
 
-# Values whose repr is not a literal (an enum or object's <...>, a float's inf or nan): read as None, so the
-# rest of the dict stays readable. Applied only when the plain literal_eval fails.
-_NON_LITERAL = re.compile(r"<[^<>]*>|(?<![\w'\".])-?(?:inf|nan)(?![\w'\"])")
+# Values whose repr is not Python syntax (an enum's or object's <...>): read as None, so the rest of the
+# args stays readable. Applied only when the plain parse fails.
+_NOT_SYNTAX = re.compile(r"<[^<>\n]{0,512}>")
+_NAMES = {"inf": math.inf, "nan": math.nan, "True": True, "False": False, "None": None}
 
 
 class UnreadableArgs(ValueError):
@@ -44,16 +64,13 @@ class ServerConfig:
     tp_size: int
     ep_size: int
     attn_dp_size: int
-    moe_a2a_backend: str | None
-    limits: SGLangLimits
-    default_cap: int
-    speculative_algorithm: str | None
-    decode_log_interval: int
-    kv_cache_dtype: str | None
-
-    @property
-    def tokens_per_request(self) -> int:
-        return self.limits.tokens_per_request
+    moe_a2a_backend: str | None  # None: the args do not say (a release before the option)
+    tokens_per_request: int
+    limits: SGLangLimits | None  # SGLang's start-up floor inputs; None: unknown (no start-up line)
+    default_cap: int | None  # the cap without the env var; None: unknown
+    speculative_algorithm: str | None = None
+    decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
+    kv_cache_dtype: str | None = None
 
     @property
     def a2a_group_size(self) -> int:
@@ -62,33 +79,79 @@ class ServerConfig:
         return max(self.tp_size, self.ep_size)
 
 
-def parse_args_dict(text: str) -> dict[str, Any]:
-    """The dict after ``server_args=`` (the rest of the line)."""
-    start = text.find("{")
-    if start < 0:
-        raise UnreadableArgs("no '{' after server_args=")
-    body = text[start:].rstrip()
+def shown(text: object, limit: int = 40) -> str:
+    """A value as a message quotes it: a 5,000-digit mistake stays a one-line message."""
+    text = str(text)
+    return repr(text) if len(text) <= limit else repr(text[:limit]) + f"... ({len(text):,} characters)"
+
+
+def parse_args(text: str) -> dict[str, Any]:
+    """The value after ``server_args=`` (the rest of the line): a dict, or a dataclass repr read as one."""
+    body = text.strip()
+    if len(body) > MAX_ARGS_CHARS:
+        raise UnreadableArgs(f"{len(body):,} characters, more than any SGLang args line ({MAX_ARGS_CHARS:,} at most)")
+    if not body.startswith("{") and not re.match(r"[A-Za-z_]\w*\(", body):
+        raise UnreadableArgs(f"{shown(body)} is neither a dict nor a ServerArgs(...) repr")
     try:
-        value = ast.literal_eval(body)
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        try:
-            value = ast.literal_eval(_NON_LITERAL.sub("None", body))
-        except (ValueError, SyntaxError, MemoryError, RecursionError) as error:
-            raise UnreadableArgs(f"not a Python dict literal ({type(error).__name__}: {error})") from None
-    if not isinstance(value, dict):
-        raise UnreadableArgs(f"a {type(value).__name__}, not a dict")
-    return value
+        tree = _parse(body)
+    except UnreadableArgs:
+        tree = _parse(_NOT_SYNTAX.sub("None", body))
+    if not isinstance(tree, (ast.Dict, ast.Call)):
+        raise UnreadableArgs(f"not one dict or ServerArgs(...) repr but a {type(tree).__name__} expression")
+    return _value(tree, 0)
 
 
-def _int(args: dict, key: str, default: int | None = None) -> int | None:
-    value = args.get(key, default)
+def _parse(body: str) -> ast.expr:
+    try:
+        return ast.parse(body, mode="eval").body
+    except (SyntaxError, ValueError, MemoryError, RecursionError, OverflowError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise UnreadableArgs(f"not Python syntax ({shown(reason, 80)})") from None
+
+
+def _value(node: ast.AST, depth: int) -> Any:
+    """A literal, or a record: ``Name(key=value, ...)`` and ``{...}`` both read as dicts. Nothing runs."""
+    if depth > _MAX_DEPTH:
+        raise UnreadableArgs(f"nested deeper than {_MAX_DEPTH} levels")
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Dict):
+        return {key.value: _value(value, depth + 1) for key, value in zip(node.keys, node.values)
+                if isinstance(key, ast.Constant) and isinstance(key.value, (str, int))}
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_value(item, depth + 1) for item in node.elts]
+    if isinstance(node, ast.Call):
+        return {keyword.arg: _value(keyword.value, depth + 1) for keyword in node.keywords if keyword.arg}
+    if isinstance(node, ast.Name):
+        return _NAMES.get(node.id)
+    if isinstance(node, ast.Attribute):  # an enum member spelled Backend.FULL
+        return node.attr
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _value(node.operand, depth + 1)
+        if isinstance(operand, (int, float)) and not isinstance(operand, bool):
+            return -operand if isinstance(node.op, ast.USub) else operand
+    return None  # anything else (an expression) is not a value SGLang logs
+
+
+def _int(args: dict, key: str, default: int | None = None, *, limit: int = MAX_CAP_TOKENS) -> int | None:
+    """An integer setting, ``default`` when absent or null; UnreadableArgs when it is no plausible number."""
+    value = args.get(key)
     if value is None or isinstance(value, bool):
         return default
-    if isinstance(value, (int, float)) and math.isfinite(value):
-        return int(value)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    return default
+    if isinstance(value, str):
+        text = value.strip()
+        if not text.lstrip("-").isdigit() or len(text) > 12:
+            return default  # SGLang's own "auto"-like strings: not set
+        value = int(text)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return default
+        value = int(value)
+    if not isinstance(value, int):
+        return default
+    if abs(value) > limit:
+        raise UnreadableArgs(f"{key}={shown(value)} is not a plausible value (at most {limit:,})")
+    return value
 
 
 def _phase(args: dict, phase: str) -> dict:
@@ -98,55 +161,67 @@ def _phase(args: dict, phase: str) -> dict:
     return {}
 
 
+def _text(args: dict, key: str) -> str | None:
+    value = args.get(key)
+    return value if isinstance(value, str) and len(value) <= 4096 else None
+
+
 def max_prefill_buffer_tokens(args: dict) -> int:
     chunked = _int(args, "chunked_prefill_size", 0) or 0
     tokens = chunked if chunked > 0 else 0
-    if args.get("enable_dynamic_chunking") and (_int(args, "pp_size", 1) or 1) > 1 and tokens:
+    if args.get("enable_dynamic_chunking") and (_int(args, "pp_size", 1, limit=MAX_PARALLEL_SIZE) or 1) > 1 and tokens:
         tokens = max(tokens, _int(args, "max_prefill_tokens", 0) or 0, math.ceil(chunked * 1.25))
+    if tokens > MAX_CAP_TOKENS:
+        raise UnreadableArgs(f"a prefill buffer of {tokens:,} tokens is beyond any cap (at most {MAX_CAP_TOKENS:,})")
     return tokens
 
 
 def server_config(args: dict) -> ServerConfig:
     if "tp_size" not in args and "ep_size" not in args:
-        raise UnreadableArgs("it has neither tp_size nor ep_size: not SGLang's resolved server args")
+        raise UnreadableArgs("it has neither tp_size nor ep_size: not SGLang's server args")
     mode = args.get("disaggregation_mode") or "null"
     if mode not in ("null", "prefill", "decode"):
         mode = "null"
-    attn_dp_size = max(1, _int(args, "attn_dp_size", 0) or 0)
-    if attn_dp_size == 1 and args.get("enable_dp_attention"):  # a dict from before attn_dp_size existed
-        attn_dp_size = max(1, _int(args, "dp_size", 1) or 1)
+    sizes = {key: max(1, _int(args, key, 1, limit=MAX_PARALLEL_SIZE) or 1) for key in ("tp_size", "ep_size", "dp_size")}
+    attn_dp_size = max(1, _int(args, "attn_dp_size", 0, limit=MAX_PARALLEL_SIZE) or 0)
+    if attn_dp_size == 1 and args.get("enable_dp_attention"):  # before attn_dp_size existed (< 0.5.20)
+        attn_dp_size = sizes["dp_size"]
     decode = _phase(args, "decode")
     prefill = _phase(args, "prefill")
     if "backend" in decode or "max_bs" in decode:
         decode_backend, decode_bs = decode.get("backend", "full"), _int(decode, "max_bs", 0) or 0
-    else:  # no nested config: the flat flags
+    else:  # no nested config: the flat flags (0.5.13: cuda_graph_max_bs only)
         disabled = bool(args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph"))
         decode_backend = "disabled" if disabled else "full"
         decode_bs = _int(args, "cuda_graph_max_bs_decode", 0) or _int(args, "cuda_graph_max_bs", 0) or 0
     if mode == "prefill" or decode_backend == "disabled":
         decode_bs = 0
-    max_running = _int(args, "max_running_requests")
-    if max_running is not None and decode_bs:
+    max_running = _int(args, "max_running_requests", limit=1 << 31)
+    if max_running is not None and max_running > 0 and decode_bs:
         decode_bs = min(decode_bs, max(1, max_running // attn_dp_size))
     if "backend" in prefill or "max_bs" in prefill:
         prefill_bs = 0 if prefill.get("backend") == "disabled" else _int(prefill, "max_bs", 0) or 0
     else:
         disabled = bool(args.get("disable_cuda_graph") or args.get("disable_prefill_cuda_graph"))
         prefill_bs = 0 if disabled else _int(args, "cuda_graph_max_bs_prefill", 0) or 0
-    algorithm = args.get("speculative_algorithm") or None
-    draft_tokens = _int(args, "speculative_num_draft_tokens")
-    tokens_per_request = (draft_tokens or 1) if algorithm else 1
+    algorithm = _text(args, "speculative_algorithm")
+    draft_tokens = _int(args, "speculative_num_draft_tokens", limit=MAX_TOKENS_PER_REQUEST)
+    tokens_per_request = max(1, draft_tokens or 1) if algorithm and algorithm.upper() != "NONE" else 1
     buffer = max_prefill_buffer_tokens(args)
     limits = SGLangLimits(
         disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
-        prefill_cuda_graph_max_batch_size=prefill_bs, decode_cuda_graph_max_batch_size=decode_bs,
-        tokens_per_request=max(1, min(tokens_per_request, 1024)), cap_source="default")
-    model_path = args.get("model_path")
+        prefill_cuda_graph_max_batch_size=max(0, prefill_bs), decode_cuda_graph_max_batch_size=max(0, decode_bs),
+        tokens_per_request=tokens_per_request, cap_source="default")
+    interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     return ServerConfig(
-        model_path=model_path if isinstance(model_path, str) else None,
-        tp_size=_int(args, "tp_size", 1) or 1, ep_size=_int(args, "ep_size", 1) or 1, attn_dp_size=attn_dp_size,
-        moe_a2a_backend=args.get("moe_a2a_backend") if isinstance(args.get("moe_a2a_backend"), str) else None,
-        limits=limits, default_cap=max(buffer, SGLANG_DEFAULT_MIN_CAP),
-        speculative_algorithm=algorithm if isinstance(algorithm, str) else None,
-        decode_log_interval=_int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL) or DEFAULT_DECODE_LOG_INTERVAL,
-        kv_cache_dtype=args.get("kv_cache_dtype") if isinstance(args.get("kv_cache_dtype"), str) else None)
+        model_path=_text(args, "model_path"), tp_size=sizes["tp_size"], ep_size=sizes["ep_size"],
+        attn_dp_size=attn_dp_size, moe_a2a_backend=_text(args, "moe_a2a_backend"),
+        tokens_per_request=tokens_per_request, limits=limits, default_cap=max(buffer, SGLANG_DEFAULT_MIN_CAP),
+        speculative_algorithm=algorithm,
+        decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
+        kv_cache_dtype=_text(args, "kv_cache_dtype"))
+
+
+def read_server_args(text: str) -> ServerConfig:
+    """The configuration of the text after ``server_args=``."""
+    return server_config(parse_args(text))

@@ -7,11 +7,19 @@ import argparse
 import os
 
 from capwatch.arguments import checked, positive_seconds
+from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import ROLES
 
 cap_tokens = checked(int, lambda value: 1 <= value <= MAX_CAP_TOKENS, f"a cap in 1..{MAX_CAP_TOKENS} tokens")
+hidden_size = checked(int, lambda value: 1 <= value <= MAX_HIDDEN_SIZE, f"a hidden size in 1..{MAX_HIDDEN_SIZE}")
+top_k = checked(int, lambda value: 1 <= value <= MAX_NUM_EXPERTS, f"routed experts per token in 1..{MAX_NUM_EXPERTS}")
+num_experts = checked(int, lambda value: 1 <= value <= MAX_NUM_EXPERTS, f"a number of experts in 1..{MAX_NUM_EXPERTS}")
+tokens_per_request = checked(int, lambda value: 1 <= value <= 1024, "tokens per request per step in 1..1024")
+ep_size = checked(int, lambda value: 1 <= value <= 1 << 16, "an EP group size in 1..65536")
+SERVER_FLAGS = ("cap", "model", "hidden_size", "top_k", "num_experts", "tokens_per_request", "ep_size", "a2a_backend")
 PROGRESS_MIN_BYTES = 16 << 20  # a progress bar from this much log on
 
 
@@ -31,12 +39,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "its band), workspace bytes, KV-cache tokens (the /whatif curve)")
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
-                         help="SGLang server log(s), plain or .gz, oldest first (e.g. rotated server.log.2 server.log.1 "
-                              "server.log); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; --cluster names "
-                              "the advice (default: the first file's name)")
-    offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's overflow "
-                                                         "assertions show, else SGLang's default rule)")
+                         help="SGLang server log(s), plain or .gz, in any order: rotated, per rank or per node, "
+                              "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
+                              "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
+                              "--cluster names the advice (default: the first file's name)")
+    offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's "
+                                                         "overflow assertions show, else SGLang's default rule)")
     offline.add_argument("--model", help="model preset that prices the workspace (default: the log's model_path)")
+    offline.add_argument("--hidden-size", type=hidden_size, metavar="H", help="a custom model: its hidden size ...")
+    offline.add_argument("--top-k", type=top_k, metavar="K", help="... its routed experts per token ...")
+    offline.add_argument("--num-experts", type=num_experts, metavar="E", help="... and its routed experts")
+    offline.add_argument("--tokens-per-request", type=tokens_per_request, metavar="N",
+                         help="tokens each request dispatches per decode step (the speculative draft tokens, else 1; "
+                              "default: from the log's server_args)")
+    offline.add_argument("--ep-size", type=ep_size, metavar="N", help="ranks in the EP group (default: from the log's "
+                                                                       "server_args)")
+    offline.add_argument("--a2a-backend", choices=sorted(BACKENDS),
+                         help="size this A2A backend's cap (default: the log's moe_a2a_backend)")
     parser.set_defaults(run=run)
 
 
@@ -88,8 +107,9 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
         raise service_error(base, error) from None
 
 
-def advise_from_logs(paths: list[str], cap: int | None, model: str | None, cluster: str | None,
+def advise_from_logs(paths: list[str], flags: dict, cluster: str | None,
                      whatif: list[int] | None = None) -> dict | list[dict]:
+    """``flags``: the SERVER_FLAGS given, by name."""
     import os
     import sys
     import zlib
@@ -98,12 +118,13 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
         if not os.path.isfile(path) or not os.access(path, os.R_OK):
             raise CommandError(f"--sglang-log {path!r} is not a readable file")
     try:
-        from capwatch.sglang_logs.advise import LogError, advise_from_sglang_logs
+        from capwatch.sglang_logs.advise import LogError, ServerFlags, advise_from_sglang_logs
     except ImportError as error:
         raise CommandError(f"advice from logs needs {error.name}, which this install lacks: "
                            "pip install --force-reinstall a2a-capwatch") from None
     total = sum(os.path.getsize(path) for path in paths)
     try:
+        server = ServerFlags(**flags)
         if sys.stderr.isatty() and total >= PROGRESS_MIN_BYTES:
             from rich.console import Console
             from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
@@ -111,10 +132,10 @@ def advise_from_logs(paths: list[str], cap: int | None, model: str | None, clust
             with Progress("reading SGLang logs", BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                           console=Console(stderr=True), transient=True) as bar:
                 task = bar.add_task("read", total=total)
-                result = advise_from_sglang_logs(paths, cap=cap, model=model, cluster=cluster,
+                result = advise_from_sglang_logs(paths, server, cluster=cluster,
                                                  progress=lambda done: bar.update(task, completed=done))
         else:
-            result = advise_from_sglang_logs(paths, cap=cap, model=model, cluster=cluster)
+            result = advise_from_sglang_logs(paths, server, cluster=cluster)
     except LogError as error:
         raise CommandError(str(error)) from None
     except (OSError, EOFError, zlib.error) as error:  # a truncated or corrupt .gz raises the latter two
@@ -147,7 +168,8 @@ def run(args: argparse.Namespace) -> int:
     from capwatch.advice_table import print_advice, print_whatif
 
     if args.sglang_log:
-        answer = advise_from_logs(args.sglang_log, args.cap, args.model, args.cluster, args.whatif)
+        flags = {name: getattr(args, name) for name in SERVER_FLAGS}
+        answer = advise_from_logs(args.sglang_log, flags, args.cluster, args.whatif)
         if args.json:
             print(json.dumps(answer, indent=2))
         elif args.whatif:
@@ -155,8 +177,9 @@ def run(args: argparse.Namespace) -> int:
         else:
             print_advice([answer])
         return 0
-    if args.cap is not None or args.model is not None:
-        raise CommandError("--cap and --model go with --sglang-log (a service knows its ranks' cap and model)")
+    given = ["--" + name.replace("_", "-") for name in SERVER_FLAGS if getattr(args, name) is not None]
+    if given:
+        raise CommandError(f"{', '.join(given)} go(es) with --sglang-log (a service knows its ranks' configuration)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
         print(json.dumps(rows, indent=2)) if args.json else print_whatif(rows)

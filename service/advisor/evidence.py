@@ -2,7 +2,7 @@
 
 Known: the group's configuration as its ranks report it (``GroupConfig``), its history of window peaks and the
 policy. Measured from them, each the first time a stage asks and then kept: the peaks estimate with its bounds
-(``peaks.py``), the tail model (``tail.py``: a 48-fit bootstrap), the daily peaks' trend (``trend.py``), SGLang's
+(``peaks.py``), the tail model (``tail.py``: a 48-fit bootstrap), the peaks' trend (``trend.py``), SGLang's
 start-up floor (``floor.py``) and the largest cap the memory budget allows (``budget.py``). Nothing is measured
 before the gate has let the history through: an empty one has nothing to measure.
 """
@@ -19,7 +19,7 @@ from capwatch.service.advisor.peaks import Estimate, estimate
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.tail import TailModel, tail_model
-from capwatch.service.advisor.trend import Trend, daily_trend
+from capwatch.service.advisor.trend import Trend, daily_trend, hourly_trend
 from capwatch.telemetry.report import SGLangLimits
 
 
@@ -98,6 +98,11 @@ class Evidence:
 
     @cached_property
     def trend(self) -> Trend | None:
-        policy = self.policy
-        return daily_trend(self.history.daily_peaks(policy.trend_min_day_coverage), policy.trend_alpha,
-                           policy.trend_min_days, policy.trend_min_rate_per_day)
+        """The daily peaks' trend; with fewer full days than that needs, the hourly peaks' (a short history)."""
+        policy, history = self.policy, self.history
+        daily = daily_trend(history.daily_peaks(policy.trend_min_day_coverage), policy.trend_alpha,
+                            policy.trend_min_days, policy.trend_min_rate_per_day)
+        if daily is not None:
+            return daily
+        return hourly_trend(history.hourly_peaks(policy.trend_min_day_coverage), policy.trend_alpha,
+                            policy.trend_short_min_days, policy.trend_min_rate_per_day)

@@ -12,7 +12,9 @@ from capwatch.service.advisor.histogram import DecayingHistogram
 from capwatch.service.advisor.sample import GroupSample
 
 SECONDS_PER_DAY = 86_400.0
+SECONDS_PER_HOUR = 3_600.0
 DAYS_KEPT = 60  # daily peaks remembered for the trend stage
+HOURS_KEPT = 14 * 24  # hourly peaks remembered for the short-history trend (the same hour across days)
 
 
 def overflow_bump(peak_runtime_tokens: int, cap: int, factor: float = 1.2, min_tokens: int = 16) -> int:
@@ -38,6 +40,8 @@ class SampleHistory:
     caps_seen: set[int] = field(default_factory=set)
     # UTC day -> [largest window peak, windows seen]: the trend stage's series (the histograms keep no time).
     daily: dict[int, list[int]] = field(default_factory=dict)
+    # UTC hour (since the epoch) -> [largest window peak, windows seen]: the trend over a short history.
+    hourly: dict[int, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.usage is None:
@@ -66,12 +70,9 @@ class SampleHistory:
         self.sample_count += 1
         self.max_peak_runtime_tokens = max(self.max_peak_runtime_tokens, sample.peak_runtime_tokens)
         self.caps_seen.add(sample.cap)
-        day = self.daily.setdefault(int(sample.window_start_s // SECONDS_PER_DAY), [0, 0])
-        day[0] = max(day[0], sample.peak_runtime_tokens)
-        day[1] += 1
-        if len(self.daily) > DAYS_KEPT:
-            del self.daily[min(self.daily)]
-        start = sample.window_start_s
+        start, peak = sample.window_start_s, sample.peak_runtime_tokens
+        _fold_period(self.daily, int(start // SECONDS_PER_DAY), peak, 1, DAYS_KEPT)
+        _fold_period(self.hourly, int(start // SECONDS_PER_HOUR), peak, 1, HOURS_KEPT)
         self.first_sample_s = start if self.first_sample_s is None else min(self.first_sample_s, start)
         self.last_sample_s = start if self.last_sample_s is None else max(self.last_sample_s, start)
 
@@ -88,11 +89,12 @@ class SampleHistory:
         result.overflow_windows += other.overflow_windows
         result.max_peak_runtime_tokens = max(result.max_peak_runtime_tokens, other.max_peak_runtime_tokens)
         result.caps_seen |= other.caps_seen
-        for day, (peak, windows) in other.daily.items():
-            mine = result.daily.setdefault(day, [0, 0])
-            mine[0], mine[1] = max(mine[0], peak), mine[1] + windows
-        for day in sorted(result.daily)[:-DAYS_KEPT]:
-            del result.daily[day]
+        for periods, theirs, kept in ((result.daily, other.daily, DAYS_KEPT),
+                                      (result.hourly, other.hourly, HOURS_KEPT)):
+            for period, (peak, windows) in theirs.items():
+                _fold_period(periods, period, peak, windows, None)
+            for period in sorted(periods)[:-kept]:
+                del periods[period]
         firsts = [s for s in (self.first_sample_s, other.first_sample_s) if s is not None]
         lasts = [s for s in (self.last_sample_s, other.last_sample_s) if s is not None]
         result.first_sample_s = min(firsts) if firsts else None
@@ -104,6 +106,7 @@ class SampleHistory:
             self.half_life_s, self.usage.copy(), self.bumps.copy(), self.sample_count, self.overflow_windows,
             self.first_sample_s, self.last_sample_s, self.max_peak_runtime_tokens, self.window_s, set(self.caps_seen),
             {day: list(value) for day, value in self.daily.items()},
+            {hour: list(value) for hour, value in self.hourly.items()},
         )
 
     def estimator_histogram(self) -> DecayingHistogram:
@@ -123,6 +126,7 @@ class SampleHistory:
             "max_peak_runtime_tokens": self.max_peak_runtime_tokens, "window_s": self.window_s,
             "caps_seen": sorted(self.caps_seen),
             "daily": [[day, peak, windows] for day, (peak, windows) in sorted(self.daily.items())],
+            "hourly": [[hour, peak, windows] for hour, (peak, windows) in sorted(self.hourly.items())],
         }
 
     @classmethod
@@ -133,6 +137,7 @@ class SampleHistory:
             data["first_sample_s"], data["last_sample_s"], int(data["max_peak_runtime_tokens"]),
             float(data["window_s"]), set(data.get("caps_seen", [])),
             {int(day): [int(peak), int(windows)] for day, peak, windows in data.get("daily", [])},
+            {int(hour): [int(peak), int(windows)] for hour, peak, windows in data.get("hourly", [])},
         )
 
     def daily_peaks(self, min_coverage: float) -> list[tuple[int, int]]:
@@ -141,3 +146,19 @@ class SampleHistory:
         axis true across days left out."""
         full = SECONDS_PER_DAY / self.window_s
         return [(day, peak) for day, (peak, windows) in sorted(self.daily.items()) if windows >= min_coverage * full]
+
+    def hourly_peaks(self, min_coverage: float) -> list[tuple[int, int]]:
+        """(UTC hour number, largest window peak) of each hour with at least ``min_coverage`` of its windows
+        seen, oldest first; none when a window is longer than an hour."""
+        full = SECONDS_PER_HOUR / self.window_s
+        if full < 1:
+            return []
+        return [(hour, peak) for hour, (peak, windows) in sorted(self.hourly.items()) if windows >= min_coverage * full]
+
+
+def _fold_period(periods: dict[int, list[int]], period: int, peak: int, windows: int, kept: int | None) -> None:
+    """One more [peak, windows] into a period's; past ``kept`` periods the oldest is let go."""
+    mine = periods.setdefault(period, [0, 0])
+    mine[0], mine[1] = max(mine[0], peak), mine[1] + windows
+    if kept is not None and len(periods) > kept:
+        del periods[min(periods)]

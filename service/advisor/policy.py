@@ -40,6 +40,9 @@ class AdvisorPolicy(BaseModel):
         172_800.0, ge=0, description="Size for the trend's peak this far past the latest full day (default 2 days).")
     trend_alpha: float = Field(0.01, gt=0, lt=1, description="Mann-Kendall significance needed to call a trend.")
     trend_min_days: int = Field(5, ge=3, description="Full days of daily peaks needed before a trend is called.")
+    trend_short_min_days: int = Field(
+        3, ge=2, description="Fewer full days than trend_min_days: days of hourly peaks (each hour against the same "
+                             "hour on the other days) needed before a trend is called.")
     trend_min_rate_per_day: float = Field(0.01, ge=0, description="Smallest |growth| per day acted on (0.01 = 1 %).")
     trend_min_day_coverage: float = Field(0.5, gt=0, le=1, description="Share of a day's windows for it to count.")
 

@@ -17,6 +17,7 @@ a cross-check for the tests) is ``SGLANG_DECODE_PATTERN``.
 
 from __future__ import annotations
 
+import ast
 import json
 import time
 from dataclasses import dataclass
@@ -90,12 +91,19 @@ def pool_parts(num_used: int, usage: float, pool: str = "full") -> list[str]:
 def decode_message(num_running_reqs: int, *, num_used: int | None = None, usage: float = 0.05, pool: str = "full",
                    accept_length: float | None = None, accept_rate: float = 0.7, pd_decode: bool = False,
                    batch_iter: int | None = None, can_run_cuda_graph: bool = True, gen_throughput: float = 1282.5,
-                   queue: int = 0, mfu: bool = False, occupancy: bool = False, graph_label: str = "cuda graph") -> str:
-    """The decode message of report_decode_stats, part by part as SGLang builds it."""
+                   queue: int = 0, mfu: bool = False, occupancy: bool = False, graph_label: str = "cuda graph",
+                   shape: str = "comma") -> str:
+    """The decode message of report_decode_stats, part by part as SGLang builds it (``shape``: "comma",
+    0.5.4+; "dot", 0.3.x-0.5.3's ``log_decode_stats``; "dot-iter")."""
     token_usage_msg = ", ".join(pool_parts(num_used if num_used is not None else num_running_reqs * 700,
                                            usage, pool)) + ", "
-    iter_msg = f" [{batch_iter}]" if batch_iter is not None else ""
-    msg = f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"
+    if shape == "dot":  # until about October 2025 (0.3.x-0.5.3): f"Decode batch. " f"#running-req: ..."
+        msg = f"Decode batch. #running-req: {num_running_reqs}, {token_usage_msg}"
+    elif shape == "dot-iter":  # the mid-2025 shape the issue reports
+        msg = f"Decode batch. iter: {batch_iter or 0}, #running-req: {num_running_reqs}, {token_usage_msg}"
+    else:
+        iter_msg = f" [{batch_iter}]" if batch_iter is not None else ""
+        msg = f"Decode batch{iter_msg}, #running-req: {num_running_reqs}, {token_usage_msg}"
     if accept_length is not None:
         msg += f"accept len: {accept_length:.2f}, accept rate: {accept_rate:.2f}, "
     if pd_decode:
@@ -123,21 +131,36 @@ def args_message(args: dict) -> str:
     return f"server_args={args}"
 
 
-def overflow_traceback(runtime_max_tokens_per_rank: int, max_num_tokens: int) -> list[str]:
-    """The message run_scheduler_process logs (one record, many lines: only the first is stamped)."""
-    assertion = (
-        "FlashInfer A2A runtime token geometry exceeds its fixed workspace: "
-        f"runtime_max_tokens_per_rank={runtime_max_tokens_per_rank} > "
-        f"max_num_tokens={max_num_tokens}. Increase "
-        "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK to cover the "
-        "largest mixed prefill and speculative-verify batch."
-    )
+def overflow_traceback(runtime_max_tokens_per_rank: int, max_num_tokens: int, form: str = "geometry",
+                       local_tokens: int | None = None) -> list[str]:
+    """The message run_scheduler_process logs (one record, many lines: only the first is stamped). ``form``:
+    "geometry" (SGLang 0.5.19+ flashinfer.py's assert), "flashinfer" (FlashInfer's own bare assert in
+    MoeAlltoAll.dispatch, what 0.5.13-0.5.18 show), "recv" (0.5.16+: the local batch overran R)."""
+    if form == "flashinfer":
+        source = ("/usr/lib/python3/dist-packages/flashinfer/comm/trtllm_moe_alltoall.py", 1192,
+                  "    assert runtime_max_tokens_per_rank <= self.max_num_tokens, (")
+        assertion = "runtime_max_tokens_per_rank exceeds max_num_tokens"
+    elif form == "recv":
+        source = ("/sgl/python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py", 260,
+                  "    assert self.runtime_max_tokens_per_rank >= x.shape[0], (")
+        assertion = (f"runtime_max_tokens_per_rank={runtime_max_tokens_per_rank} < "
+                     f"x.shape[0]={local_tokens}: MoeAlltoAll recv buffer would overflow.")
+    else:
+        source = ("/sgl/python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py", 512,
+                  "    assert runtime_max_tokens_per_rank <= self.max_num_tokens, (")
+        assertion = (
+            "FlashInfer A2A runtime token geometry exceeds its fixed workspace: "
+            f"runtime_max_tokens_per_rank={runtime_max_tokens_per_rank} > "
+            f"max_num_tokens={max_num_tokens}. Increase "
+            "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK to cover the "
+            "largest mixed prefill and speculative-verify batch."
+        )
     return [
         "Scheduler hit an exception: Traceback (most recent call last):",
         '  File "/sgl/python/sglang/srt/managers/scheduler.py", line 6372, in run_scheduler_process',
         "    scheduler.run_event_loop()",
-        '  File "/sgl/python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py", line 512, in dispatch',
-        "    assert runtime_max_tokens_per_rank <= self.max_num_tokens, (",
+        f'  File "{source[0]}", line {source[1]}, in dispatch',
+        source[2],
         "           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^",
         f"AssertionError: {assertion}",
         "",
@@ -187,3 +210,149 @@ def server_args(*, model_path: str = "deepseek-ai/DeepSeek-V3", tp_size: int = 8
 def _declared_defaults() -> dict:
     path = Path(__file__).with_name("data") / "sglang-0.5.23-server-args-defaults.json"
     return json.loads(path.read_text())["fields"]
+
+
+def server_args_repr(release: str, **overrides) -> str:
+    """``server_args=ServerArgs(...)`` as SGLang ``release`` logged it (``logger.info(f"{server_args=}")``):
+    the repr recorded from that release's own ``ServerArgs`` (data/sglang-<release>-server-args-repr.txt:
+    built by the released wheel's dataclass, resolved by its ``__post_init__``, for tp 2, ep 2, dp 2 with DP
+    attention, the FlashInfer A2A backend, model_path renamed), with ``overrides`` spliced in as reprs at the
+    places the parser (``ast``, positions only) finds them; ``decode_max_bs`` is the nested
+    ``cuda_graph_config.decode.max_bs`` (0.5.14+) or ``cuda_graph_max_bs`` (0.5.13)."""
+    text = (Path(__file__).with_name("data") / f"sglang-{release}-server-args-repr.txt").read_text().strip()
+    call = ast.parse(text, mode="eval").body
+    edits = []
+    wanted = dict(overrides)
+    decode_max_bs = wanted.pop("decode_max_bs", None)
+    for keyword in call.keywords:
+        if keyword.arg in wanted:
+            edits.append((keyword.value.col_offset, keyword.value.end_col_offset, repr(wanted.pop(keyword.arg))))
+        elif decode_max_bs is not None and keyword.arg == "cuda_graph_max_bs":
+            edits.append((keyword.value.col_offset, keyword.value.end_col_offset, repr(decode_max_bs)))
+            decode_max_bs = None
+        elif decode_max_bs is not None and keyword.arg == "cuda_graph_config":
+            decode = next(item.value for item in keyword.value.keywords if item.arg == "decode")
+            max_bs = next(item.value for item in decode.keywords if item.arg == "max_bs")
+            edits.append((max_bs.col_offset, max_bs.end_col_offset, repr(decode_max_bs)))
+            decode_max_bs = None
+    if wanted or decode_max_bs is not None:
+        raise KeyError(f"sglang {release}'s ServerArgs has no {sorted(wanted) or ['decode_max_bs']}")
+    for start, end, value in sorted(edits, reverse=True):
+        text = text[:start] + value + text[end:]
+    return f"server_args={text}"
+
+
+# -- every log shape capwatch reads: one template each (docs/sglang-logs.md lists the same) -----------------
+
+RUNTIME_SPLIT_BYTES = 16 * 1024  # Docker json-file and CRI split longer lines into parts
+LOCAL_ZONE_S = -8 * 3600  # SGLang stamps local time; runtimes stamp UTC: here the server runs at UTC-8
+
+
+def rfc3339(unix_s: float) -> str:
+    nanoseconds = int(round(unix_s * 1e9)) % 1_000_000_000
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(unix_s)) + f".{nanoseconds:09d}Z"
+
+
+@dataclass(frozen=True)
+class LogFormat:
+    """One shape of SGLang log: how SGLang (or the operator's logging config) formats a record, and what
+    wraps it on its way to the file."""
+
+    name: str
+    written_by: str  # the releases or settings that produce it
+    example: str  # a public example of it
+    shape: str = "comma"  # the decode message: "comma", "iter" ([N], forward iters), "dot", "dot-iter"
+    stamp: str = "date"  # "date" (%Y-%m-%d %H:%M:%S), "ms" (SGLANG_LOG_MS), "time" (%H:%M:%S, 2024)
+    layout: str = "sglang"  # "sglang" [stamp tags], "formatter" (sglang#4592's), "formatter-tags"
+    wrapper: str = ""  # "", "kubectl", "cri", "docker", "ray"
+    args: str = "dict"  # "dict" (resolved_dict, 0.5.19+), "repr-0.5.18", "repr-0.5.13"
+
+    def decode(self, unix_s: float, running: int, rank: Rank | None = None, **variant) -> list[str]:
+        if self.shape == "iter":
+            variant.setdefault("batch_iter", int(unix_s) % 100_000)
+        shape = "comma" if self.shape == "iter" else self.shape
+        if shape == "dot-iter":
+            variant.setdefault("batch_iter", int(unix_s) % 100_000)
+        return self.record(unix_s, [decode_message(running, shape=shape, **variant)], rank)
+
+    def start(self, unix_s: float, **args) -> list[str]:
+        """The start-up args record."""
+        if self.args == "dict":
+            text = args_message(server_args(**args))
+        else:
+            text = server_args_repr(self.args.removeprefix("repr-"), **args)
+        return self.record(unix_s, [text])
+
+    def record(self, unix_s: float, message_lines: list[str], rank: Rank | None = None) -> list[str]:
+        """One logging record as the file holds it: its first line formatted, the rest (a traceback) as
+        they are; each physical line wrapped by the runtime (and split when long)."""
+        lines = [self._formatted(unix_s, message_lines[0], rank)] + list(message_lines[1:])
+        return [wrapped for line in lines for wrapped in self._wrapped(unix_s, line)]
+
+    def _formatted(self, unix_s: float, message: str, rank: Rank | None) -> str:
+        if self.stamp == "time":
+            asctime = time.strftime("%H:%M:%S", time.gmtime(unix_s))
+        else:
+            asctime = stamp(unix_s, log_ms=self.stamp == "ms")
+        tags = prefix(rank) if rank else ""
+        if self.layout == "formatter":  # sglang#4592: "%(asctime)s %(levelname)s %(process)d [%(filename)s:%(lineno)d]"
+            return f"{asctime} INFO 31223 [scheduler_metrics_mixin.py:222] {message}"
+        if self.layout == "formatter-tags":
+            return f"{asctime} INFO 31223 [{tags.strip()} scheduler_metrics_mixin.py:222] {message}".replace("[ ", "[")
+        return f"[{asctime}{tags}] {message}"
+
+    def _wrapped(self, unix_s: float, line: str) -> list[str]:
+        utc = rfc3339(unix_s - LOCAL_ZONE_S)
+        if self.wrapper == "kubectl":
+            return [f"{utc} {line}"]
+        if self.wrapper == "ray":
+            return [f"(SchedulerActor pid=4242, ip=10.0.0.7) {line}"]
+        if self.wrapper in ("cri", "docker"):
+            data = line.encode()
+            parts = [data[at:at + RUNTIME_SPLIT_BYTES].decode() for at in range(0, max(1, len(data)),
+                                                                               RUNTIME_SPLIT_BYTES)] or [""]
+            if self.wrapper == "cri":
+                return [f"{utc} stderr {'F' if index == len(parts) - 1 else 'P'} {part}"
+                        for index, part in enumerate(parts)]
+            return [json.dumps({"log": part + ("\n" if index == len(parts) - 1 else ""), "stream": "stderr",
+                                "time": utc}, separators=(",", ":")) for index, part in enumerate(parts)]
+        return [line]
+
+
+FORMATS = [
+    LogFormat("sglang-0.5.19+", "SGLang 0.5.19-0.5.23: server_args={...} (resolved_dict), "
+              "[date time DP TP EP] prefix, 'Decode batch, #running-req'",
+              "the sglang 0.5.23 wheel: entrypoints/engine.py, scheduler_components/metrics_reporter.py"),
+    LogFormat("sglang-0.5.14-0.5.18", "SGLang up to 0.5.18: server_args=ServerArgs(...) (the dataclass repr, "
+              "cuda_graph_config nested)", "https://github.com/sgl-project/sglang/issues/18729", args="repr-0.5.18"),
+    LogFormat("sglang-0.5.13", "SGLang 0.5.13: the ServerArgs repr with the flat cuda_graph_max_bs",
+              "the sglang 0.5.13 wheel: entrypoints/engine.py", args="repr-0.5.13"),
+    LogFormat("log-ms", "SGLANG_LOG_MS=1: milliseconds in the stamp", "the sglang 0.5.8+ wheels: utils/common.py "
+              "configure_logger", stamp="ms"),
+    LogFormat("forward-iters", "SGLANG_LOG_FORWARD_ITERS=1 (0.5.8+), and every 0.5.4 line: 'Decode batch [N],'",
+              "the sglang 0.5.4 wheel: scheduler_metrics_mixin.py", shape="iter"),
+    LogFormat("dotted", "SGLang 0.3.4-0.5.3 (until about October 2025): 'Decode batch. #running-req'",
+              "https://github.com/sgl-project/sglang/pull/3699", shape="dot", args="repr-0.5.13"),
+    LogFormat("dotted-iter", "mid-2025 builds: 'Decode batch. iter: N, #running-req' (reported in capwatch #17; "
+              "not in the 0.4.3-0.5.8 wheels checked)", "capwatch issue #17", shape="dot-iter", args="repr-0.5.13"),
+    LogFormat("time-only-2024", "SGLang 0.2.x-0.3.0 (2024; datefmt %H:%M:%S until dates came in 0.3.4): "
+              "'[13:45:10 TP0] Decode batch.', no date",
+              "https://github.com/sgl-project/sglang/issues/1270", shape="dot", stamp="time", args="repr-0.5.13"),
+    LogFormat("custom-formatter", "SGLANG_LOGGING_CONFIG_PATH (2025-03+) with sglang#4592's formatter: "
+              "'DATE TIME LEVEL PID [file:line] message'", "https://github.com/sgl-project/sglang/pull/4592",
+              layout="formatter"),
+    LogFormat("custom-formatter-tags", "a logging config that shows the rank tags: "
+              "'DATE TIME LEVEL PID [DP3 TP3 EP3 file:line] Decode batch.'", "capwatch issue #17",
+              layout="formatter-tags", shape="dot"),
+    LogFormat("kubectl-timestamps", "kubectl logs --timestamps, docker logs --timestamps: an RFC 3339 stamp (UTC) "
+              "first", "https://kubernetes.io/docs/reference/kubectl/generated/kubectl_logs/", wrapper="kubectl"),
+    LogFormat("cri", "containerd / CRI-O pod log files (/var/log/pods/...): 'RFC3339 stderr F|P line', lines "
+              "split at 16 KiB", "https://github.com/kubernetes/design-proposals-archive/blob/main/node/"
+              "kubelet-cri-logging.md", wrapper="cri"),
+    LogFormat("docker-json-file", "Docker's json-file driver (/var/lib/docker/containers/*/*-json.log): one JSON "
+              "record per line, split at 16 KiB", "https://docs.docker.com/engine/logging/drivers/json-file/",
+              wrapper="docker"),
+    LogFormat("ray", "--use-ray: '(SchedulerActor pid=N, ip=A) ' before each line",
+              "https://github.com/sgl-project/sglang/pull/17684", wrapper="ray"),
+]
+FORMAT = {log.name: log for log in FORMATS}

@@ -1,0 +1,171 @@
+"""capwatch advise --sglang-log, as a user runs it: the service's advice object or one error line (exit 2)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+
+import pytest
+from capwatch.service.advisor.advice import ClusterAdvice
+
+from tests.sglang_logs.logs import T0, advise, decode_lines, traffic, write
+from tests.support import sglang_logs as sg
+
+LOG = sg.FORMAT["sglang-0.5.19+"]
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return advise(*args)
+
+
+def one_error_line(result: subprocess.CompletedProcess, text: str) -> None:
+    assert result.returncode == 2 and text in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not result.stdout and "Traceback" not in result.stderr
+
+
+def test_cli_json_is_the_services_advice_object(tmp_path):
+    lines = LOG.start(T0 - 30) + decode_lines(LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d))
+    path = write(tmp_path / "server.log", lines)
+    result = run_cli("--sglang-log", path, "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    assert set(advice) == set(ClusterAdvice.model_fields)
+    assert advice["cluster"] == "server" and advice["current_cap"] == 8192  # chunked 8192: SGLang's default
+    assert advice["floor_cap"] == 8192 and "prefill chunk" in advice["floor_binds"]
+    assert advice["kv_bytes_per_token"] == (512 + 64) * 61 * 2  # DeepSeek-V3, MLA, bf16 KV
+    assert advice["env"].startswith("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=")
+    table = run_cli("--sglang-log", path, "--cap", "16384")
+    assert table.returncode == 0 and "capwatch advice" in table.stdout and "lower" in table.stdout
+
+
+def test_a_log_whose_start_was_rotated_away_is_advised_from_flags(tmp_path):
+    """Issue #17 item 5: decode lines only. Every flag the advice needs is named when missing; with all of them
+    the advice is the same as with the start-up line (the floor, which only the args know, aside)."""
+    decode_only = write(tmp_path / "decode.log", decode_lines(LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d)))
+    one_error_line(run_cli("--sglang-log", decode_only),
+                   "pass --cap, --model (or --hidden-size, --top-k and --num-experts), --tokens-per-request, --ep-size")
+    one_error_line(run_cli("--sglang-log", decode_only, "--cap", "4096", "--model", "deepseek-v3"),
+                   "pass --tokens-per-request, --ep-size")
+    flags = ["--cap", "4096", "--tokens-per-request", "1", "--ep-size", "8"]
+    by_model = run_cli("--sglang-log", decode_only, "--json", "--model", "deepseek-v3", *flags)
+    assert by_model.returncode == 0, by_model.stderr
+    by_numbers = run_cli("--sglang-log", decode_only, "--json", "--hidden-size", "7168", "--top-k", "8",
+                         "--num-experts", "256", *flags)
+    assert by_numbers.returncode == 0, by_numbers.stderr
+    model, numbers = json.loads(by_model.stdout), json.loads(by_numbers.stdout)
+    with_start = json.loads(run_cli("--sglang-log", write(tmp_path / "full.log", LOG.start(T0 - 30) + decode_lines(
+        LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d))), "--json", "--cap", "4096").stdout)
+    for advice in (model, numbers):
+        assert advice["max_peak_runtime_tokens"] == with_start["max_peak_runtime_tokens"] == 76
+        assert advice["sample_count"] == with_start["sample_count"] and advice["current_cap"] == 4096
+        assert advice["floor_cap"] is None and any("start-up floor" in reason for reason in advice["reasons"])
+        assert advice["workspace_bytes_per_rank_current"] == with_start["workspace_bytes_per_rank_current"]
+    assert "configured by flags" in model["reasons"][0]
+    one_error_line(run_cli("--sglang-log", decode_only, "--hidden-size", "7168", *flags),
+                   "without --top-k, --num-experts")
+    one_error_line(run_cli("--sglang-log", decode_only, "--model", "deepseek-v3", "--hidden-size", "7168", *flags),
+                   "both describe the model")
+
+
+def test_flags_override_what_the_args_say(tmp_path):
+    path = write(tmp_path / "server.log", LOG.start(T0 - 30) + decode_lines(LOG, traffic(60, lambda m, s, d: 100)))
+    plain = json.loads(run_cli("--sglang-log", path, "--json").stdout)
+    spec = json.loads(run_cli("--sglang-log", path, "--json", "--tokens-per-request", "3", "--ep-size", "4").stdout)
+    assert plain["max_peak_runtime_tokens"] == 100 and spec["max_peak_runtime_tokens"] == 300
+    assert plain["ep_size"] == 8 and spec["ep_size"] == 4
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"moe_a2a_backend": "deepep"}, "the server runs the 'deepep' A2A backend: capwatch does not size the 'deepep'"),
+    ({"moe_a2a_backend": "none"}, "moe_a2a_backend='none'"),
+    ({"moe_a2a_backend": None}, "name no moe_a2a_backend"),
+])
+def test_a_backend_capwatch_does_not_size_gets_a_clear_message(tmp_path, args, message):
+    lines = LOG.start(T0 - 30, **args) + decode_lines(LOG, traffic(30, lambda m, s, d: 100))
+    path = write(tmp_path / "server.log", lines)
+    one_error_line(run_cli("--sglang-log", path), message)
+    if args["moe_a2a_backend"] != "deepep":  # no A2A in the log: size FlashInfer's for this traffic on request
+        sized = run_cli("--sglang-log", path, "--json", "--a2a-backend", "flashinfer")
+        assert sized.returncode == 0 and json.loads(sized.stdout)["env"].startswith("SGLANG_FLASHINFER_")
+
+
+@pytest.mark.parametrize("content, message", [
+    ("hello\nworld\n", "no SGLang decode lines"),
+    (sg.line(T0, "server_args={'tp_size': 8, 'model_path': 'x'}") + "\n" + sg.line(T0, "Prefill batch, #new-seq: 1")
+     + "\n", "no SGLang decode lines ('Decode batch, #running-req: ...') after the server_args= line"),
+    (sg.line(T0, "server_args={'tp_size': 8, 'model_path': ") + "\n" + sg.line(T0 + 1, sg.decode_message(3)) + "\n",
+     "the server_args line does not read: not Python syntax"),
+    (LOG.start(T0 - 30, model_path="/models/my-own-moe")[0] + "\n" + "\n".join(
+        decode_lines(LOG, traffic(3, lambda m, s, d: 1))) + "\n", "pass --model NAME"),
+])
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, content, message):
+    path = tmp_path / "bad.log"
+    path.write_text(content)
+    one_error_line(run_cli("--sglang-log", str(path)), message)
+    missing = run_cli("--sglang-log", str(tmp_path / "nope.log"))
+    assert missing.returncode == 2 and "is not a readable file" in missing.stderr
+
+
+def test_server_flags_without_sglang_log_are_refused(tmp_path):
+    one_error_line(run_cli("--tokens-per-request", "2", "--cap", "256"),
+                   "--cap, --tokens-per-request go(es) with --sglang-log")
+
+
+def test_a_truncated_gzip_log_is_one_line_and_exit_2(tmp_path):
+    """A rotated log copied while it was still being written ends mid-stream: EOFError, not OSError."""
+    lines = LOG.start(T0 - 30) + decode_lines(LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d))
+    whole = gzip.compress(("\n".join(lines) + "\n").encode())
+    path = tmp_path / "server.log.1.gz"
+    path.write_bytes(whole[: len(whole) // 2])
+    one_error_line(run_cli("--sglang-log", str(path)), "cannot read the log")
+
+
+def test_cli_whatif_prices_caps_with_predicted_overflows_per_day(tmp_path):
+    lines = LOG.start(T0 - 30, disaggregation_mode="decode") + decode_lines(
+        LOG, traffic(180, lambda m, s, d: 200 + (m % 40) * 5 + d))
+    path = write(tmp_path / "decode.log", lines)
+    result = run_cli("--sglang-log", path, "--whatif", "128", "256", "512", "1024", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [row["cap"] for row in rows] == [128, 256, 512, 1024]
+    per_day = [row["predicted_overflow_windows_per_day"] for row in rows]
+    assert per_day[0] == pytest.approx(1440.0) and per_day == sorted(per_day, reverse=True)  # 128: every window
+    assert rows[0]["below_floor"] and not rows[1]["below_floor"]  # PD decode: floor = decode graph 256 x 1
+    assert all(row["predicted_overflow_windows_per_day_low"] <= row["predicted_overflow_windows_per_day"]
+               <= row["predicted_overflow_windows_per_day_high"] for row in rows)
+
+
+def test_a_large_log_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_path):
+    import pty
+
+    from capwatch.commands.advise import PROGRESS_MIN_BYTES
+
+    block = "\n".join(decode_lines(LOG, traffic(10, lambda m, s, d: 30 + d))) + "\n"
+    path = tmp_path / "big.log"
+    with open(path, "w") as handle:
+        handle.write(LOG.start(T0 - 30)[0] + "\n")
+        # the same ten minutes again and again (a log concatenated with itself: placed, the peak unchanged);
+        # what is tested is the bar
+        for _ in range(PROGRESS_MIN_BYTES // len(block) + 2):
+            handle.write(block)
+    leader, follower = pty.openpty()
+    try:
+        result = advise("--sglang-log", str(path), "--json", stderr=follower)
+        os.close(follower)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    assert result.returncode == 0 and json.loads(result.stdout)["cluster"] == "big"
+    assert b"reading SGLang logs" in shown  # the bar, on the terminal
+    piped = run_cli("--sglang-log", str(path), "--json")
+    assert piped.returncode == 0 and "reading SGLang logs" not in piped.stderr

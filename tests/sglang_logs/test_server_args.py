@@ -1,0 +1,113 @@
+"""The start-up args line, both forms, parsed (never evaluated), by SGLang's own rules."""
+
+from __future__ import annotations
+
+import pytest
+from capwatch.service.advisor.floor import deployment_floor
+from capwatch.sglang_logs.server_args import UnreadableArgs, parse_args, read_server_args, server_config
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.support import sglang_logs as sg
+
+
+def config_of(message: str):
+    return read_server_args(message.removeprefix("server_args="))
+
+
+@pytest.mark.parametrize("chunk, expected_cap, mode, floor", [
+    (16384, 16384, "null", 16384), (2048, 4096, "null", 2048), (8192, 8192, "decode", 256)])
+def test_sglangs_default_cap_and_floor_rules(chunk, expected_cap, mode, floor):
+    config = config_of(sg.args_message(sg.server_args(chunked_prefill_size=chunk, disaggregation_mode=mode)))
+    assert config.default_cap == expected_cap
+    assert deployment_floor(config.limits, None).tokens == floor
+
+
+def test_args_rules_max_running_requests_and_disabled_graphs():
+    args = sg.server_args(decode_max_bs=512, max_running_requests=1024, attn_dp_size=8, prefill_backend="full",
+                          prefill_max_bs=8192, chunked_prefill_size=4096)
+    limits = server_config(args).limits
+    assert limits.decode_cuda_graph_max_batch_size == 128  # min(512, 1024 // 8)
+    assert limits.prefill_cuda_graph_max_batch_size == 8192
+    assert server_config(sg.server_args(decode_backend="disabled")).limits.decode_cuda_graph_max_batch_size == 0
+    assert server_config(sg.server_args(disaggregation_mode="prefill")).limits.decode_cuda_graph_max_batch_size == 0
+    # a value whose repr is not Python syntax does not make the line unreadable
+    text = sg.args_message(sg.server_args()).replace("'dtype': 'auto'", "'dtype': <DType.auto: 'auto'>")
+    assert config_of(text).tp_size == 8
+    text = sg.args_message(sg.server_args(watchdog_timeout=float("inf"), mem_fraction_static=float("nan")))
+    assert "inf" in text and config_of(text).ep_size == 8
+    assert len(parse_args(sg.args_message(sg.server_args()).removeprefix("server_args="))) >= 542
+
+
+def test_the_repr_form_reads_like_the_dict_form():
+    """The same settings in 0.5.18's repr and 0.5.23's dict give the same configuration."""
+    settings_ = dict(tp_size=8, ep_size=8, chunked_prefill_size=8192, speculative_algorithm="EAGLE",
+                     speculative_num_draft_tokens=4, max_running_requests=2048, disaggregation_mode="decode")
+    old = config_of(sg.server_args_repr("0.5.18", **settings_, decode_max_bs=256, dp_size=8))
+    new = config_of(sg.args_message(sg.server_args(**settings_, decode_max_bs=256, attn_dp_size=8)))
+    assert old == new
+    assert old.tokens_per_request == 4 and old.limits.decode_cuda_graph_max_batch_size == 256
+
+
+def test_the_repr_is_parsed_not_evaluated():
+    """A call in the args is read as a record; nothing named in it runs."""
+    evil = "ServerArgs(tp_size=8, ep_size=8, model_path=__import__('os').system('touch /tmp/pwned'))"
+    config = read_server_args(evil)
+    assert config.tp_size == 8 and config.model_path is None
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{'tp_size': 8, 'model_path': ", "not Python syntax"),
+    ("{'model_path': 'x'}", "neither tp_size nor ep_size"),
+    ("[1, 2, 3]", "neither a dict nor"),
+    ("{'tp_size': 8} and more", "not one dict"),
+    ("{'tp_size': " + "9" * 4001 + "}", "not a plausible value"),
+    ("{'tp_size': " + "9" * 5000 + "}", "not Python syntax"),
+    ("{'tp_size': 8, 'chunked_prefill_size': 10**9}", "not a plausible value"),  # 10**9 is an expression: None
+    ("{'tp_size': 8, 'chunked_prefill_size': 1000000000}", "not a plausible value"),
+    ("{'tp_size': 8, 'speculative_algorithm': 'EAGLE', 'speculative_num_draft_tokens': 5000}", "not a plausible"),
+    ("{'a': " * 300 + "1" + "}" * 300, "not Python syntax"),
+    ("{'tp_size': 8, 'x': " + "[" * 40 + "]" * 40 + "}", "nested deeper"),
+])
+def test_args_that_do_not_read_say_why_in_one_line(text, why):
+    if "10**9" in text:  # an expression is no value SGLang logs: read as unset
+        assert read_server_args(text).default_cap == 4096
+        return
+    with pytest.raises(UnreadableArgs, match=why) as caught:
+        read_server_args(text)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 300
+
+
+def test_an_args_line_longer_than_any_sglang_one_is_refused_before_parsing():
+    from capwatch.sglang_logs.server_args import MAX_ARGS_CHARS
+
+    with pytest.raises(UnreadableArgs, match="more than any SGLang args line"):
+        read_server_args("{'tp_size': 8, 'x': '" + "a" * MAX_ARGS_CHARS + "'}")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_any_text_after_the_mark_reads_or_is_unreadable_args(text):
+    try:
+        read_server_args(text)
+    except UnreadableArgs:
+        pass
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.dictionaries(st.sampled_from(["tp_size", "ep_size", "dp_size", "attn_dp_size", "chunked_prefill_size",
+                                        "max_running_requests", "speculative_num_draft_tokens",
+                                        "decode_log_interval", "enable_dp_attention", "speculative_algorithm",
+                                        "moe_a2a_backend", "model_path", "cuda_graph_max_bs",
+                                        "disaggregation_mode"]),
+                       st.one_of(st.integers(-(10 ** 30), 10 ** 30), st.floats(), st.text(max_size=20), st.none(),
+                                 st.booleans(), st.lists(st.integers(), max_size=3)), min_size=1))
+def test_any_values_give_a_configuration_or_a_one_line_refusal(args):
+    """Whatever the values, a configuration (whose limits validate) or UnreadableArgs; never a traceback."""
+    args.setdefault("tp_size", 8)
+    try:
+        config = server_config(args)
+    except UnreadableArgs as error:
+        assert "\n" not in str(error)
+        return
+    assert 1 <= config.tokens_per_request <= 1024 and config.default_cap >= 4096
