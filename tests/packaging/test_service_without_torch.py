@@ -57,3 +57,69 @@ def test_serve_answers_without_torch(tmp_path):
         with urllib.request.urlopen(f"{service.url}/v1/clusters", timeout=10) as response:
             assert response.status == 200
             assert json.load(response) is not None
+
+
+# What each command a base install (`pip install a2a-capwatch`, no extras) runs imports, run in the installed
+# product: every distribution it loads must be in the base install's dependency closure, or that command fails
+# with ModuleNotFoundError on a laptop (it did: `advise --sglang-log` reached pydantic-settings, a [service] extra).
+IMPORTED_DISTRIBUTIONS = """
+import atexit, json, sys
+import importlib.metadata as metadata
+from pip._vendor.packaging.requirements import Requirement
+
+def closure():
+    wanted, seen = ["a2a-capwatch"], set()
+    while wanted:
+        name = wanted.pop()
+        key = name.lower().replace("_", "-")
+        if key in seen:
+            continue
+        seen.add(key)
+        for line in metadata.requires(name) or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                wanted.append(requirement.name)
+    return seen
+
+def report():
+    owners = metadata.packages_distributions()
+    used = {owner.lower().replace("_", "-") for module in list(sys.modules)
+            for owner in owners.get(module.split(".")[0], [])} - VENV_TOOLS
+    print(json.dumps({"used": sorted(used), "base": sorted(closure())}), file=sys.__stderr__)
+
+# This probe's own pip import, and setuptools' distutils shim that every venv's .pth loads.
+VENV_TOOLS = {"pip", "setuptools"}
+atexit.register(report)
+if sys.argv[1] != "-":
+    __import__(sys.argv[1])
+from capwatch.cli import main
+sys.argv = ["capwatch", *sys.argv[2:]]
+main()
+"""
+
+
+def _base_command_imports(*args: str, also_import: str = "-") -> tuple[set[str], set[str], object]:
+    result = launcher.run("-c", IMPORTED_DISTRIBUTIONS, also_import, *args, python=INSTALLED_PYTHON, env=OPERATOR_ENV,
+                          inherit_env=False, timeout_s=120)
+    report = json.loads(result.stderr.strip().splitlines()[-1])
+    return set(report["used"]), set(report["base"]), result
+
+
+def test_the_base_install_closure_is_read_from_the_installed_metadata():
+    """The check below can fail: the service's own imports reach beyond the base closure."""
+    used, base, _ = _base_command_imports("plan", "--help", also_import="capwatch.service.main")
+    assert {"fastapi", "starlette"} <= used - base
+
+
+@pytest.mark.parametrize("command", ["plan", "advise --sglang-log"])
+def test_a_base_install_command_imports_only_the_base_dependencies(tmp_path, command):
+    from tests.sglang_logs.logs import T0, decode_lines, traffic, write
+    from tests.support import sglang_logs as sg
+
+    log = sg.FORMAT["sglang-0.5.19+"]
+    args = (["plan", "--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024"] if command == "plan" else
+            ["advise", "--json", "--sglang-log", write(tmp_path / "server.log", log.start(T0 - 30) + decode_lines(
+                log, traffic(30, lambda minute, second, dp: 40 + dp)))])
+    used, base, result = _base_command_imports(*args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert used - base == set(), f"`capwatch {command}` imports beyond `pip install a2a-capwatch`: {used - base}"

@@ -16,8 +16,8 @@ from tests.support import sglang_logs as sg
 LOG = sg.FORMAT["sglang-0.5.19+"]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return advise(*args)
+def run_cli(*args: str, **options) -> subprocess.CompletedProcess:
+    return advise(*args, **options)
 
 
 def one_error_line(result: subprocess.CompletedProcess, text: str) -> None:
@@ -169,3 +169,14 @@ def test_a_large_log_shows_a_progress_bar_on_a_terminal_and_none_in_a_pipe(tmp_p
     assert b"reading SGLang logs" in shown  # the bar, on the terminal
     piped = run_cli("--sglang-log", str(path), "--json")
     assert piped.returncode == 0 and "reading SGLang logs" not in piped.stderr
+
+
+def test_the_services_advisor_settings_shape_advice_from_logs(tmp_path):
+    """The same CAPWATCH_* knobs as `capwatch serve`: a wider window gives fewer windows; a bad one is one line."""
+    lines = LOG.start(T0 - 30) + decode_lines(LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d))
+    path = write(tmp_path / "server.log", lines)
+    default = run_cli("--sglang-log", path, "--json")
+    wide = run_cli("--sglang-log", path, "--json", env={"CAPWATCH_WINDOW_S": "600"})
+    assert default.returncode == wide.returncode == 0, default.stderr + wide.stderr
+    assert json.loads(wide.stdout)["sample_count"] < json.loads(default.stdout)["sample_count"]
+    one_error_line(run_cli("--sglang-log", path, env={"CAPWATCH_WINDOW_S": "-1"}), "window_s")
