@@ -39,7 +39,8 @@ DEFAULT_RANKS = 4
 DEFAULT_POLICY = "chunk"  # the demo always ends with advice; --overflow-policy raise shows the crash
 SERVICE_START_TIMEOUT_S = 60.0
 DEMO_WINDOW_S = 1  # the embedded service's advisor window; the replay's report interval divides it
-# The advisor's clock, compressed so a demo "day" (800 steps, 20 s of replay) counts as one.
+# The advisor's clock, compressed so a demo "day" (30 s of replay: the default 1,200 steps at 25 ms) counts as
+# a full history.
 DEMO_ADVISOR_SETTINGS = {
     "CAPWATCH_WINDOW_S": str(DEMO_WINDOW_S),
     "CAPWATCH_ADVISOR__MIN_SAMPLES": "10",
