@@ -8,7 +8,7 @@ SYSTEM_TOOLS := promtool prometheus chromium g++
 # Every install is `<venv>/bin/python -m pip`: the venv the python belongs to, even in a copied venv whose
 # bin/pip still names the original's python (a reinstall would land there, and the tests run the old code).
 
-.PHONY: setup system-deps service-venv sglang-venv demo test
+.PHONY: setup system-deps service-venv sglang-venv demo test test-setup
 
 $(BIN)/capwatch: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -31,7 +31,7 @@ $(VENV)/.test-deps: $(BIN)/capwatch
 # `capwatch serve` and `capwatch plan` run with torch absent. The project itself is reinstalled every
 # time (it is what the test is about); its dependencies only when pyproject or the pins change.
 SERVICE_VENV := .venv-service
-$(SERVICE_VENV)/.deps: pyproject.toml constraints.txt
+$(SERVICE_VENV)/.deps: pyproject.toml constraints.txt | $(VENV)/.test-deps
 	$(PYTHON) -m venv $(SERVICE_VENV)
 	$(SERVICE_VENV)/bin/python -m pip install -q --upgrade pip
 	$(SERVICE_VENV)/bin/python -m pip install -q -c constraints.txt ".[service]"
@@ -66,7 +66,7 @@ $(SGLANG_RELEASES)/.installed: $(SGLANG_VENV)/.deps tests/sglang/releases.py
 	$(SGLANG_VENV)/bin/python -m tests.sglang.releases install $(SGLANG_RELEASES)
 	touch $@
 
-sglang-venv: $(SGLANG_VENV)/.deps $(SGLANG_RELEASES)/.installed
+sglang-venv: $(SGLANG_VENV)/.deps $(SGLANG_RELEASES)/.installed | service-venv
 	$(SGLANG_VENV)/bin/python -m pip install -q --no-deps -e .
 
 system-deps:
@@ -78,5 +78,12 @@ system-deps:
 demo: setup
 	$(BIN)/capwatch demo --state-dir state
 
-test: $(VENV)/.test-deps system-deps service-venv sglang-venv
+# Everything the tests need, built side by side (make -j): the SGLang venv and its release folders (torch
+# 2.14.1 and five releases, the longest part) and the system packages need nothing from the others. Each step
+# that builds capwatch from this folder (setuptools writes build/ and the egg-info here) waits for the one
+# before it (the order-only prerequisites above): .venv, its test extras, .venv-service, then .venv-sglang.
+test-setup: $(VENV)/.test-deps system-deps service-venv sglang-venv
+
+test:
+	$(MAKE) -j4 --output-sync=target test-setup
 	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_SERVICE_VENV=1 CAPWATCH_REQUIRE_SGLANG_VENV=1 $(BIN)/python -m pytest

@@ -17,6 +17,7 @@ at start-up; a CUDA torch 2.13 set would add about 2 GB of downloads to every fr
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.support import launcher
@@ -54,17 +55,30 @@ def missing(root: Path = FOLDER) -> list[str]:
             if not all((folder / ".installed").exists() for folder in release_path(version, root))]
 
 
+# Folders install side by side: each is its own pip process and target, mostly download and unpack time.
+PARALLEL_INSTALLS = 3
+
+
+def _install_folder(root: Path, requirement: str) -> str | None:
+    """One folder (skipped when installed); why it failed, or None."""
+    folder = root.resolve() / requirement
+    if (folder / ".installed").exists():
+        return None
+    installed = launcher.run("-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(folder),
+                             *GROUPS.get(requirement, (requirement,)), timeout_s=3600, stdout=None, stderr=None)
+    if installed.returncode != 0:
+        return f"pip could not install {requirement} into {folder} (exit {installed.returncode})"
+    (folder / ".installed").write_text("")
+    return None
+
+
 def install(root: Path) -> None:
     """Each folder not yet installed, with this interpreter's pip (the sglang test venv's)."""
-    for requirement in _folders():
-        folder = root.resolve() / requirement
-        if (folder / ".installed").exists():
-            continue
-        installed = launcher.run("-m", "pip", "install", "-q", "--no-deps", "--upgrade", "--target", str(folder),
-                                 *GROUPS.get(requirement, (requirement,)), timeout_s=3600, stdout=None, stderr=None)
-        if installed.returncode != 0:
-            sys.exit(f"pip could not install {requirement} into {folder} (exit {installed.returncode})")
-        (folder / ".installed").write_text("")
+    with ThreadPoolExecutor(PARALLEL_INSTALLS) as pool:
+        failures = [failure for failure in pool.map(lambda requirement: _install_folder(root, requirement), _folders())
+                    if failure]
+    if failures:
+        sys.exit("\n".join(failures))
 
 
 if __name__ == "__main__":
