@@ -26,6 +26,7 @@ import zipfile
 from pathlib import Path
 
 from tests.sizing.flashinfer_source import SourceNotFound, _block, _compile, _read, _run_batch
+from tests.support import launcher
 from tests.support.checkout import REPO_ROOT
 
 WHEEL_DIR = REPO_ROOT / ".whl"
@@ -68,8 +69,8 @@ def driver_stub(workdir: Path) -> Path:
 def library_path(python: Path, stub: Path) -> str:
     """LD_LIBRARY_PATH for the extension: the stub, then torch's, NVSHMEM's, NCCL's and the CUDA runtime's
     libraries from the venv of ``python``."""
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True, timeout=60)
+    out = launcher.run("-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", python=python,
+                       timeout_s=60)
     site = Path(out.stdout.strip())
     folders = [stub, site / "torch" / "lib", site / "nvidia" / "nvshmem" / "lib", site / "nvidia" / "nccl" / "lib",
                *sorted((site / "nvidia").glob("cu*/lib"))]
@@ -81,10 +82,9 @@ def run_extension(python: Path, package: Path, stub: Path, queries: list[list], 
     ``python`` (see ``deepep_runner.py``)."""
     from tests.sizing.deepep_runner import ANSWERS_MARK
 
-    env = {**os.environ, "LD_LIBRARY_PATH": library_path(python, stub), "PYTHONPATH": str(REPO_ROOT)}
-    arguments = [str(python), "-m", RUNNER, str(package), *([str(sglang_model)] if sglang_model else [])]
-    out = subprocess.run(arguments, input=json.dumps(queries), env=env, capture_output=True, text=True,
-                         timeout=900, cwd=REPO_ROOT)
+    out = launcher.run("-m", RUNNER, str(package), *([str(sglang_model)] if sglang_model else []), python=python,
+                       input=json.dumps(queries), env={"LD_LIBRARY_PATH": library_path(python, stub)},
+                       imports_tests=True, timeout_s=900)
     answers = [line for line in out.stdout.splitlines() if line.startswith(ANSWERS_MARK)]
     if out.returncode != 0 or not answers:
         raise RuntimeError(f"the DeepEP extension did not run (exit {out.returncode}): {out.stderr[-3000:]}")
