@@ -79,8 +79,7 @@ def nvshmem_qp_depth(cap: int, environment_value: int | None = None) -> int:
 class DeepEPBufferPlan:
     # inputs
     model: str
-    hidden_size: int
-    top_k: int
+    hidden_size: int  # (the buffer does not depend on top-k: every message slot holds one token for one expert)
     num_experts: int  # the model's routed experts
     ep_size: int
     cap: int  # SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK
@@ -183,8 +182,7 @@ def plan_deepep_buffer(geometry: ModelGeometry, ep_size: int, cap: int, deepep_m
     per_rank = pricing.bytes_per_rank(cap)
     num_rdma = per_rank - normal_nvl
     return DeepEPBufferPlan(
-        model=geometry.name, hidden_size=geometry.hidden_size, top_k=geometry.top_k,
-        num_experts=geometry.num_experts, ep_size=ep_size, cap=cap, deepep_mode=deepep_mode,
+        model=geometry.name, hidden_size=geometry.hidden_size, num_experts=geometry.num_experts, ep_size=ep_size, cap=cap, deepep_mode=deepep_mode,
         redundant_experts=redundant_experts, fused_shared_experts=fused_shared_experts, buffer_experts=experts,
         dispatch_message_bytes=layout.dispatch_message_bytes, combine_message_bytes=layout.combine_message_bytes,
         low_latency_rdma_bytes=layout.rdma_bytes, normal_nvl_bytes=normal_nvl, normal_rdma_bytes=normal_rdma,
