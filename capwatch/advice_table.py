@@ -48,6 +48,7 @@ def _bounds(advice: dict) -> str:
 # (label, how the value reads): the card's lines and the table's columns, in this order.
 ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("action", lambda advice: advice["action"]),
+    ("backend", lambda advice: advice.get("a2a_backend", FLASHINFER.name)),
     ("current cap", lambda advice: _tokens(advice["current_cap"])),
     ("recommended cap", lambda advice: _tokens(advice["recommended_cap"])),
     ("bounds", _bounds),
@@ -85,7 +86,8 @@ def advice_table(advices: list[dict]):
         for label, value in ADVICE_FIELDS:
             table.add_row(label, Text(value(advice)))
         return table
-    table = Table(title=f"capwatch advice: {FLASHINFER.cap_env_var}")
+    variables = sorted({advice.get("cap_variable", FLASHINFER.cap_env_var) for advice in advices})
+    table = Table(title=f"capwatch advice: {', '.join(variables)}")
     table.add_column("cluster")
     for label, _ in ADVICE_FIELDS:
         table.add_column(label, justify="left" if label == "action" else "right")

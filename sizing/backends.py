@@ -28,7 +28,12 @@ class BackendCapRules:
     why_aligned: str = ""  # what a cap off that alignment breaks
     why_max: str = ""  # who refuses a cap above max_cap_tokens
     default_cap: int | None = None  # SGLang's default when the variable is unset (None: a rule, not a number)
-    below_floor: str = "SGLang refuses to start below it"  # what happens below SGLang's floor terms
+    # What happens below SGLang's floor terms (None: SGLang's own start-up check where the release has one,
+    # service/advisor/floor.py sglang_floor_why).
+    below_floor: str | None = None
+    # Whether eager prefill batches go through this backend's dispatch on every release (FlashInfer's go through
+    # an all-gather on the releases without SGLang's own floor rule, so the prefill chunk is no term there).
+    eager_prefill_dispatched: bool = False
     memory: str = "workspace"  # what the cap sizes, in the advice's words
     sized_by: str = "FlashInfer's formula"  # what capwatch prices it with, in the findings' words
     mismatch_hint: str = "check flashinfer_version and the payload sizes"  # where a reported size that differs comes from
@@ -47,8 +52,9 @@ DEEPEP = BackendCapRules(
     required_alignment=128,
     why_aligned="a cap off a multiple of 128 corrupts DeepEP's FP8 scales (sglang#28994)",
     why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
-    default_cap=SGLANG_DEEPEP_DEFAULT_CAP, below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the "
-                                 "first full batch)",
+    default_cap=SGLANG_DEEPEP_DEFAULT_CAP,
+    below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
+    eager_prefill_dispatched=True,
     memory="buffer", sized_by="DeepEP's size hints as SGLang adds them",
     mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
     sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES)
