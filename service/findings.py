@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from capwatch.service.advisor.pricing import pricing_of
 from capwatch.service.sources.contract import RankState
-from capwatch.sizing.backends import FLASHINFER, backend_rules
+from capwatch.sizing.backends import backend_rules
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 
@@ -68,9 +68,11 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
         reported, expected = view.workspace_bytes_per_rank, view.expected_workspace_bytes_per_rank
         if expected is None or reported is None or reported == expected:
             continue
-        # The double count is FlashInfer's (a cap x ep_size max_num_tokens); DeepEP takes the per-rank cap as is.
+        # The double count is a backend's known bug (FlashInfer's cap x ep_size max_num_tokens; DeepEP takes the
+        # per-rank cap as is).
         sized_for_group = (pricing_of(state.config, state.ep_size).known_bytes_per_rank(state.cap * state.ep_size)
-                           if state.ep_size > 1 and state.config.a2a_backend == FLASHINFER.name else None)
+                           if state.ep_size > 1 and backend_rules(state.config.a2a_backend).sized_for_group_bug
+                           else None)
         if sized_for_group and abs(reported - sized_for_group) <= DOUBLE_COUNT_TOLERANCE * sized_for_group:
             doubled.append((state, reported, expected))
         elif abs(reported - expected) > DOUBLE_COUNT_TOLERANCE * expected:

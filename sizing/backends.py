@@ -34,9 +34,16 @@ class BackendCapRules:
     # Whether eager prefill batches go through this backend's dispatch on every release (FlashInfer's go through
     # an all-gather on the releases without SGLang's own floor rule, so the prefill chunk is no term there).
     eager_prefill_dispatched: bool = False
+    # The backend checks each rank's own batch against the cap (DeepEP), not a group-wide R (FlashInfer's
+    # runtime_max_tokens_per_rank): R is the local batch, and an overflow message says so.
+    local_batch_cap: bool = False
+    overflow_outcome: str = "the dispatch is refused"  # what a batch above the cap does, in words
     memory: str = "workspace"  # what the cap sizes, in the advice's words
     sized_by: str = "FlashInfer's formula"  # what capwatch prices it with, in the findings' words
     mismatch_hint: str = "check flashinfer_version and the payload sizes"  # where a reported size that differs comes from
+    # A known bug sized this backend's memory for cap x ep_size tokens per rank (sglang PR #25907, FlashInfer's
+    # max_num_tokens): the service's findings name it when a rank's reported size matches that.
+    sized_for_group_bug: bool = False
     # What SGLang's automatic --mem-fraction-static sets aside for this backend's buffers, whatever the cap
     # (None: nothing of its own: the buffer comes out of what the KV pool would get).
     sglang_reserve_bytes: int | None = None
@@ -46,7 +53,8 @@ class BackendCapRules:
         return f"{self.cap_env_var}={cap}"
 
 
-FLASHINFER = BackendCapRules("flashinfer", "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK")
+FLASHINFER = BackendCapRules("flashinfer", "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                             sized_for_group_bug=True)
 DEEPEP = BackendCapRules(
     "deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
     required_alignment=128,
@@ -54,7 +62,7 @@ DEEPEP = BackendCapRules(
     why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
     default_cap=SGLANG_DEEPEP_DEFAULT_CAP,
     below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
-    eager_prefill_dispatched=True,
+    eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="DeepEP's dispatch assertion ends the rank",
     memory="buffer", sized_by="DeepEP's size hints as SGLang adds them",
     mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
     sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES)

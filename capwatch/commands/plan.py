@@ -191,10 +191,10 @@ def run(args: argparse.Namespace) -> int:
     if foreign:
         raise SizingError(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not an option of the "
                           f"{rules.name} backend (see capwatch plan --help)")
-    return _run_deepep(args) if rules is DEEPEP else _run_flashinfer(args)
+    return _run_deepep(args, rules) if rules is DEEPEP else _run_flashinfer(args, rules)
 
 
-def _run_flashinfer(args: argparse.Namespace) -> int:
+def _run_flashinfer(args: argparse.Namespace, rules) -> int:
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.plan import MODES, largest_plan_within, plan_workspace
 
@@ -210,11 +210,11 @@ def _run_flashinfer(args: argparse.Namespace) -> int:
         lamport_max_tokens=_integer("--lamport-tokens", args.lamport_tokens or "0", 0),
     )
     return _answer(args, lambda cap: plan_workspace(cap=cap, **options),
-                   lambda budget: largest_plan_within(budget, **options),
-                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank")
+                   lambda budget: largest_plan_within(budget, **options, alignment=rules.alignment),
+                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank", rules.alignment)
 
 
-def _run_deepep(args: argparse.Namespace) -> int:
+def _run_deepep(args: argparse.Namespace, rules) -> int:
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.deepep_plan import DEEPEP_MODES, largest_deepep_plan_within, plan_deepep_buffer
 
@@ -230,13 +230,14 @@ def _run_deepep(args: argparse.Namespace) -> int:
                    redundant_experts=_integer("--redundant-experts", args.redundant_experts or "0", 0),
                    fused_shared_experts=geometry.shared_experts if args.shared_experts_fusion else 0)
     return _answer(args, lambda cap: plan_deepep_buffer(cap=cap, **options),
-                   lambda budget: largest_deepep_plan_within(budget, **options), _print_deepep_table,
-                   "buffer_bytes_per_rank")
+                   lambda budget: largest_deepep_plan_within(budget, **options, alignment=rules.alignment),
+                   _print_deepep_table, "buffer_bytes_per_rank", rules.alignment)
 
 
-def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str) -> int:
+def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str, alignment: int) -> int:
     """The caps asked for, or the largest within ``--budget`` and the next aligned one (to show it does not fit):
-    JSON or ``print_table``. ``plan_at(cap)`` and ``largest_within(budget)`` are the backend's planner."""
+    JSON or ``print_table``. ``plan_at(cap)`` and ``largest_within(budget)`` are the backend's planner, its caps
+    multiples of ``alignment`` (the backend's, ``sizing/backends.py``)."""
     import json
 
     from capwatch.sizing.checks import SizingError
@@ -245,7 +246,7 @@ def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, byte
         budget = _budget(args)
         best = largest_within(budget)
         try:
-            above = plan_at(best.cap + 128)
+            above = plan_at(best.cap + alignment)
         except SizingError:  # past the most the backend takes
             above = None
         if args.json:
