@@ -10,7 +10,9 @@ process group (gloo here):
   ``x.size(0) <= num_max_dispatch_tokens_per_rank`` (C++ ``EP_HOST_ASSERT``, raised as DeepEP raises it: a
   ``RuntimeError`` naming ``csrc/legacy/buffer.hpp``) — then sends each (token, expert) pair to the expert's rank
   and returns DeepEP's shapes: ``packed_recv_x [local experts, ranks * T, H]`` (bf16, or fp8 with fp32 scales per
-  128 channels), ``packed_recv_count [local experts]`` int32, a handle, an event and a receive hook;
+  128 channels), ``packed_recv_count [local experts]`` int32, a handle (its second item DeepEP's
+  ``packed_recv_layout_range``: per local expert and source rank, (rows << 32) | first slot), an event and a
+  receive hook;
 - ``low_latency_combine`` returns each token's sum over its experts of weight x the expert's output row;
 - the size hints are capwatch's (``capwatch.sizing.deepep_*``, checked against the compiled DeepEP in
   ``tests/sizing/test_against_deepep.py``) and the normal-mode config tables DeepEP's.
@@ -122,18 +124,25 @@ class Buffer:
         packed = torch.zeros(local, ranks * cap, hidden, dtype=torch.float32)
         source = torch.full((local, ranks * cap, 2), -1, dtype=torch.int64)  # (rank, token) of each packed row
         counts = torch.zeros(local, dtype=torch.int32)
+        # DeepEP's packed_recv_layout_range [local experts, ranks]: (rows from that rank << 32) | their first slot.
+        layout = torch.zeros(local, ranks, dtype=torch.int64)
         for expert in range(local):
             rows = (received[:, expert, :, hidden] > 0).nonzero().tolist()
             for slot, (rank, token) in enumerate(rows):
                 packed[expert, slot] = received[rank, expert, token, :hidden]
                 source[expert, slot] = torch.tensor([rank, token])
             counts[expert] = len(rows)
+            begin = 0
+            for rank in range(ranks):
+                from_rank = sum(1 for row_rank, _ in rows if row_rank == rank)
+                layout[expert, rank] = (from_rank << 32) | begin
+                begin += from_rank
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(counts)
         recv = packed.to(torch.bfloat16), None
         if use_fp8:
             recv = _fp8(packed)
-        handle = (source, None, cap, hidden, num_experts)
+        handle = (source, layout, cap, hidden, num_experts)
         hook = (lambda: None) if return_recv_hook else None
         return (recv if use_fp8 else recv[0]), counts, handle, EventOverlap(), hook
 
