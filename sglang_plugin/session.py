@@ -33,7 +33,6 @@ from capwatch.telemetry.reporter import new_boot_id
 logger = logging.getLogger("capwatch.sglang")
 
 
-
 def reported_backend(rules: BackendCapRules) -> str:
     """The ``backend`` a plugin rank reports: the engine and SGLang's name of the A2A."""
     return f"sglang-{rules.name}"
