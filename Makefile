@@ -25,6 +25,10 @@ $(VENV)/.test-deps: $(BIN)/capwatch
 	$(BIN)/python -m pip install -q -c constraints.txt -e ".[all,flashinfer]"
 	# 0.7.4 cannot share a venv with 0.7.2.post1: its wheel is checked from source (ast), unpacked.
 	$(BIN)/python -m pip download -q --no-deps flashinfer-python==0.7.4 -d .whl
+	# The DeepEP builds SGLang pins (0.5.19 - 0.5.21, 0.5.22 - 0.5.23): their compiled size functions check
+	# capwatch's DeepEP sizing (tests/sizing/test_against_deepep.py), run in the sglang venv.
+	$(BIN)/python -m pip download -q --no-deps sgl-deep-ep==0.1.2 -d .whl
+	$(BIN)/python -m pip download -q --no-deps sgl-deep-ep==0.1.2.post1 -d .whl
 	touch $@
 
 # A monitoring box's install: `.[service]` alone, non-editable, in a clean venv, so a test can show that
@@ -86,4 +90,5 @@ test-setup: $(VENV)/.test-deps system-deps service-venv sglang-venv
 
 test:
 	$(MAKE) -j4 --output-sync=target test-setup
-	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_SERVICE_VENV=1 CAPWATCH_REQUIRE_SGLANG_VENV=1 $(BIN)/python -m pytest
+	CAPWATCH_REQUIRE_FLASHINFER=0.7.4 CAPWATCH_REQUIRE_DEEPEP=1 CAPWATCH_REQUIRE_SERVICE_VENV=1 \
+	CAPWATCH_REQUIRE_SGLANG_VENV=1 $(BIN)/python -m pytest

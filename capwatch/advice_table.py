@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from capwatch.sizing.backends import FLASHINFER
 from capwatch.sizing.byte_units import format_gib
 
 
@@ -48,6 +47,7 @@ def _bounds(advice: dict) -> str:
 # (label, how the value reads): the card's lines and the table's columns, in this order.
 ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("action", lambda advice: advice["action"]),
+    ("backend", lambda advice: advice["a2a_backend"]),
     ("current cap", lambda advice: _tokens(advice["current_cap"])),
     ("recommended cap", lambda advice: _tokens(advice["recommended_cap"])),
     ("bounds", _bounds),
@@ -85,7 +85,8 @@ def advice_table(advices: list[dict]):
         for label, value in ADVICE_FIELDS:
             table.add_row(label, Text(value(advice)))
         return table
-    table = Table(title=f"capwatch advice: {FLASHINFER.cap_env_var}")
+    variables = sorted({advice["cap_variable"] for advice in advices})  # each advice names its backend's
+    table = Table(title=f"capwatch advice: {', '.join(variables)}")
     table.add_column("cluster")
     for label, _ in ADVICE_FIELDS:
         table.add_column(label, justify="left" if label == "action" else "right")

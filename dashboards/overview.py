@@ -1,17 +1,26 @@
-"""The EP-group overview: is any rank close to the cap, is anything overflowing, how much workspace the group
-holds, and what the capwatch service recommends instead."""
+"""The EP-group overview: is any rank close to the cap, is anything overflowing, how much A2A memory (FlashInfer's
+workspace, DeepEP's buffer) the group holds, and what the capwatch service recommends instead."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.models import common as common_models
-from grafana_foundation_sdk.models import dashboard as dashboard_models
-
 from capwatch.dashboards import service_metrics as svc
 from capwatch.dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, number_panels, peak, rate, ranks, row, service, stat_panel, labels_table_panel,
+    UTILIZATION_STEPS,
+    Query,
+    dashboard,
+    labels_table_panel,
+    number_panels,
+    peak,
+    ranks,
+    rate,
+    row,
+    service,
+    stat_panel,
     timeseries_panel,
 )
 from capwatch.telemetry import catalogue as cat
+from grafana_foundation_sdk.models import common as common_models
+from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 UID = "capwatch-ep-group"
 GROUP = "cluster, dispatcher"
@@ -60,7 +69,8 @@ def build() -> dashboard_models.Dashboard:
              Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{cluster}}")]))
         .with_panel(stat_panel(
             "Workspace across the group",
-            "A2A workspace bytes summed over the ranks, by FlashInfer's sizing formula.",
+            "A2A memory summed over the ranks, by each backend's sizing: FlashInfer's workspace formula, or "
+            "DeepEP's buffer as SGLang allocates it.",
             "bytes", [Query(group_workspace_bytes, GROUP_LEGEND)]))
         .with_panel(stat_panel(
             "Advice",
@@ -141,7 +151,8 @@ def build() -> dashboard_models.Dashboard:
             min_value=0))
         .with_panel(labels_table_panel(
             "Rank configuration",
-            "Each rank's dispatcher configuration as exported: ep_size, backend, payload format, FlashInfer "
+            "Each rank's dispatcher configuration as exported: ep_size, the A2A backend and the variable that "
+            "sets its cap (a2a_backend, cap_variable), backend, payload format, FlashInfer "
             "version and overflow policy. Ranks of one group should agree.",
             "none", [Query(ranks(cat.INFO.name), instant=True, format="table")]))
     )

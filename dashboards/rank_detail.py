@@ -3,14 +3,23 @@ receives, and every overflow by kind and outcome."""
 
 from __future__ import annotations
 
-from grafana_foundation_sdk.models import common as common_models
-from grafana_foundation_sdk.models import dashboard as dashboard_models
-
 from capwatch.dashboards.panels import (
-    UTILIZATION_STEPS, Query, dashboard, heatmap_panel, number_panels, peak, rate, ranks, row, stat_panel, labels_table_panel,
+    UTILIZATION_STEPS,
+    Query,
+    dashboard,
+    heatmap_panel,
+    labels_table_panel,
+    number_panels,
+    peak,
+    ranks,
+    rate,
+    row,
+    stat_panel,
     timeseries_panel,
 )
 from capwatch.telemetry import catalogue as cat
+from grafana_foundation_sdk.models import common as common_models
+from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 UID = "capwatch-ep-ranks"
 RANK = "cluster, dispatcher, ep_rank"
@@ -132,7 +141,7 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("Memory"))
         .with_panel(timeseries_panel(
             "Workspace bytes per rank",
-            "A2A workspace of each rank by FlashInfer's sizing formula at its cap.",
+            "A2A memory of each rank at its cap, by its backend's sizing (FlashInfer's workspace, DeepEP's buffer).",
             "bytes", [Query(ranks(cat.WORKSPACE_BYTES.name), RANK_LEGEND)], min_value=0))
         .with_panel(timeseries_panel(
             "Payload bytes per token",

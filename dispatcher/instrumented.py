@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
 from capwatch.vocabulary import OVERFLOW_POLICIES
@@ -35,9 +35,9 @@ from .backend import A2ABackend
 from .counters import DispatchCounters
 
 
-def suggested_cap(tokens_needed: int) -> int:
-    """Smallest multiple of 128 that holds ``tokens_needed`` tokens per rank."""
-    return max(CAP_ALIGNMENT, align_up(tokens_needed))
+def suggested_cap(tokens_needed: int, alignment: int = CAP_ALIGNMENT) -> int:
+    """Smallest multiple of ``alignment`` (128) that holds ``tokens_needed`` tokens per rank."""
+    return max(alignment, align_up(tokens_needed, alignment))
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,19 @@ class OverflowEvent:
     role: str
     ep_rank: int
     ep_size: int
+    rules: BackendCapRules = FLASHINFER  # whose cap: its variable and its largest value
 
     @property
     def message(self) -> str:
         where = f"[{self.role} dispatcher, EP rank {self.ep_rank}/{self.ep_size}]"
-        set_cap = FLASHINFER.env_line(self.suggested_cap)
+        set_cap = self.rules.env_line(self.suggested_cap)
+        if self.rules.local_batch_cap:  # the backend checks each rank's own batch: no group-wide R
+            most = self.rules.max_cap_tokens
+            fix = (f"Set {set_cap} (or more)" if self.tokens_needed <= most else
+                   f"{self.tokens_needed} is above the {most} {self.rules.name} accepts: lower the batch "
+                   "(--cuda-graph-max-bs, --max-running-requests, --chunked-prefill-size)")
+            return (f"{self.rules.name} dispatch has {self.local_tokens} tokens on this rank but the per-rank cap "
+                    f"is {self.cap}: {self.rules.overflow_outcome}. {fix}. {where}")
         if self.kind == "runtime_over_cap":
             return (
                 f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank (runtime_max_tokens_per_rank) "
@@ -103,6 +111,7 @@ class InstrumentedDispatcher:
         overflow_policy: str = "raise",
         step_leader: bool = True,
         on_overflow: Iterable[OverflowCallback] = (),
+        rules: BackendCapRules = FLASHINFER,
     ):
         if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
             raise ValueError(f"cap must be a positive int (tokens per rank), got {cap!r}")
@@ -118,6 +127,7 @@ class InstrumentedDispatcher:
         self.overflow_policy = overflow_policy
         self.step_leader = step_leader
         self.on_overflow: list[OverflowCallback] = list(on_overflow)
+        self.rules = rules
 
     # --- guards ----------------------------------------------------------------------------
 
@@ -125,8 +135,9 @@ class InstrumentedDispatcher:
         needed = max(runtime_tokens, local_tokens)
         event = OverflowEvent(
             kind=kind, outcome=outcome, cap=self.cap, runtime_max_tokens_per_rank=runtime_tokens,
-            local_tokens=local_tokens, tokens_needed=needed, suggested_cap=suggested_cap(needed),
-            role=self.counters.role, ep_rank=self.backend.ep_rank, ep_size=self.backend.ep_size,
+            local_tokens=local_tokens, tokens_needed=needed,
+            suggested_cap=suggested_cap(needed, self.rules.alignment),
+            role=self.counters.role, ep_rank=self.backend.ep_rank, ep_size=self.backend.ep_size, rules=self.rules,
         )
         failures = []
         # Per step, not per layer: a chunked overflow recurs identically in every MoE layer of the

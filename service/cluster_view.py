@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import pricing_of
 from capwatch.service.findings import Finding, consistency_findings
 from capwatch.service.sources.contract import RankState
 from capwatch.service.vocabulary import RankStatus
@@ -78,7 +78,7 @@ def role_order(states: list[RankState]) -> list[str]:
 
 def _rank_view(state: RankState, status: RankStatus, now_s: float) -> RankView:
     reported = state.config.allocated_workspace_bytes or state.config.workspace_bytes_per_rank
-    expected = WorkspacePricing.of_config(state.config, state.ep_size).known_bytes_per_rank(state.cap)
+    expected = pricing_of(state.config, state.ep_size).known_bytes_per_rank(state.cap)
     return RankView(
         ep_rank=state.ep_rank, role=state.role, state=status, host=state.host, boot_id=state.boot_id,
         boots=state.boots, ep_size=state.ep_size, cap=state.cap, last_report_unix_s=state.received_unix_s,
@@ -114,7 +114,7 @@ def summarize_cluster(cluster: str, role: str, all_states: list[RankState], now_
     for state in states:
         overflow.update(state.overflow_totals)
     top = max(live_states, key=lambda state: state.cap)
-    per_rank = WorkspacePricing.of_config(top.config, ep_size).known_bytes_per_rank(cap)
+    per_rank = pricing_of(top.config, ep_size).known_bytes_per_rank(cap)
     return ClusterView(
         cluster=cluster, role=role, roles=roles, ep_size=ep_size, ranks_expected=ep_size,
         ranks_reporting=sum(view.state == "reporting" for view in views),

@@ -1,8 +1,8 @@
 """Consistency findings: the failure modes operators hit when an EP group's ranks disagree.
 
 Ranks that disagree on the cap or ep_size (hangs, illegal memory access — sglang #30242, DeepEP #208), a
-workspace sized for cap x ep_size (the double count of sglang PR #25907), a workspace FlashInfer's formula
-does not explain, and ranks that stopped reporting. Pure: the group's rank states and their views in,
+workspace sized for cap x ep_size (FlashInfer's double count of sglang PR #25907), a workspace (or DeepEP buffer)
+its backend's sizing does not explain, and ranks that stopped reporting. Pure: the group's rank states and their views in,
 findings out (``cluster_view.py`` puts them in the view).
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import pricing_of
 from capwatch.service.sources.contract import RankState
+from capwatch.sizing.backends import backend_rules
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 
@@ -67,8 +68,11 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
         reported, expected = view.workspace_bytes_per_rank, view.expected_workspace_bytes_per_rank
         if expected is None or reported is None or reported == expected:
             continue
-        sized_for_group = (WorkspacePricing.of_config(state.config, state.ep_size).known_bytes_per_rank(
-            state.cap * state.ep_size) if state.ep_size > 1 else None)
+        # The double count is a backend's known bug (FlashInfer's cap x ep_size max_num_tokens; DeepEP takes the
+        # per-rank cap as is).
+        sized_for_group = (pricing_of(state.config, state.ep_size).known_bytes_per_rank(state.cap * state.ep_size)
+                           if state.ep_size > 1 and backend_rules(state.config.a2a_backend).sized_for_group_bug
+                           else None)
         if sized_for_group and abs(reported - sized_for_group) <= DOUBLE_COUNT_TOLERANCE * sized_for_group:
             doubled.append((state, reported, expected))
         elif abs(reported - expected) > DOUBLE_COUNT_TOLERANCE * expected:
@@ -83,10 +87,11 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
                      f"(as in sglang PR #25907); size the workspace with the per-rank cap")))
     if mismatched:
         state, reported, expected = mismatched[0]
+        rules = backend_rules(state.config.a2a_backend)
         findings.append(Finding(
             kind="workspace_mismatch", severity="info", ranks=sorted(s.ep_rank for s, _, _ in mismatched),
-            message=(f"rank {state.ep_rank} reports {reported} workspace bytes; FlashInfer's formula gives "
-                     f"{expected} for its configuration (check flashinfer_version and the payload sizes)")))
+            message=(f"rank {state.ep_rank} reports {reported} {rules.memory} bytes; {rules.sized_by} gives "
+                     f"{expected} for its configuration ({rules.mismatch_hint})")))
     missing = sorted(view.ep_rank for view in views if view.state == "missing")
     if missing:
         findings.append(Finding(

@@ -8,11 +8,13 @@ from capwatch.service.advisor.advice import Advice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import pricing_of
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.sources.contract import ClusterSource, RankState
+from capwatch.sizing.backends import backend_rules
+from capwatch.sizing.deepep_plan import prefill_dispatched
 
 
 class UnknownCluster(LookupError):
@@ -61,7 +63,8 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
     graph_batches = [batch for batch in graph_batches if batch is not None]
     config = widest.config
     return GroupConfig(
-        cap=widest.cap, pricing=WorkspacePricing.of_config(widest.config, ep_size),
+        cap=widest.cap, pricing=pricing_of(config, ep_size), backend=backend_rules(config.a2a_backend),
+        prefill_dispatched=config.deepep is None or prefill_dispatched(config.deepep.mode),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(state.config.speculative_tokens for state in live),
         sglang=merged_sglang_limits(state.config.sglang for state in live),

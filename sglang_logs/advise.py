@@ -24,16 +24,17 @@ from dataclasses import dataclass
 from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import Pricing, WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
-from capwatch.sglang_logs.server_args import ServerConfig
+from capwatch.sglang_logs.server_args import ServerConfig, default_cap
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
-from capwatch.sizing.backends import BACKENDS, BackendCapRules, backend_rules
+from capwatch.sizing.backends import BACKENDS, DEEPEP, BackendCapRules, backend_rules
 from capwatch.sizing.checks import SizingError
+from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, plan_deepep_buffer, prefill_dispatched
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry, model_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
@@ -92,6 +93,8 @@ class ServerFlags:
             changes["tp_size"] = changes["ep_size"] = self.ep_size
         if self.a2a_backend is not None:
             changes["moe_a2a_backend"] = self.a2a_backend
+            if config.limits is not None:  # the default cap is the backend's
+                changes["default_cap"] = default_cap(self.a2a_backend, config.limits.max_prefill_buffer_tokens)
         return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -125,16 +128,19 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     config = segment.config
     backend = _backend(config, flags, segment)
     geometry = flag_geometry or _geometry_of(config)
-    policy = policy.model_copy(update={"alignment": backend.alignment,
-                                       "max_cap": min(policy.max_cap, backend.max_cap_tokens)})
+    try:
+        policy = policy.for_backend(backend)
+    except ValueError as error:
+        raise LogError(str(error)) from None
     current = segment.cap_in_use
-    pricing = WorkspacePricing(flags.ep_size or config.a2a_group_size,
-                               dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
-                               combine_bytes_per_token(geometry.hidden_size))
+    pricing, prefill_through_cap = _pricing(backend, config, geometry, flags.ep_size or config.a2a_group_size)
     limits = None if config.limits is None else config.limits.model_copy(
         update={"cap_source": "default" if flags.cap is None and segment.cap_seen is None else "env"})
+    if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
+        limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
-    group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv)
+    group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv, backend=backend,
+                        prefill_dispatched=prefill_through_cap)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
@@ -142,8 +148,9 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     _refuse_if_unplaced_lines_matter(read, segment, advice.max_peak_runtime_tokens)
     reasons = [_describe_read(read, segment, current, flags, backend)] + advice.reasons
     if config.limits is None:
+        below = backend.below_floor or "SGLang refuses to start with a cap below it"
         reasons.append("no start-up line: SGLang's start-up floor (prefill chunk, CUDA-graph batches x tokens per "
-                       "request) is unknown and not checked; SGLang refuses to start with a cap below it")
+                       f"request) is unknown and not checked; {below}")
     generated = (segment.history.last_sample_s or 0.0) + settings.window_s
     fields = {**advice.model_dump(), "reasons": reasons,
               "env": backend.env_line(advice.recommended_cap) if advice.env is not None else None}
@@ -178,6 +185,25 @@ def _latest_with_data(read: LogRead, paths: list[str], flags: ServerFlags) -> Se
         raise LogError(f"no SGLang decode lines ('Decode batch, #running-req: ...') after the server_args= line in "
                        f"{where}: is it the scheduler's log at --log-level info?{hint}")
     raise LogError(f"no SGLang decode lines ('Decode batch, #running-req: ...') in {where}{hint}")
+
+
+def _pricing(backend: BackendCapRules, config: ServerConfig, geometry: ModelGeometry,
+             ep_size: int) -> tuple[Pricing, bool]:
+    """The backend's memory per rank at any cap for this server, and whether its prefill batches meet the cap."""
+    if backend is not DEEPEP:
+        return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
+                                combine_bytes_per_token(geometry.hidden_size)), True
+    mode = config.deepep_mode or DEEPEP_MODES[0]
+    if mode not in DEEPEP_MODES:
+        raise LogError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token cap; "
+                       "no advice")
+    try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
+        plan = plan_deepep_buffer(geometry, ep_size, backend.alignment, mode, config.redundant_experts,
+                                  geometry.shared_experts if config.shared_experts_fusion else 0)
+    except SizingError as error:
+        raise LogError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
+    return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
+                         plan.normal_rdma_bytes), prefill_dispatched(mode)
 
 
 def _backend(config: ServerConfig, flags: ServerFlags, segment: Segment) -> BackendCapRules:

@@ -21,8 +21,13 @@ SGLang's rules, read from the wheels:
   that backend is ``disabled`` or on a prefill server, at most ``max_running_requests // attn_dp_size``;
 - prefill buffer: ``chunked_prefill_size`` if > 0, grown to ``max(max_prefill_tokens, 1.25 x chunk)`` by
   PP dynamic chunking (``arg_groups/overrides.py`` ``max_prefill_buffer_tokens``);
-- the default cap (the env var unset): ``max(prefill buffer, 4096)``
-  (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``);
+- the default cap (the env var unset): FlashInfer's ``max(prefill buffer, 4096)``
+  (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``); a backend with a fixed default
+  (``BackendCapRules.default_cap``: DeepEP's 128) that number;
+- DeepEP's buffer: ``deepep_mode`` (auto, low_latency; normal has no cap), ``ep_num_redundant_experts``, and
+  the fused shared expert slots with ``enforce_shared_experts_fusion`` (DeepEP servers fuse only on request:
+  ``models/deepseek_v2.py`` ``shared_experts_fusion_disable_reason``; a quantization that keeps shared experts
+  at a higher precision still refuses, which the args do not show);
 - ``attn_dp_size`` is in the dict from 0.5.20; before, ``dp_size`` with ``enable_dp_attention``.
 """
 
@@ -34,6 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.telemetry.report import SGLangLimits
 
@@ -71,6 +77,10 @@ class ServerConfig:
     speculative_algorithm: str | None = None
     decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
     kv_cache_dtype: str | None = None
+    # DeepEP's buffer beyond the model: --deepep-mode, --ep-num-redundant-experts, --enforce-shared-experts-fusion.
+    deepep_mode: str | None = None
+    redundant_experts: int = 0
+    shared_experts_fusion: bool = False
 
     @property
     def a2a_group_size(self) -> int:
@@ -176,6 +186,14 @@ def max_prefill_buffer_tokens(args: dict) -> int:
     return tokens
 
 
+def default_cap(backend: str | None, prefill_buffer_tokens: int) -> int:
+    """The cap SGLang runs with when the backend's variable is unset."""
+    rules = BACKENDS.get(backend or "")
+    if rules is not None and rules.default_cap is not None:
+        return rules.default_cap
+    return max(prefill_buffer_tokens, SGLANG_DEFAULT_MIN_CAP)
+
+
 def server_config(args: dict) -> ServerConfig:
     if "tp_size" not in args and "ep_size" not in args:
         raise UnreadableArgs("it has neither tp_size nor ep_size: not SGLang's server args")
@@ -213,13 +231,17 @@ def server_config(args: dict) -> ServerConfig:
         prefill_cuda_graph_max_batch_size=max(0, prefill_bs), decode_cuda_graph_max_batch_size=max(0, decode_bs),
         tokens_per_request=tokens_per_request, cap_source="default")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
+    backend = _text(args, "moe_a2a_backend")
     return ServerConfig(
         model_path=_text(args, "model_path"), tp_size=sizes["tp_size"], ep_size=sizes["ep_size"],
-        attn_dp_size=attn_dp_size, moe_a2a_backend=_text(args, "moe_a2a_backend"),
-        tokens_per_request=tokens_per_request, limits=limits, default_cap=max(buffer, SGLANG_DEFAULT_MIN_CAP),
+        attn_dp_size=attn_dp_size, moe_a2a_backend=backend,
+        tokens_per_request=tokens_per_request, limits=limits, default_cap=default_cap(backend, buffer),
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
-        kv_cache_dtype=_text(args, "kv_cache_dtype"))
+        kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
+        redundant_experts=max(0, _int(args, "ep_num_redundant_experts", 0, limit=MAX_PARALLEL_SIZE) or 0),
+        shared_experts_fusion=bool(args.get("enforce_shared_experts_fusion"))
+        and not args.get("disable_shared_experts_fusion"))
 
 
 def read_server_args(text: str) -> ServerConfig:

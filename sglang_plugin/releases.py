@@ -38,6 +38,15 @@ class Target:
     parameters: tuple[str, ...] = ()
 
 
+# Every graph capture of a scheduler goes through one of these (spec runners subclass the two runners), in every
+# verified release: each backend's hooks pause its snapshots around them.
+CAPTURE_TARGETS = (
+    Target("sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"),
+    Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture"),
+    Target("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture"),
+)
+
+
 @dataclass(frozen=True)
 class ReleaseChoice:
     installed: str  # the sglang version found

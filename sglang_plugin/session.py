@@ -1,8 +1,11 @@
-"""One scheduler process: the counters of each role, its exporter, its reports.
+"""One scheduler process: the counters of each role, its exporter, its reports, whatever the backend.
 
 Roles follow SGLang's workspaces: the decode one -> ``target``, the speculative one (a draft model's
 layers) -> ``draft``, SP prefill (0.5.23) -> ``sp_prefill``. Each role has one ``DispatchCounters``
-shared by all its layers; the lowest layer id is the step leader. A role's telemetry (reporter, collector) starts at its first dispatch, when
+shared by all its layers; the lowest layer id is the step leader (with DeepEP's two-batch overlap, both
+micro-batches' dispatchers of that layer lead: each micro-batch is its own dispatch against the cap).
+A backend's hook module (``hooks/<backend>.py``) counts its dispatchers through :meth:`SchedulerSession.count_layer`
+and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry (reporter, collector) starts at its first dispatch, when
 every layer and workspace of the model is known; the exporter serves from the first moment (base port
 + local GPU index) with the plugin's own info metric.
 """
@@ -21,6 +24,7 @@ from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
+from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.rank import RankTelemetry, rank_config
 from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits
@@ -28,7 +32,10 @@ from capwatch.telemetry.reporter import new_boot_id
 
 logger = logging.getLogger("capwatch.sglang")
 
-BACKEND_NAME = "sglang-flashinfer"
+
+def reported_backend(rules: BackendCapRules) -> str:
+    """The ``backend`` a plugin rank reports: the engine and SGLang's name of the A2A."""
+    return f"sglang-{rules.name}"
 
 
 @dataclass
@@ -39,7 +46,11 @@ class RoleWatch:
     counters: DispatchCounters
     geometry: dict
     layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), InstrumentedDispatcher, dispatcher]
-    workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr -> bytes: each counted once
+    workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr (or buffer id) -> bytes: each counted once
+    # What the reports carry beyond the geometry (rank_config's backend, a2a_backend, flashinfer_version, deepep),
+    # from the backend's hook module.
+    reported: dict = field(default_factory=dict)
+    lead_per_micro_batch: bool = False  # every dispatcher of the lowest layer id leads (DeepEP's two-batch overlap)
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
@@ -48,9 +59,10 @@ class RoleWatch:
         self.elect_leader()
 
     def elect_leader(self) -> None:
+        lowest = min(entry[0] for entry in self.layers)
         leader = min(range(len(self.layers)), key=lambda index: self.layers[index][0])  # first of equals
-        for index, (_, each, _) in enumerate(self.layers):
-            each.step_leader = index == leader
+        for index, (layer_id, each, _) in enumerate(self.layers):
+            each.step_leader = index == leader or (self.lead_per_micro_batch and layer_id == lowest)
 
 
 class SchedulerSession:
@@ -72,20 +84,36 @@ class SchedulerSession:
     def adopt_layer(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedDispatcher:
         """Count one MoeAlltoAll of a dispatcher (its own workspace: nothing allocated but the counters)."""
         backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
+        geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
+                        hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+                        num_experts=dispatcher.num_experts)
+        instrumented = self.count_layer(alltoall, dispatcher, backend, role, layer_id, geometry, backend.device,
+                                        FLASHINFER)
+        watch = self.roles[role]
+        watch.reported = dict(backend=reported_backend(FLASHINFER), flashinfer_version=self.versions["flashinfer"])
+        watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
+        self._layers[id(alltoall)] = (instrumented, backend)
+        return instrumented
+
+    def count_layer(self, counted, dispatcher, place, role: str, layer_id: int | None, geometry: dict, device,
+                    rules: BackendCapRules, lead_per_micro_batch: bool = False) -> InstrumentedDispatcher:
+        """One counted object of a dispatcher (``counted``: what ``layer_of`` finds it by), in its role's counters
+        (made with the role's first layer: ``geometry``, the counters' ``device``). ``place`` has the rank's
+        ``ep_rank`` and ``ep_size``; ``rules`` name the cap's variable in overflow messages."""
         watch = self.roles.get(role)
         if watch is None:
-            counters = DispatchCounters(dispatcher.max_num_tokens, backend.ep_size, backend.device, role=role)
-            geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
-                            hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
-                            num_experts=dispatcher.num_experts)
-            watch = self.roles[role] = RoleWatch(role, counters, geometry)
-        watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
-        instrumented = InstrumentedDispatcher(backend, watch.counters, dispatcher.max_num_tokens)
+            counters = DispatchCounters(geometry["cap"], geometry["ep_size"], device, role=role)
+            watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch)
+        instrumented = InstrumentedDispatcher(place, watch.counters, geometry["cap"], rules=rules)
         watch.add_layer(layer_id, instrumented, dispatcher)
         if watch.telemetry is not None:
             instrumented.on_overflow.append(watch.telemetry.on_overflow)
-        self._layers[id(alltoall)] = (instrumented, backend)
+        self._layers[id(counted)] = (instrumented, None)
         return instrumented
+
+    def count_buffer(self, role: str, buffer, size_bytes: int) -> None:
+        """A buffer the role's layers share (DeepEP's one per process): its bytes in the role's reports, once."""
+        self.roles[role].workspaces.setdefault(id(buffer), size_bytes)
 
     def layer_of(self, alltoall) -> InstrumentedDispatcher | None:
         found = self._layers.get(id(alltoall))
@@ -135,9 +163,8 @@ class SchedulerSession:
         limits = self.limits
         return rank_config(
             cap=geometry["cap"], ep_size=geometry["ep_size"], hidden_size=geometry["hidden_size"],
-            top_k=geometry["top_k"], num_experts=geometry["num_experts"], backend=BACKEND_NAME,
-            flashinfer_version=self.versions["flashinfer"],
-            allocated_workspace_bytes=sum(watch.workspaces.values()),
+            top_k=geometry["top_k"], num_experts=geometry["num_experts"], **watch.reported,
+            allocated_workspace_bytes=sum(watch.workspaces.values()) or None,
             cuda_graph_max_batch_size=(limits.decode_cuda_graph_max_batch_size or None) if limits else None,
             speculative_tokens=(limits.tokens_per_request - 1) if limits else 0,
             sglang=limits,

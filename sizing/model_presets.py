@@ -55,6 +55,9 @@ class ModelGeometry:
     num_experts: int  # routed experts (shared experts never travel through the A2A)
     source: str = ""
     kv_cache: KVCacheGeometry | None = None
+    # config.json's n_shared_experts: the experts SGLang fuses into DeepEP's expert slots, one slot per rank
+    # each, with --enforce-shared-experts-fusion (DeepSeek-family models only).
+    shared_experts: int = 0
 
     def __post_init__(self) -> None:
         _positive("hidden_size", self.hidden_size)
@@ -62,10 +65,13 @@ class ModelGeometry:
         _positive("num_experts", self.num_experts)
         if self.top_k > self.num_experts:
             raise SizingError(f"top_k {self.top_k} exceeds num_experts {self.num_experts}")
+        if isinstance(self.shared_experts, bool) or not isinstance(self.shared_experts, int) or self.shared_experts < 0:
+            raise SizingError(f"shared_experts must be an integer >= 0, got {self.shared_experts!r}")
 
 
-def custom_geometry(hidden_size: int, top_k: int, num_experts: int) -> ModelGeometry:
-    return ModelGeometry("custom", hidden_size, top_k, num_experts, "given on the command line")
+def custom_geometry(hidden_size: int, top_k: int, num_experts: int, shared_experts: int = 0) -> ModelGeometry:
+    return ModelGeometry("custom", hidden_size, top_k, num_experts, "given on the command line",
+                         shared_experts=shared_experts)
 
 
 _HF = "huggingface.co/{}/blob/main/config.json"
@@ -75,17 +81,17 @@ MODEL_PRESETS: dict[str, ModelGeometry] = {
     geometry.name: geometry
     for geometry in (
         ModelGeometry("deepseek-v3", 7168, 8, 256, _HF.format("deepseek-ai/DeepSeek-V3")
-                      + ": hidden_size, n_routed_experts, num_experts_per_tok",
-                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61")),
+                      + ": hidden_size, n_routed_experts, num_experts_per_tok, n_shared_experts",
+                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61"), 1),
         ModelGeometry("deepseek-r1", 7168, 8, 256, _HF.format("deepseek-ai/DeepSeek-R1")
                       + ": same architecture as DeepSeek-V3",
-                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61")),
+                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61"), 1),
         ModelGeometry("deepseek-v2", 5120, 6, 160, _HF.format("deepseek-ai/DeepSeek-V2")
-                      + ": hidden_size, n_routed_experts, num_experts_per_tok",
-                      _mla(512, 64, 60, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 60")),
+                      + ": hidden_size, n_routed_experts, num_experts_per_tok, n_shared_experts",
+                      _mla(512, 64, 60, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 60"), 2),
         ModelGeometry("kimi-k2", 7168, 8, 384, _HF.format("moonshotai/Kimi-K2-Instruct")
-                      + ": hidden_size, n_routed_experts, num_experts_per_tok",
-                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61")),
+                      + ": hidden_size, n_routed_experts, num_experts_per_tok, n_shared_experts",
+                      _mla(512, 64, 61, "kv_lora_rank 512, qk_rope_head_dim 64, num_hidden_layers 61"), 1),
         ModelGeometry("qwen3-235b-a22b", 4096, 8, 128, _HF.format("Qwen/Qwen3-235B-A22B")
                       + ": hidden_size, num_experts, num_experts_per_tok",
                       _gqa(4, 128, 94, "num_key_value_heads 4, head_dim 128, num_hidden_layers 94")),

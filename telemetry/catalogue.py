@@ -27,20 +27,26 @@ class MetricSpec:
     labels: tuple[str, ...] = RANK_LABELS
 
 
-# moe_a2a_info's and moe_a2a_sglang_info's own labels are RankConfig's and RankConfig.sglang's field names
-# (ep_size aside, the identity's); the value "none" on moe_a2a_info, an empty one on the SGLang info, is None.
-INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "payload_format", "flashinfer_version", "overflow_policy")
+# moe_a2a_info's, moe_a2a_sglang_info's and moe_a2a_deepep_info's own labels are RankConfig's,
+# RankConfig.sglang's and RankConfig.deepep's field names (ep_size aside, the identity's; cap_variable aside, the
+# backend's variable from sizing/backends.py, so an alert can name it); the value "none" on moe_a2a_info, an empty
+# one on the SGLang info, is None.
+INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend", "payload_format", "flashinfer_version",
+                                       "overflow_policy")
 SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule")
+DEEPEP_INFO_LABELS: tuple[str, ...] = ("mode",)
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
-    "Per-rank token cap (max_num_tokens) the A2A workspace is sized for.", "tokens")
+    "Per-rank token cap the A2A memory is sized for (the variable that sets it: moe_a2a_info's cap_variable).",
+    "tokens")
 WORKSPACE_BYTES = MetricSpec(
     "moe_a2a_workspace_bytes", "gauge",
-    "A2A workspace bytes of this rank by FlashInfer's sizing formula.", "bytes")
+    "A2A memory of this rank at its cap by its backend's sizing: FlashInfer's workspace formula, or DeepEP's "
+    "buffer as SGLang allocates it.", "bytes")
 WORKSPACE_ALLOCATED_BYTES = MetricSpec(
     "moe_a2a_workspace_allocated_bytes", "gauge",
-    "A2A workspace bytes this rank's backend actually allocated (only where the backend knows).", "bytes")
+    "A2A workspace or buffer bytes this rank's backend actually allocated (only where the backend knows).", "bytes")
 DISPATCH_TOKEN_BYTES = MetricSpec(
     "moe_a2a_dispatch_token_bytes", "gauge",
     "Dispatch payload bytes per token (hidden states, scales, top-k ids and weights).", "bytes")
@@ -49,8 +55,8 @@ COMBINE_TOKEN_BYTES = MetricSpec(
     "Combine payload bytes per token.", "bytes")
 INFO = MetricSpec(
     "moe_a2a_info", "info",
-    "Configuration of this rank's A2A dispatcher (value is always 1).", "",
-    RANK_LABELS + ("ep_size", *INFO_CONFIG_LABELS))
+    "Configuration of this rank's A2A dispatcher, its backend and the variable of its cap (value is always 1).", "",
+    RANK_LABELS + ("ep_size", *INFO_CONFIG_LABELS, "cap_variable"))
 DISPATCH_CALLS = MetricSpec(
     "moe_a2a_dispatch_calls_total", "counter",
     "A2A dispatch calls (one per MoE layer per forward step, more when chunked).", "calls")
@@ -153,6 +159,21 @@ SGLANG_TOKENS_PER_REQUEST = MetricSpec(
     "moe_a2a_sglang_tokens_per_request", "gauge",
     "Tokens each request dispatches per decode/verify step under SGLang (1, or the speculative draft tokens).",
     "tokens")
+DEEPEP_INFO = MetricSpec(
+    "moe_a2a_deepep_info", "info",
+    "How SGLang sized this rank's DeepEP buffer: its --deepep-mode (value is always 1; present only on DeepEP "
+    "ranks).", "", RANK_LABELS + DEEPEP_INFO_LABELS)
+DEEPEP_BUFFER_EXPERTS = MetricSpec(
+    "moe_a2a_deepep_buffer_experts", "gauge",
+    "Experts DeepEP's low-latency buffer is sized for: routed + redundant + fused shared-expert slots.", "experts")
+DEEPEP_NORMAL_NVL_BYTES = MetricSpec(
+    "moe_a2a_deepep_normal_nvl_bytes", "gauge",
+    "Normal mode's NVLink buffer in this rank's DeepEP buffer (--deepep-mode auto; 0 in low_latency): does not "
+    "depend on the cap.", "bytes")
+DEEPEP_NORMAL_RDMA_BYTES = MetricSpec(
+    "moe_a2a_deepep_normal_rdma_bytes", "gauge",
+    "Normal mode's RDMA size hint (--deepep-mode auto): the RDMA buffer is the larger of it and the low-latency "
+    "size at the cap.", "bytes")
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
 REPORTS_PENDING = MetricSpec(
@@ -183,11 +204,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS, EPLB_STATS_EXPERTS, CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
     SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
+    DEEPEP_INFO, DEEPEP_BUFFER_EXPERTS, DEEPEP_NORMAL_NVL_BYTES, DEEPEP_NORMAL_RDMA_BYTES,
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORT_AUTH_FAILURES,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:
-# (gauge, RankConfig field) and (gauge, RankConfig.sglang field). A gauge is absent where the field is None.
+# (gauge, RankConfig field), (gauge, RankConfig.sglang field) and (gauge, RankConfig.deepep field). A gauge is
+# absent where the field is None.
 RANK_CONFIG_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (CAP_TOKENS, "cap"), (WORKSPACE_BYTES, "workspace_bytes_per_rank"),
     (WORKSPACE_ALLOCATED_BYTES, "allocated_workspace_bytes"), (DISPATCH_TOKEN_BYTES, "dispatch_bytes_per_token"),
@@ -200,6 +223,10 @@ SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS, "prefill_cuda_graph_max_batch_size"),
     (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
     (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
+)
+DEEPEP_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
+    (DEEPEP_BUFFER_EXPERTS, "buffer_experts"), (DEEPEP_NORMAL_NVL_BYTES, "normal_nvl_bytes"),
+    (DEEPEP_NORMAL_RDMA_BYTES, "normal_rdma_bytes"),
 )
 
 # Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.

@@ -9,6 +9,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
+from capwatch.sizing.backends import backend_rules
+from capwatch.telemetry import catalogue
+from capwatch.telemetry.catalogue import MetricSpec
+from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
+from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak, local_peak_between
+from capwatch.telemetry.report import RankConfig, RankIdentity
+from capwatch.telemetry.reporter import ReporterStats
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -18,13 +25,6 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-
-from capwatch.telemetry import catalogue
-from capwatch.telemetry.catalogue import MetricSpec
-from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
-from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S, TrailingPeak, local_peak_between
-from capwatch.telemetry.report import RankConfig, RankIdentity
-from capwatch.telemetry.reporter import ReporterStats
 
 
 def _base_name(spec: MetricSpec) -> str:
@@ -71,10 +71,13 @@ class DispatchCollector(Collector):
         self._reporter_stats = reporter_stats
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
         self._info = {"ep_size": str(identity.ep_size),
-                      **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS}}
+                      **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS},
+                      "cap_variable": backend_rules(config.a2a_backend).cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
             label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
+        self._deepep_info = None if config.deepep is None else {
+            label: getattr(config.deepep, label) for label in catalogue.DEEPEP_INFO_LABELS}
         self._buckets = catalogue.runtime_token_buckets(config.cap)
 
     def describe(self) -> Iterator[Metric]:
@@ -101,6 +104,12 @@ class DispatchCollector(Collector):
         limits = config.sglang
         for spec, field in catalogue.SGLANG_LIMIT_GAUGES:
             yield self._gauge(spec, None if limits is None else getattr(limits, field))
+        deepep_info = _family(catalogue.DEEPEP_INFO)
+        if self._deepep_info is not None:
+            deepep_info.add_metric(labels, self._deepep_info)
+        yield deepep_info
+        for spec, field in catalogue.DEEPEP_GAUGES:
+            yield self._gauge(spec, None if config.deepep is None else getattr(config.deepep, field))
 
         yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
         yield self._counter(catalogue.FORWARD_STEPS, snapshot.forward_steps)

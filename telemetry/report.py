@@ -10,8 +10,11 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal
 
+from capwatch.sizing.backends import BACKEND_NAMES, DEEPEP, FLASHINFER
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError
+from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size
+from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, check_buffer_experts
 from capwatch.sizing.flashinfer_releases import (
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
@@ -58,6 +61,8 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN),
 # Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
 # (and listed as an enum in the service's OpenAPI schema).
 PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
+A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # sizing/backends.py: one entry per backend
+DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):
@@ -108,6 +113,23 @@ class SGLangLimits(_Strict):
     floor_rule: Literal["sglang", "capwatch"] = "sglang"
 
 
+class DeepEPBuffer(_Strict):
+    """How SGLang sized this rank's DeepEP buffer beyond the cap and the hidden size (``sizing/deepep_plan.py``):
+    what prices it at any other cap. The normal-mode bytes (``--deepep-mode auto``) do not depend on the cap."""
+
+    mode: DeepEPMode
+    # The experts DeepEP is given: routed + --ep-num-redundant-experts + one slot per rank per fused shared expert.
+    buffer_experts: Annotated[int, Field(ge=1, le=MAX_NUM_EXPERTS)]
+    normal_nvl_bytes: Annotated[int, Field(ge=0, le=1 << 42)] = 0
+    normal_rdma_bytes: Annotated[int, Field(ge=0, le=1 << 42)] = 0
+
+    @model_validator(mode="after")
+    def _low_latency_alone(self) -> "DeepEPBuffer":
+        if self.mode == "low_latency" and (self.normal_nvl_bytes or self.normal_rdma_bytes):
+            raise ValueError("a low_latency-mode DeepEP buffer has no normal-mode bytes (only --deepep-mode auto does)")
+        return self
+
+
 class RankConfig(_Strict):
     cap: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)]
     hidden_size: Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE)]
@@ -127,6 +149,9 @@ class RankConfig(_Strict):
     speculative_tokens: Annotated[int, Field(ge=0, le=64)] = 0
     # Set by the SGLang plugin: the inputs of SGLang's own start-up floor for the cap.
     sglang: SGLangLimits | None = None
+    # The A2A backend whose cap this is (SGLang's --moe-a2a-backend name): its variable, bounds and pricing.
+    a2a_backend: A2ABackend = FLASHINFER.name
+    deepep: DeepEPBuffer | None = None  # a deepep rank's buffer, beyond the cap and the hidden size
 
     # What FlashInfer itself would refuse, field by field (pydantic validates fields in this order,
     # so each check sees the fields declared before it). The group-level check is RankReport's.
@@ -149,11 +174,34 @@ class RankConfig(_Strict):
 
     @model_validator(mode="after")
     def _routing_in_release(self) -> "RankConfig":
-        refusal = _routing_refusal(self.top_k, self.num_experts, self.hidden_size, self.payload_format,
-                                   self.flashinfer_version)
+        if self.a2a_backend == DEEPEP.name:
+            refusal = _deepep_refusal(self)
+        elif self.deepep is not None:
+            refusal = f"a {self.a2a_backend} rank reports no DeepEP buffer (a2a_backend {DEEPEP.name!r} does)"
+        else:
+            refusal = _routing_refusal(self.top_k, self.num_experts, self.hidden_size, self.payload_format,
+                                       self.flashinfer_version)
         if refusal is not None:
             raise ValueError(refusal)
         return self
+
+
+def _deepep_refusal(config: RankConfig) -> str | None:
+    """What SGLang or DeepEP would refuse of a deepep rank's config (the group's rule: ``check_priceable``)."""
+    if config.deepep is None:
+        return "a deepep rank's config needs its deepep buffer (mode, buffer_experts)"
+    if config.payload_format != "bf16" or config.flashinfer_version is not None or config.eplb_stats_num_experts:
+        return ("payload_format, flashinfer_version and eplb_stats_num_experts are FlashInfer's: DeepEP's buffer is "
+                "sized for bf16 whatever the dispatch dtype (leave them at bf16, None and 0)")
+    if config.deepep.buffer_experts < config.num_experts:
+        return (f"buffer_experts {config.deepep.buffer_experts} is below num_experts {config.num_experts}: DeepEP gets "
+                "the routed experts plus redundant and fused shared ones")
+    try:
+        check_dispatch_cap(config.cap)
+        check_low_latency_hidden_size(config.hidden_size)
+    except SizingError as error:
+        return str(error)
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -252,7 +300,7 @@ class RankReport(_Strict):
 
 def check_priceable(config: RankConfig, ep_size: int) -> None:
     """The config prices in a group of ``ep_size`` ranks (the release's rank limit, experts per rank):
-    every accepted report can be priced and advised. Raises ``ValueError`` saying what FlashInfer refuses."""
+    every accepted report can be priced and advised. Raises ``ValueError`` saying what its backend refuses."""
     refusal = _pricing_refusal(config, ep_size)
     if refusal is not None:
         raise ValueError(refusal)
@@ -263,9 +311,13 @@ def _pricing_refusal(config: RankConfig, ep_size: int) -> str | None:
     # Cached by value (the model is frozen, so hashable): a rank sends the same config in every report,
     # and pricing it was most of a report's validation time.
     try:
-        plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
-                       config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
-                       bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
+        if config.a2a_backend == DEEPEP.name:
+            check_buffer_experts(config.deepep.buffer_experts, ep_size)
+            DeepEPPricing.of_config(config, ep_size).bytes_per_rank(config.cap)
+        else:
+            plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
+                           config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
+                           bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
     except SizingError as error:
         return f"config with identity.ep_size {ep_size}: {error}"
     return None

@@ -1,4 +1,5 @@
-"""``capwatch plan``: what a per-rank dispatch cap costs in FlashInfer MoE A2A workspace.
+"""``capwatch plan``: what a per-rank dispatch cap costs in A2A memory: FlashInfer's MoE A2A workspace, or
+DeepEP's buffer (``--backend deepep``).
 
 Registration is cheap; sizing, rich and json load only when the command runs.
 """
@@ -6,7 +7,9 @@ Registration is cheap; sizing, rich and json load only when the command runs.
 from __future__ import annotations
 
 import argparse
+import functools
 
+from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 
 # Plain constants (no sizing work at import): the limits --help states.
@@ -24,6 +27,11 @@ per-rank workspace fits (units: bytes, KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 
 Modes: flashinfer = FlashInfer's formula for the payload format; sglang = what SGLang allocates
 (bf16 floor on dispatch bytes, +128 B with --draft); sglang-legacy = SGLang before PR #25907
 (cap x ep_size passed as max_num_tokens, an ep_size-fold over-allocation).
+
+--backend deepep prices SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (1..1024) in the deep_ep.Buffer SGLang
+allocates for --moe-a2a-backend deepep: the low-latency RDMA buffer, plus normal mode's buffers with
+--deepep-mode auto (SGLang's default). Its experts are the routed ones + --redundant-experts + one slot per
+rank per shared expert with --shared-experts-fusion (SGLang's --enforce-shared-experts-fusion).
 """
 
 MAX_CAPS = 4096  # rows one invocation prints; a range beyond this is almost surely a typo
@@ -46,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     geometry.add_argument("--model", metavar="NAME", help="preset, case-insensitive, e.g. deepseek-v3, kimi-k2")
     geometry.add_argument("--hidden-size", metavar="H", help=f"hidden size of the tokens dispatched (1..{MAX_HIDDEN_SIZE})")
     geometry.add_argument("--top-k", metavar="K", help="routed experts per token (1..kMaxTopK of the release: 8 before "
-                                                       "0.6.8, 22 after)")
+                                                       "0.6.8, 22 after; not needed with --backend deepep)")
     geometry.add_argument("--num-experts", metavar="E", help=f"routed experts in the model (top-k..{MAX_NUM_EXPERTS})")
     parser.add_argument("--ep-size", metavar="N", help=f"ranks in the expert-parallel group (1..{MAX_EP_SIZE}; 256 "
                                                        "on 0.7.4)")
@@ -55,19 +63,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"{MAX_CAPS} caps)")
     parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB (at most "
                                                          f"{MAX_NUMBER_CHARACTERS} characters)")
-    parser.add_argument("--format", dest="payload_format", metavar="FORMAT", default="bf16",
+    parser.add_argument("--format", dest="payload_format", metavar="FORMAT", default=None,
                         help="dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, deepseek-fp8 (default bf16)")
-    parser.add_argument("--eplb-stats-experts", metavar="S", default="0",
+    parser.add_argument("--eplb-stats-experts", metavar="S", default=None,
                         help="experts in FlashInfer's EPLB stats region (0.6.16+; 0..num_experts; default 0)")
     parser.add_argument("--flashinfer-version", metavar="X.Y.Z", default=None,
                         help="flashinfer-python release (default 0.7.2.post1, the newest with MoeAlltoAll; "
                              "0.7.4 sizes NVLinkOneSidedAlltoAll)")
-    parser.add_argument("--mode", default="flashinfer", metavar="MODE",
+    parser.add_argument("--mode", default=None, metavar="MODE",
                         help="flashinfer (default), sglang or sglang-legacy")
     parser.add_argument("--draft", action="store_true", help="size SGLang's speculative draft dispatcher (+128 B)")
-    parser.add_argument("--lamport-tokens", metavar="T", default="0",
+    parser.add_argument("--lamport-tokens", metavar="T", default=None,
                         help=f"0.7.4 only: Lamport transport token limit the run settles on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; "
                              "default 0 = off)")
+    parser.add_argument("--backend", metavar="NAME", default="flashinfer",
+                        help=f"A2A backend, as --moe-a2a-backend names it: {', '.join(BACKENDS)} (default flashinfer)")
+    deepep = parser.add_argument_group("DeepEP (--backend deepep)")
+    deepep.add_argument("--deepep-mode", metavar="MODE", default=None,
+                        help="auto (default, SGLang's: low-latency and normal buffers) or low_latency")
+    deepep.add_argument("--redundant-experts", metavar="N", default=None,
+                        help="SGLang's --ep-num-redundant-experts (default 0)")
+    deepep.add_argument("--shared-experts-fusion", action="store_true",
+                        help="SGLang's --enforce-shared-experts-fusion: one expert slot per rank per shared expert")
+    deepep.add_argument("--shared-experts", metavar="S", default=None,
+                        help="shared experts of a custom geometry (a preset knows its own)")
     parser.add_argument("--json", action="store_true", help="JSON: one object per cap, a list for several")
     parser.set_defaults(run=run)
 
@@ -115,82 +134,199 @@ def parse_caps(values: list[str]) -> list[int]:
     return list(dict.fromkeys(caps))
 
 
-def _geometry(args: argparse.Namespace):
+# Each backend's own options: given with the other backend, they are refused rather than ignored.
+FLASHINFER_OPTIONS = {"payload_format": "--format", "eplb_stats_experts": "--eplb-stats-experts",
+                      "flashinfer_version": "--flashinfer-version", "mode": "--mode", "draft": "--draft",
+                      "lamport_tokens": "--lamport-tokens"}
+DEEPEP_OPTIONS = {"deepep_mode": "--deepep-mode", "redundant_experts": "--redundant-experts",
+                  "shared_experts_fusion": "--shared-experts-fusion", "shared_experts": "--shared-experts"}
+
+
+def _given(args: argparse.Namespace, options: dict[str, str]) -> list[str]:
+    return [flag for name, flag in options.items() if getattr(args, name) not in (None, False)]
+
+
+def _geometry(args: argparse.Namespace, top_k_needed: bool = True):
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.model_presets import custom_geometry, model_geometry
 
-    custom = {"--hidden-size": args.hidden_size, "--top-k": args.top_k, "--num-experts": args.num_experts}
+    custom = {"--hidden-size": args.hidden_size, "--top-k": args.top_k, "--num-experts": args.num_experts,
+              "--shared-experts": args.shared_experts}
     given = [flag for flag, value in custom.items() if value is not None]
     if args.model is not None:
         if given:
             raise SizingError(f"give either --model or {', '.join(custom)}, not both ({', '.join(given)} with --model)")
         return model_geometry(args.model)
+    needed = ["--hidden-size", "--top-k", "--num-experts"] if top_k_needed else ["--hidden-size", "--num-experts"]
     if not given:
-        raise SizingError("give --model NAME, or --hidden-size, --top-k and --num-experts")
-    missing = [flag for flag, value in custom.items() if value is None]
+        raise SizingError(f"give --model NAME, or {', '.join(needed[:-1])} and {needed[-1]}")
+    missing = [flag for flag in needed if custom[flag] is None]
     if missing:
         raise SizingError(f"custom geometry needs {', '.join(missing)} too")
-    return custom_geometry(*(_integer(flag, value) for flag, value in custom.items()))
+    hidden, experts = _integer("--hidden-size", args.hidden_size), _integer("--num-experts", args.num_experts)
+    top_k = _integer("--top-k", args.top_k) if args.top_k is not None else 1  # DeepEP's buffer does not use it
+    shared = _integer("--shared-experts", args.shared_experts, 0) if args.shared_experts is not None else 0
+    return custom_geometry(hidden, top_k, experts, shared)
+
+
+def _budget(args: argparse.Namespace) -> int:
+    from capwatch.sizing.byte_units import parse_byte_size
+    from capwatch.sizing.checks import SizingError
+
+    if len(args.budget.strip()) > MAX_NUMBER_CHARACTERS:
+        raise SizingError(f"--budget {_shown(args.budget)} is not a size like 2GiB or 512MiB")
+    return parse_byte_size(args.budget)
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
+    from capwatch.sizing.backends import DEEPEP, backend_rules
+    from capwatch.sizing.checks import SizingError
 
-    from capwatch.sizing.byte_units import parse_byte_size
+    rules = backend_rules(args.backend.strip().lower())
+    if (args.cap is None) == (args.budget is None):
+        raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
+    if args.ep_size is None:
+        raise SizingError("give --ep-size N, the ranks in the expert-parallel group")
+    foreign = _given(args, FLASHINFER_OPTIONS if rules is DEEPEP else DEEPEP_OPTIONS)
+    if foreign:
+        raise SizingError(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not an option of the "
+                          f"{rules.name} backend (see capwatch plan --help)")
+    return _run_deepep(args, rules) if rules is DEEPEP else _run_flashinfer(args, rules)
+
+
+def _run_flashinfer(args: argparse.Namespace, rules) -> int:
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.plan import MODES, largest_plan_within, plan_workspace
 
-    if (args.cap is None) == (args.budget is None):
-        raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
-    if args.mode not in MODES:
-        raise SizingError(f"unknown --mode {args.mode!r}; choose one of {', '.join(MODES)}")
-    if args.ep_size is None:
-        raise SizingError("give --ep-size N, the ranks in the expert-parallel group")
+    mode = args.mode or "flashinfer"
+    if mode not in MODES:
+        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
     geometry = _geometry(args)
     options = dict(
         geometry=geometry, ep_size=_integer("--ep-size", args.ep_size),
-        payload_format=args.payload_format.strip().lower(),
-        eplb_stats_num_experts=_integer("--eplb-stats-experts", args.eplb_stats_experts, 0),
-        flashinfer_version=args.flashinfer_version, mode=args.mode, draft=args.draft,
-        lamport_max_tokens=_integer("--lamport-tokens", args.lamport_tokens, 0),
+        payload_format=(args.payload_format or "bf16").strip().lower(),
+        eplb_stats_num_experts=_integer("--eplb-stats-experts", args.eplb_stats_experts or "0", 0),
+        flashinfer_version=args.flashinfer_version, mode=mode, draft=args.draft,
+        lamport_max_tokens=_integer("--lamport-tokens", args.lamport_tokens or "0", 0),
     )
+    return _answer(args, lambda cap: plan_workspace(cap=cap, **options),
+                   lambda budget: largest_plan_within(budget, **options, alignment=rules.alignment),
+                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank", rules.alignment)
+
+
+def _run_deepep(args: argparse.Namespace, rules) -> int:
+    from capwatch.sizing.checks import SizingError
+    from capwatch.sizing.deepep_plan import DEEPEP_MODES, largest_deepep_plan_within, plan_deepep_buffer
+
+    mode = (args.deepep_mode or "auto").strip().lower()
+    if mode not in DEEPEP_MODES:
+        raise SizingError(f"unknown --deepep-mode {mode!r}; choose one of {', '.join(DEEPEP_MODES)} (normal mode "
+                          "has no low-latency buffer and no token cap)")
+    geometry = _geometry(args, top_k_needed=False)
+    if args.shared_experts_fusion and not geometry.shared_experts:
+        raise SizingError(f"{geometry.name} has no shared experts to fuse: drop --shared-experts-fusion"
+                          + (" or give --shared-experts S" if geometry.name == "custom" else ""))
+    options = dict(geometry=geometry, ep_size=_integer("--ep-size", args.ep_size), deepep_mode=mode,
+                   redundant_experts=_integer("--redundant-experts", args.redundant_experts or "0", 0),
+                   fused_shared_experts=geometry.shared_experts if args.shared_experts_fusion else 0)
+    return _answer(args, lambda cap: plan_deepep_buffer(cap=cap, **options),
+                   lambda budget: largest_deepep_plan_within(budget, **options, alignment=rules.alignment),
+                   _print_deepep_table, "buffer_bytes_per_rank", rules.alignment)
+
+
+def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str, alignment: int) -> int:
+    """The caps asked for, or the largest within ``--budget`` and the next aligned one (to show it does not fit):
+    JSON or ``print_table``. ``plan_at(cap)`` and ``largest_within(budget)`` are the backend's planner, its caps
+    multiples of ``alignment`` (the backend's, ``sizing/backends.py``)."""
+    import json
+
+    from capwatch.sizing.checks import SizingError
+
     if args.budget is not None:
-        if len(args.budget.strip()) > MAX_NUMBER_CHARACTERS:
-            raise SizingError(f"--budget {_shown(args.budget)} is not a size like 2GiB or 512MiB")
-        budget = parse_byte_size(args.budget)
-        best = largest_plan_within(budget, **options)
-        try:  # the next aligned cap, to show it does not fit
-            above = plan_workspace(**{**options, "cap": best.cap + 128})
-        except SizingError:  # past FlashInfer's int32 token count
+        budget = _budget(args)
+        best = largest_within(budget)
+        try:
+            above = plan_at(best.cap + alignment)
+        except SizingError:  # past the most the backend takes
             above = None
         if args.json:
-            print(json.dumps({**best.as_dict(), "budget_bytes": budget,
-                              "next_cap": above.cap if above else None,
-                              "next_cap_workspace_bytes_per_rank": above.workspace_bytes_per_rank if above else None},
-                             indent=2))
+            print(json.dumps({**best.as_dict(), "budget_bytes": budget, "next_cap": above.cap if above else None,
+                              f"next_cap_{bytes_field}": getattr(above, bytes_field) if above else None}, indent=2))
         else:
-            _print_table([best] + ([above] if above else []), geometry,
-                         title_note=f"budget {args.budget} = {budget:,} B per rank", budget=budget)
+            print_table([best] + ([above] if above else []), title_note=f"budget {args.budget} = {budget:,} B per rank",
+                        budget=budget)
         return 0
-
-    plans = [plan_workspace(cap=cap, **options) for cap in parse_caps(args.cap)]
+    plans = [plan_at(cap) for cap in parse_caps(args.cap)]
     if args.json:
-        payload = plans[0].as_dict() if len(plans) == 1 else [plan.as_dict() for plan in plans]
-        print(json.dumps(payload, indent=2))
+        print(json.dumps(plans[0].as_dict() if len(plans) == 1 else [plan.as_dict() for plan in plans], indent=2))
     else:
-        _print_table(plans, geometry)
+        print_table(plans)
     return 0
 
 
-def _print_table(plans, geometry, title_note: str = "", budget: int | None = None) -> None:
+def _console():
     from rich.console import Console
+
+    console = Console()
+    console.width = max(console.width, 150)  # piped output defaults to 80 columns and would wrap
+    return console
+
+
+def _print_deepep_table(plans, budget: int | None = None, title_note: str = "") -> None:
+    from rich.table import Table
+
+    from capwatch.sizing.backends import DEEPEP
+    from capwatch.sizing.byte_units import format_bytes, format_gib
+    from capwatch.sizing.deepep_plan import DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES
+
+    first, console = plans[0], _console()
+    extra = "".join(part for part in (
+        f" + {first.redundant_experts} redundant" if first.redundant_experts else "",
+        f" + {first.fused_shared_experts} x {first.ep_size} fused shared" if first.fused_shared_experts else ""))
+    title = (f"{first.model}: H={first.hidden_size}, E={first.num_experts}{extra} -> DeepEP experts "
+             f"{first.buffer_experts} | ep_size={first.ep_size}, deepep mode {first.deepep_mode}")
+    table = Table(title=title, caption=title_note or None)
+    normal = first.deepep_mode == "auto"
+    headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
+        ["buffer/rank", "bytes/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"]
+    for header in headers:
+        table.add_column(header, justify="right")
+    if budget is not None:
+        table.add_column("fits", justify="center")
+    for plan in plans:
+        row = [f"{plan.cap:,}", format_bytes(plan.low_latency_rdma_bytes)]
+        if normal:
+            row += [format_bytes(plan.normal_nvl_bytes), format_bytes(plan.normal_rdma_bytes)]
+        row += [format_bytes(plan.buffer_bytes_per_rank), f"{plan.buffer_bytes_per_rank:,}",
+                format_bytes(plan.buffer_bytes_group), f"{plan.nvshmem_qp_depth:,}",
+                f"+{format_bytes(plan.over_sglang_reserve_bytes)} over" if plan.over_sglang_reserve_bytes else "within"]
+        if budget is not None:
+            row.append("yes" if plan.buffer_bytes_per_rank <= budget else "no")
+        table.add_row(*row)
+    console.print(table)
+    if budget is not None:
+        console.print(f"largest 128-aligned cap within budget: {first.cap}")
+    largest = max(plans, key=lambda plan: plan.cap)
+    console.print(f"not counted: DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace; NVSHMEM maps its heap in "
+                  f"{format_bytes(NVSHMEM_HEAP_STEP_BYTES)} steps, so the RDMA buffer takes at least "
+                  f"{format_bytes(largest.nvshmem_heap_bytes_at_least)} of it at cap {largest.cap}",
+                  soft_wrap=True, highlight=False)
+    over = [plan for plan in plans if plan.over_sglang_reserve_bytes]
+    if over:
+        plan = min(over, key=lambda plan: plan.cap)
+        console.print(f"warning: from cap {plan.cap} the buffer ({format_gib(plan.buffer_bytes_per_rank)} per rank) "
+                      f"outgrows the {format_gib(plan.sglang_reserve_bytes)} SGLang's automatic --mem-fraction-static "
+                      f"reserves for DeepEP whatever {DEEPEP.cap_env_var} is: set --mem-fraction-static lower by the "
+                      "difference or expect the KV pool or CUDA-graph capture to run out of memory",
+                      soft_wrap=True, style="yellow", highlight=False)
+
+
+def _print_table(plans, geometry, title_note: str = "", budget: int | None = None) -> None:
     from rich.table import Table
 
     from capwatch.sizing.byte_units import format_bytes
 
-    first = plans[0]
-    console = Console()
-    console.width = max(console.width, 150)  # piped output defaults to 80 columns and would wrap
+    first, console = plans[0], _console()
     title = (f"{geometry.name}: H={geometry.hidden_size}, top-k={geometry.top_k}, E={geometry.num_experts} | "
              f"ep_size={first.ep_size}, {first.payload_format}, flashinfer {first.flashinfer_version} "
              f"({first.layout}), mode {first.mode}{', draft' if first.draft else ''}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from capwatch.service.vocabulary import Action
+from capwatch.sizing.backends import FLASHINFER
 from pydantic import BaseModel
 
 
@@ -30,6 +31,8 @@ class Decision(BaseModel):
 class Deployment(BaseModel):
     """What the group runs now and what bounds any cap for it: known before any history."""
 
+    a2a_backend: str = FLASHINFER.name  # whose cap (sizing/backends.py)
+    cap_variable: str = FLASHINFER.cap_env_var  # the variable that sets it
     current_cap: int
     ep_size: int
     workspace_bytes_per_rank_current: int
@@ -72,6 +75,9 @@ class Price(BaseModel):
     workspace_bytes_group_recommended: int | None
     workspace_bytes_group_delta: int | None
     kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
+    # Bytes per rank beyond what SGLang's automatic memory fraction reserves for the backend's buffer (DeepEP's
+    # flat 2048 MB); None where SGLang reserves nothing of its own for it.
+    over_sglang_reserve_bytes_recommended: int | None = None
 
     @classmethod
     def none(cls) -> Price:

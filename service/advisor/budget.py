@@ -1,24 +1,27 @@
-"""The budget stage: the A2A workspace memory budget per rank (``CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK``)
-lowers the cap to the largest whose workspace fits it, but never below SGLang's start-up floor."""
+"""The budget stage: the A2A memory budget per rank (``CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK``: FlashInfer's
+workspace, DeepEP's buffer) lowers the cap to the largest whose memory fits it, but never below SGLang's floor."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import Pricing
 from capwatch.service.advisor.stage import Step
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.caps import align_up
+from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.plan import NoCapFits, largest_plan_within
 
 if TYPE_CHECKING:  # evidence.py measures with largest_cap_within() below
     from capwatch.service.advisor.evidence import Evidence
 
 
-def largest_cap_within(budget_bytes_per_rank: int, pricing: WorkspacePricing, alignment: int,
+def largest_cap_within(budget_bytes_per_rank: int, pricing: Pricing, alignment: int,
                        max_cap: int = 1 << 20) -> int | None:
-    """Largest multiple of ``alignment`` (at most ``max_cap``) whose workspace fits the budget, None if
-    even one step does not: the planner's own search when the geometry is known."""
+    """Largest multiple of ``alignment`` (at most ``max_cap``) whose memory fits the budget, None if even one
+    step does not: the planner's own search when the geometry is known."""
+    if isinstance(pricing, DeepEPPricing):
+        return pricing.largest_cap_within(budget_bytes_per_rank, alignment, max_cap)
     if pricing.geometry is not None:
         try:
             return largest_plan_within(
@@ -47,7 +50,7 @@ def clamp_to_budget(given: Evidence, sized: float) -> Step[float]:
     if floor_cap is not None and budget_cap < floor_cap:
         return Step(min(tokens, align_up(floor_cap, policy.alignment)), (
             f"the memory budget of {budget} per rank allows at most {budget_cap} tokens, below the floor "
-            f"{floor_cap} that the server needs to start: the floor wins; raise the budget or lower the floor's "
+            f"{floor_cap} ({given.floor.why}): the floor wins; raise the budget or lower the floor's "
             "inputs (prefill chunk, CUDA-graph batch sizes)",))
-    return Step(budget_cap, (f"clamped to {budget_cap}, the largest cap whose workspace fits the budget "
+    return Step(budget_cap, (f"clamped to {budget_cap}, the largest cap whose {given.rules.memory} fits the budget "
                              f"of {budget} per rank (the estimate wanted {tokens})",))

@@ -17,9 +17,10 @@ from capwatch.service.advisor.floor import Floor, deployment_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.peaks import Estimate, estimate
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.service.advisor.pricing import Pricing
 from capwatch.service.advisor.tail import TailModel, tail_model
 from capwatch.service.advisor.trend import Trend, daily_trend, hourly_trend
+from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
 
 
@@ -28,11 +29,15 @@ class GroupConfig:
     """The EP group's configuration as the ranks report it (the cap is the max over ranks)."""
 
     cap: int
-    pricing: WorkspacePricing
+    pricing: Pricing
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
     kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
+    backend: BackendCapRules = FLASHINFER  # whose cap: its variable, bounds and floor wording
+    # Whether prefill batches go through this cap: SGLang's FlashInfer rule counts them; DeepEP dispatches
+    # them through its low-latency buffer only in --deepep-mode low_latency (auto sends them to normal mode).
+    prefill_dispatched: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,10 +58,15 @@ class Evidence:
     def current_bytes_per_rank(self) -> int:
         return self.group.pricing.bytes_per_rank(self.group.cap)
 
+    @property
+    def rules(self) -> BackendCapRules:
+        return self.group.backend
+
     @cached_property
     def floor(self) -> Floor | None:
         group = self.group
-        return deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens)
+        return deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens,
+                                group.backend, group.prefill_dispatched)
 
     @property
     def floor_cap(self) -> int | None:

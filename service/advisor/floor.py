@@ -9,12 +9,17 @@ SGLang 0.5.22 and 0.5.23 refuse to start when the cap is below ``_required_flash
   (``_decode_graph_dispatch_tokens_per_rank``: the speculative draft tokens, else 1; none on a prefill server).
 
 SGLang 0.5.19 - 0.5.21 have no such check (``SGLangLimits.floor_rule == "capwatch"``): the plugin computed
-the same terms, and the prefill chunk is none of them there (those releases send eager prefill through an
-all-gather, never through the A2A); below the floor a captured graph's dispatch fails at run time.
+the same terms, and with FlashInfer the prefill chunk is none of them there (those releases send eager prefill
+through an all-gather, never through FlashInfer's A2A); below the floor a captured graph's dispatch fails at run time.
 
 Advice below that cannot be followed. Ranks that predate the SGLang plugin report only their CUDA-graph
 decode batch and draft tokens: a batch of up to the largest captured size, each request bringing
 (1 + speculative draft tokens) tokens per step; below it the first full decode batch overflows.
+
+DeepEP has no start-up check, but the same terms bind at run time: each rank's local batch must fit its cap,
+or DeepEP's dispatch assertion ends the rank — at CUDA-graph capture for the largest decode batch
+(sglang#28914), at the first full prefill chunk in ``--deepep-mode low_latency`` (auto sends prefill to normal
+mode, which has no cap). The backend's rules (``sizing/backends.py``) say which consequence each term has.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capwatch.service.advisor.stage import Step
+from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
@@ -37,11 +43,13 @@ class Floor:
     why: str  # what happens below it
 
 
-def sglang_floor_terms(limits: SGLangLimits) -> list[tuple[int, str]]:
-    """SGLang's terms, as (tokens, what) — the ones that apply to this server's mode."""
+def sglang_floor_terms(limits: SGLangLimits, rules: BackendCapRules = FLASHINFER,
+                       prefill_dispatched: bool = True) -> list[tuple[int, str]]:
+    """SGLang's terms, as (tokens, what) — the ones that apply to this server's mode (and backend: prefill terms
+    only where prefill batches go through the cap)."""
     terms = []
-    if limits.disaggregation_mode != "decode":
-        if limits.floor_rule == "sglang":  # under capwatch's rule eager prefill never reaches the A2A
+    if limits.disaggregation_mode != "decode" and prefill_dispatched:
+        if limits.floor_rule == "sglang" or rules.eager_prefill_dispatched:
             terms.append((limits.max_prefill_buffer_tokens,
                           f"the prefill chunk (max prefill buffer) of {limits.max_prefill_buffer_tokens} tokens"))
         if limits.prefill_cuda_graph_max_batch_size:
@@ -55,8 +63,10 @@ def sglang_floor_terms(limits: SGLangLimits) -> list[tuple[int, str]]:
     return terms
 
 
-def sglang_floor_why(limits: SGLangLimits) -> str:
+def sglang_floor_why(limits: SGLangLimits, rules: BackendCapRules = FLASHINFER) -> str:
     """What happens below SGLang's floor, and whose computation it is."""
+    if rules.below_floor is not None:  # the backend's own consequence, whatever the release
+        return rules.below_floor
     if limits.floor_rule == "sglang":
         return "SGLang refuses to start below it"
     release = f"sglang {limits.sglang_version}" if limits.sglang_version else "this SGLang release"
@@ -65,11 +75,12 @@ def sglang_floor_why(limits: SGLangLimits) -> str:
 
 
 def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int | None,
-                     speculative_tokens: int = 0) -> Floor | None:
+                     speculative_tokens: int = 0, rules: BackendCapRules = FLASHINFER,
+                     prefill_dispatched: bool = True) -> Floor | None:
     terms = []
     if sglang is not None:
-        why = sglang_floor_why(sglang)
-        terms = [(tokens, what, why) for tokens, what in sglang_floor_terms(sglang)]
+        why = sglang_floor_why(sglang, rules)
+        terms = [(tokens, what, why) for tokens, what in sglang_floor_terms(sglang, rules, prefill_dispatched)]
     if cuda_graph_max_batch_size is not None:
         terms.append((cuda_graph_max_batch_size * (1 + speculative_tokens),
                       f"the largest CUDA-graph decode batch {cuda_graph_max_batch_size} x "

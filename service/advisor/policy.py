@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.caps import CAP_ALIGNMENT
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -55,3 +58,17 @@ class AdvisorPolicy(BaseModel):
         if self.min_cap > self.max_cap:
             raise ValueError(f"min_cap {self.min_cap} is above max_cap {self.max_cap}: lower min_cap or raise max_cap")
         return self
+
+    def for_backend(self, rules: BackendCapRules) -> AdvisorPolicy:
+        """This policy within a backend's own rules: caps a multiple of the alignment it requires (DeepEP: 128)
+        and none above the most it accepts (DeepEP: 1024). The operator's settings stand where they are
+        stricter; ValueError when the two leave no cap."""
+        alignment = math.lcm(self.alignment, rules.required_alignment)
+        max_cap = min(self.max_cap, rules.max_cap_tokens)
+        if (alignment, max_cap) == (self.alignment, self.max_cap):
+            return self
+        if max_cap < alignment:
+            raise ValueError(f"no cap is a multiple of {alignment} and at most {max_cap}: the advisor's alignment "
+                             f"{self.alignment} and max_cap {self.max_cap} leave none within the {rules.name} rules "
+                             f"(multiples of {rules.required_alignment}, at most {rules.max_cap_tokens})")
+        return self.model_copy(update={"alignment": alignment, "max_cap": max_cap, "min_cap": min(self.min_cap, max_cap)})

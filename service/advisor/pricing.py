@@ -1,11 +1,14 @@
-"""What a group's A2A workspace costs per rank at any cap, priced by the one pricing function
-(``capwatch.sizing.plan.plan_workspace``), which knows every FlashInfer layout."""
+"""What a group's A2A memory costs per rank at any cap, by its backend's pricing: FlashInfer's workspace
+(``WorkspacePricing``, over ``capwatch.sizing.plan.plan_workspace``, which knows every FlashInfer layout) or
+DeepEP's buffer (``capwatch.sizing.deepep_plan.DeepEPPricing``). ``pricing_of`` picks a rank's."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from capwatch.sizing.backends import DEEPEP
 from capwatch.sizing.checks import SizingError
+from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.plan import WorkspacePlan, plan_workspace
@@ -60,3 +63,15 @@ class WorkspacePricing:
             return self.bytes_per_rank(cap)
         except SizingError:
             return None
+
+
+# What every pricing answers: ep_size, bytes_per_rank(cap), known_bytes_per_rank(cap).
+Pricing = WorkspacePricing | DeepEPPricing
+
+
+def pricing_of(config, ep_size: int) -> Pricing:
+    """The pricing of a rank's config (a ``RankConfig``, or a source's ``UnpricedConfig``) in a group of
+    ``ep_size`` ranks, by its backend."""
+    if config.a2a_backend == DEEPEP.name:
+        return DeepEPPricing.of_config(config, ep_size)
+    return WorkspacePricing.of_config(config, ep_size)

@@ -50,7 +50,8 @@ def gate(given: Evidence) -> str | None:
 
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
-    given = Evidence(history, group, policy)
+    """Raises ValueError where the policy leaves no cap within the backend's rules (``for_backend``)."""
+    given = Evidence(history, group, policy.for_backend(group.backend))
     deployment, coverage = deployment_of(given), coverage_of(history)
     why_not = gate(given)
     if why_not is not None:
@@ -72,6 +73,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
 def deployment_of(given: Evidence) -> Deployment:
     pricing, current_bytes = given.group.pricing, given.current_bytes_per_rank
     return Deployment(
+        a2a_backend=given.rules.name, cap_variable=given.rules.cap_env_var,
         current_cap=given.current_cap, ep_size=pricing.ep_size, workspace_bytes_per_rank_current=current_bytes,
         workspace_bytes_group_current=current_bytes * pricing.ep_size, floor_cap=given.floor_cap,
         floor_binds=None if given.floor is None else given.floor.binds, budget_cap=given.budget_cap,
@@ -103,20 +105,29 @@ def price(given: Evidence, decision: Decision) -> Step[Price]:
     action, current, recommended = decision.action, given.current_cap, decision.recommended_cap
     pricing, kv_bytes_per_token = given.group.pricing, given.group.kv_bytes_per_token
     current_bytes, recommended_bytes = given.current_bytes_per_rank, pricing.bytes_per_rank(recommended)
-    ep_size = pricing.ep_size
+    ep_size, rules = pricing.ep_size, given.rules
     reasons = []
     if action != "hold":
         reasons.append(
-            f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the workspace "
+            f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the {rules.memory} "
             f"from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
             f"({format_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
     traded = kv_trade(action, current_bytes, recommended_bytes, kv_bytes_per_token)
     if traded:
         reasons.append(traded)
+    reserve = rules.sglang_reserve_bytes
+    over = None if reserve is None else max(0, recommended_bytes - reserve)
+    if over:
+        reasons.append(
+            f"at {recommended} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, {format_gib(over)} more "
+            f"than the {format_gib(reserve)} SGLang's automatic --mem-fraction-static reserves for it whatever the cap "
+            "(arg_groups/memory_hook.py): lower --mem-fraction-static by that much, or the KV pool and CUDA-graph "
+            "capture run short of memory")
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
                       workspace_bytes_group_recommended=recommended_bytes * ep_size,
                       workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-                      kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - recommended_bytes, kv_bytes_per_token)),
+                      kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - recommended_bytes, kv_bytes_per_token),
+                      over_sglang_reserve_bytes_recommended=over),
                 tuple(reasons))
 
 
@@ -126,6 +137,7 @@ def _rounded(value: float) -> float:
 
 
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:
+    policy = policy.for_backend(group.backend)
     given = Evidence(history, group, policy)
     pricing, current_bytes, floor_cap = group.pricing, given.current_bytes_per_rank, given.floor_cap
     model = given.tail if history.sample_count else None

@@ -39,6 +39,8 @@ class UnpricedConfig:
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None
+    a2a_backend: str = "flashinfer"
+    deepep: None = None  # a DeepEP buffer prices with the geometry only: not known either
     hidden_size: None = None  # not known: see the docstring
     top_k: None = None
     num_experts: None = None

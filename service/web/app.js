@@ -90,6 +90,8 @@
     $("current-cap").textContent = tokens(first(advice, ["current_cap"]));
     $("recommended-cap").textContent = tokens(first(advice, ["recommended_cap"]));
     const facts = [
+      // whose cap: the backend and the variable that sets it (FlashInfer's, DeepEP's)
+      ["cap variable", first(advice, ["cap_variable"], "–")],
       ["bounds", advice.lower_bound !== undefined && advice.lower_bound !== null
         ? `${tokens(advice.lower_bound)} – ${tokens(advice.upper_bound)}` : "–"],
       ["confidence", percent(first(advice, ["confidence"]))],

@@ -2,12 +2,12 @@
 
 A backend module provides ``NAME``, ``ADAPTERS`` (verified SGLang release -> its adapter),
 ``problem(adapter, backend_version, newer)`` (why it cannot be instrumented, checked before any hook)
-and ``register(session, adapter, source)``; its floor lives in ``floors/<backend>.py``. A second backend
-(DeepEP's low-latency dispatcher, next) is one more module here and one in ``floors/``, and one entry below.
+and ``register(session, adapter, source)``; its floor lives in ``floors/<backend>.py``. A backend is one
+module here, one in ``floors/`` and one entry below (docs/sglang.md, "Adding a backend").
 """
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import flashinfer
+from capwatch.sglang_plugin.hooks import deepep, flashinfer
 
-BACKENDS = {flashinfer.NAME: flashinfer}
+BACKENDS = {module.NAME: module for module in (flashinfer, deepep)}

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from capwatch.dispatcher.instrumented import CapOverflowError
-from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -59,12 +59,6 @@ ALLTOALL_DISPATCH = Target("flashinfer.comm.MoeAlltoAll.dispatch", (
 EXCEPTION_TRACEBACK = Target("sglang.utils.get_exception_traceback")
 CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
                            ("moe_runner_config", "quant_method"))
-# Every graph capture of a scheduler goes through one of these (spec runners subclass the two runners).
-CAPTURE_TARGETS = (
-    Target("sglang.srt.model_executor.model_runner_components.cuda_graph_setup.capture_cuda_graphs"),
-    Target("sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture"),
-    Target("sglang.srt.model_executor.runner.prefill_cuda_graph_runner.PrefillCudaGraphRunner.capture"),
-)
 # What the hooks read off the dispatcher module in every release: R as SGLang computes it.
 MODULE_NAMES = ("_max_tokens_per_scattered_source", "get_dp_global_num_tokens", "get_parallel", "get_flags")
 BASE_INIT = ("group", "router_topk", "num_experts", "num_local_experts", "hidden_size", "params_dtype")

@@ -5,6 +5,9 @@ exporter-close file: the rank keeps stepping but stops answering scrapes).
 Every step is a real dispatch -> expert -> combine through ``InstrumentedDispatcher.run``; the R schedule is
 the same on every rank (as in SGLang, R is the group-wide max), and every 15th step needs more than the cap,
 so the chunked overflow path and its counters run for real too.
+
+``a2a_backend="deepep"`` runs the same steps as a DeepEP group reports them (its config names DeepEP, its buffer
+priced at DeepSeek-V3's hidden size), so one Prometheus, one set of rules and one service see both backends.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import torch.distributed as dist
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
+from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sizing.model_presets import custom_geometry
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.rank import RankTelemetry, rank_config
-from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.report import DeepEPBuffer, RankIdentity
 from capwatch.telemetry.reporter import ReporterOptions
 
 CAP = 64
@@ -30,6 +35,22 @@ NUM_EXPERTS = 8
 TOP_K = 2
 STEP_PAUSE_S = 0.05
 OVERFLOW_EVERY = 15
+DEEPEP_HIDDEN = 7168  # what a DeepEP rank's buffer is priced at (the steps move HIDDEN-wide rows)
+
+
+def port_file_name(rank: int, a2a_backend: str) -> str:
+    return f"rank{rank}" if a2a_backend == "flashinfer" else f"{a2a_backend}-rank{rank}"
+
+
+def _config(world_size: int, a2a_backend: str):
+    if a2a_backend == "deepep":
+        plan = plan_deepep_buffer(custom_geometry(DEEPEP_HIDDEN, TOP_K, NUM_EXPERTS), world_size, CAP, "low_latency")
+        return rank_config(cap=CAP, ep_size=world_size, hidden_size=DEEPEP_HIDDEN, top_k=TOP_K,
+                           num_experts=NUM_EXPERTS, backend="torch", overflow_policy="chunk", a2a_backend="deepep",
+                           deepep=DeepEPBuffer(mode="low_latency", buffer_experts=plan.buffer_experts),
+                           allocated_workspace_bytes=plan.buffer_bytes_per_rank)
+    return rank_config(cap=CAP, ep_size=world_size, hidden_size=HIDDEN, top_k=TOP_K, num_experts=NUM_EXPERTS,
+                       backend="torch", payload_format="fp16", overflow_policy="chunk")
 
 
 def runtime_tokens(step: int) -> int:
@@ -46,22 +67,23 @@ def local_tokens(step: int, rank: int, world_size: int, runtime: int) -> int:
     return random.Random(step * 131 + rank).randint(0, runtime)
 
 
-def serve_rank(rank: int, world_size: int, cluster: str, service_url: str, run_dir: str, max_seconds: float) -> dict:
+def serve_rank(rank: int, world_size: int, cluster: str, service_url: str, run_dir: str, max_seconds: float,
+               a2a_backend: str = "flashinfer") -> dict:
     run_path = Path(run_dir)
+    name = port_file_name(rank, a2a_backend)
     backend = TorchA2ABackend(NUM_EXPERTS, TOP_K)
     counters = DispatchCounters(CAP, world_size, role="target")
     dispatcher = InstrumentedDispatcher(backend, counters, CAP, overflow_policy="chunk")
     identity = RankIdentity(cluster=cluster, ep_rank=rank, ep_size=world_size, role="target",
                             boot_id=uuid.uuid4().hex)
-    config = rank_config(cap=CAP, ep_size=world_size, hidden_size=HIDDEN, top_k=TOP_K, num_experts=NUM_EXPERTS,
-                         backend="torch", payload_format="fp16", overflow_policy="chunk")
+    config = _config(world_size, a2a_backend)
     telemetry = RankTelemetry(
         counters, identity, config,
         exporter=ExporterOptions(base_port=0),  # the OS picks a free port; the parent reads it below
         reporter=ReporterOptions(service_url=service_url, interval_s=1.0),
     ).start()
     dispatcher.on_overflow.append(telemetry.on_overflow)
-    port_file = run_path / f"rank{rank}.port"
+    port_file = run_path / f"{name}.port"
     port_file.with_suffix(".tmp").write_text(str(telemetry.exporter.port))
     port_file.with_suffix(".tmp").rename(port_file)  # atomic: the parent never reads half a number
 
@@ -76,7 +98,7 @@ def serve_rank(rank: int, world_size: int, cluster: str, service_url: str, run_d
             dist.all_reduce(stop, op=dist.ReduceOp.MAX)
             if stop.item():
                 break
-            if telemetry.exporter.port is not None and (run_path / f"rank{rank}.close-exporter").exists():
+            if telemetry.exporter.port is not None and (run_path / f"{name}.close-exporter").exists():
                 telemetry.exporter.close()  # the test's "lost rank": it stops answering scrapes
             runtime = runtime_tokens(step)
             tokens = local_tokens(step, rank, world_size, runtime)

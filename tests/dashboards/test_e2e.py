@@ -2,8 +2,10 @@
 evaluates our rules, and answers every dashboard query and every recording rule.
 
 The stack: ``capwatch serve`` (started by ``capwatch.demo.service``); four rank processes in a
-gloo group running the instrumented dispatcher with their exporters and reporters (``e2e_rank.py``); and
-Prometheus scraping both every second with ``dashboards/rules/capwatch.rules.yml`` loaded.
+gloo group running the instrumented dispatcher with their exporters and reporters (``e2e_rank.py``), and a second
+group of two whose reports and series say DeepEP's low-latency buffer; and Prometheus scraping them all every
+second with ``dashboards/rules/capwatch.rules.yml`` loaded. One set of dashboards, rules and views serves both
+backends, each naming its own variable.
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ from pathlib import Path
 
 import pytest
 from capwatch.dashboards import service_metrics
+from capwatch.sizing.backends import DEEPEP, FLASHINFER
+from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.model_presets import custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.telemetry import catalogue
 
@@ -32,6 +37,8 @@ from tests.support.service import ServiceProcess
 
 EP_SIZE = 4
 CLUSTER = "e2e-group"
+DEEPEP_CLUSTER = "e2e-deepep"  # a DeepEP group beside the FlashInfer one
+DEEPEP_EP_SIZE = 2
 # Grafana's $__rate_interval is max(4 x scrape interval, $__interval + scrape interval); with 1 s scrapes and
 # a short test, 10s keeps several samples in every window.
 RATE_INTERVAL = "10s"
@@ -94,22 +101,28 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
     run_dir = tmp_path_factory.mktemp("e2e")
     prometheus = None
     rank_errors: list[BaseException] = []
-    ranks_thread = None
+    ranks_threads: list[threading.Thread] = []
     service = None
     try:
         service = _start_service(run_dir)
         service_url = service.url
 
-        def run_ranks() -> None:
+        def run_ranks(size: int, cluster: str, a2a_backend: str) -> None:
             try:
-                spawn_ranks(EP_SIZE, e2e_rank.serve_rank, CLUSTER, service_url, str(run_dir),
-                            float(READY_TIMEOUT_S + 60), timeout_s=READY_TIMEOUT_S + 120)
+                spawn_ranks(size, e2e_rank.serve_rank, cluster, service_url, str(run_dir),
+                            float(READY_TIMEOUT_S + 60), a2a_backend, timeout_s=READY_TIMEOUT_S + 120)
             except BaseException as error:  # surfaced by the fixture below
                 rank_errors.append(error)
 
-        ranks_thread = threading.Thread(target=run_ranks, name="capwatch-e2e-ranks", daemon=True)
-        ranks_thread.start()
-        port_files = [run_dir / f"rank{rank}.port" for rank in range(EP_SIZE)]
+        ranks_threads = [threading.Thread(target=run_ranks, args=arguments, name=f"capwatch-e2e-{arguments[2]}",
+                                          daemon=True)
+                         for arguments in ((EP_SIZE, CLUSTER, FLASHINFER.name),
+                                           (DEEPEP_EP_SIZE, DEEPEP_CLUSTER, DEEPEP.name))]
+        for thread in ranks_threads:
+            thread.start()
+        port_files = [run_dir / f"{e2e_rank.port_file_name(rank, backend)}.port"
+                      for size, backend in ((EP_SIZE, FLASHINFER.name), (DEEPEP_EP_SIZE, DEEPEP.name))
+                      for rank in range(size)]
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not all(path.exists() for path in port_files):
             if rank_errors or time.monotonic() > deadline:
@@ -124,29 +137,31 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
         def ready() -> bool:
             if rank_errors:
                 pytest.fail(f"a rank failed: {rank_errors[0]}")
-            scrapes = live.values(f'min(count_over_time(moe_a2a_info{{cluster="{CLUSTER}"}}[1m]))')
+            scrapes = live.values('min(count_over_time(moe_a2a_info[1m]))')
             return (
-                len(live.query('up{job="capwatch-ranks"} == 1')) == EP_SIZE
+                len(live.query('up{job="capwatch-ranks"} == 1')) == EP_SIZE + DEEPEP_EP_SIZE
                 and len(live.query('up{job="capwatch-service"} == 1')) == 1
                 and scrapes.get("", 0) >= 8  # 8 scrapes of every rank: each 10s window holds several samples
-                and bool(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{CLUSTER}"}}'))
-                and bool(live.query('ALERTS{alertname="MoeA2AOverflow", alertstate="firing"}'))
+                and all(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{cluster}"}}')
+                        for cluster in (CLUSTER, DEEPEP_CLUSTER))
+                and len(live.query('ALERTS{alertname="MoeA2AOverflow", alertstate="firing"}')) == 2
             )
 
         _wait_for(ready, "ranks and service scraped, a recommendation and the overflow alert", live)
         yield live
     finally:
         (run_dir / "stop").touch()
-        if ranks_thread is not None:
-            ranks_thread.join(timeout=60)
+        for thread in ranks_threads:
+            thread.join(timeout=60)
         if prometheus is not None:
             prometheus.stop()
         if service is not None:
             service.stop()
 
 
-def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+") -> list[tuple[str, str]]:
-    values = {"cluster": CLUSTER, "dispatcher": ".+", "ep_rank": ep_rank}
+def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+", cluster: str = CLUSTER
+                       ) -> list[tuple[str, str]]:
+    values = {"cluster": cluster, "dispatcher": ".+", "ep_rank": ep_rank}
     queries = []
     for file_name, dashboard in committed_dashboards.items():
         for panel, target in lint.targets(dashboard):
@@ -155,8 +170,9 @@ def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+") -> list[
     return queries
 
 
-def test_every_dashboard_query_returns_data(stack, committed_dashboards):
-    queries = _dashboard_queries(committed_dashboards)
+@pytest.mark.parametrize("cluster", [CLUSTER, DEEPEP_CLUSTER])
+def test_every_dashboard_query_returns_data(stack, committed_dashboards, cluster):
+    queries = _dashboard_queries(committed_dashboards, cluster=cluster)
     assert len(queries) > 30
     empty = [f"{where}: {expr}" for where, expr in queries if not stack.query(expr)]
     assert empty == [], "queries without data:\n" + "\n".join(empty)
@@ -186,7 +202,8 @@ def test_variable_queries_list_the_run(stack, committed_dashboards):
 
 def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack, rule_file):
     records = [rule["record"] for group in rule_file["groups"] for rule in group["rules"] if "record" in rule]
-    empty = [record for record in records if not stack.query(f'{record}{{cluster="{CLUSTER}"}}')]
+    empty = [(record, cluster) for record in records for cluster in (CLUSTER, DEEPEP_CLUSTER)
+             if not stack.query(f'{record}{{cluster="{cluster}"}}')]
     assert empty == []
     groups = _get_json(f"{stack.prometheus_url}/api/v1/rules")["data"]["groups"]
     loaded = [rule for group in groups for rule in group["rules"]]
@@ -223,6 +240,23 @@ def test_values_agree_with_the_run(stack):
     assert (advice[service_metrics.RECOMMENDED_CAP_LOWER_TOKENS] <= advice[service_metrics.RECOMMENDED_CAP_TOKENS]
             <= advice[service_metrics.RECOMMENDED_CAP_UPPER_TOKENS])
     assert advice[service_metrics.RECOMMENDED_CAP_TOKENS] > e2e_rank.CAP
+
+
+def test_the_deepep_group_is_priced_and_advised_as_deepep(stack):
+    """The same rules and service over the DeepEP group: its buffer, its variable, a cap within DeepEP's rules."""
+    plan = plan_deepep_buffer(custom_geometry(e2e_rank.DEEPEP_HIDDEN, e2e_rank.TOP_K, e2e_rank.NUM_EXPERTS),
+                              DEEPEP_EP_SIZE, e2e_rank.CAP, "low_latency")
+    group = stack.values(f'cluster_dispatcher:moe_a2a_workspace_bytes:sum{{cluster="{DEEPEP_CLUSTER}"}}')
+    assert group == {"": DEEPEP_EP_SIZE * plan.buffer_bytes_per_rank}
+    [variable] = stack.query(f'cluster_dispatcher:moe_a2a_info_cap_variable:topk1{{cluster="{DEEPEP_CLUSTER}"}}')
+    assert variable["metric"]["cap_variable"] == DEEPEP.cap_env_var
+    recommended = stack.values(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{DEEPEP_CLUSTER}"}}')[""]
+    assert recommended % 128 == 0 and e2e_rank.CAP < recommended <= 1024
+    alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
+    overflow = {alert["labels"]["cluster"]: alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2AOverflow"}
+    assert overflow[DEEPEP_CLUSTER]["labels"]["cap_variable"] == DEEPEP.cap_env_var
+    assert DEEPEP.cap_env_var in overflow[DEEPEP_CLUSTER]["annotations"]["description"]
+    assert FLASHINFER.cap_env_var in overflow[CLUSTER]["annotations"]["description"]
 
 
 def test_alerts_match_the_run(stack):

@@ -66,6 +66,9 @@ def test_rule_lint_catches_mistakes():
     # Reading only the instant value, over-provisioning ignores a peak no evaluation happened to read.
     ("max by (cluster, dispatcher) (max_over_time(moe_a2a_runtime_tokens_window_utilization_ratio[10m])) < 0.5",
      "cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max < 0.5", "MoeA2ACapOverProvisioned"),
+    # Without the join on moe_a2a_info the alert cannot say which variable to raise (FlashInfer's or DeepEP's).
+    ("* on (cluster, dispatcher) group_left (cap_variable)", "* on (cluster, dispatcher) group_left ()",
+     "MoeA2ACapSaturating"),
     # Counting auth failures as rejections would fire the rejected alert for a wrong token.
     ("increase(moe_a2a_reports_rejected_total[10m])",
      "increase({__name__=~\"moe_a2a_reports_rejected_total|moe_a2a_report_auth_failures_total\"}[10m])",

@@ -31,7 +31,7 @@ def advice(cluster: str, **changes) -> dict:
     return json.loads(ClusterAdvice(**values).model_dump_json())
 
 
-def rendered(print_function, objects, width: int = 240) -> str:
+def rendered(print_function, objects, width: int = 260) -> str:
     console = Console(record=True, width=width, color_system=None)
     print_function(objects, console)
     return console.export_text()
@@ -60,10 +60,22 @@ def test_several_advices_are_a_row_each_then_each_clusters_reasons_and_errors():
     rows = [line for line in text.splitlines() if line.startswith("│")]
     assert [row.split("│")[1].strip() for row in rows] == ["prod-a", "prod-b"]
     cells = [cell.strip() for cell in rows[1].split("│")[1:-1]]
-    assert cells[:5] == ["prod-b", "insufficient_data", "4096", "-", "-"] and cells[-2] == "-"
+    assert cells[:6] == ["prod-b", "insufficient_data", "flashinfer", "4096", "-", "-"] and cells[-2] == "-"
     after = text[text.index("prod-a:"):]
     assert after.index("prod-a:") < after.index(f"export {ENV_VAR}=1280") < after.index("prod-b:") \
         < after.index("no change suggested yet") < after.index("prod-c: cannot be advised: ranks disagree on the cap")
+
+
+def test_each_backend_names_its_own_variable():
+    deepep = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+    card = rendered(print_advice, [advice("decode", a2a_backend="deepep", cap_variable=deepep, current_cap=1024,
+                                          recommended_cap=384, env=f"{deepep}=384")])
+    assert any("backend" in line and "deepep" in line for line in card.splitlines())
+    assert card.strip().splitlines()[-1] == f"export {deepep}=384"
+    both = rendered(print_advice, [advice("prod-a"), advice("decode", a2a_backend="deepep", cap_variable=deepep,
+                                                                    env=f"{deepep}=384")])
+    assert f"capwatch advice: {deepep}, {ENV_VAR}" in both
+    assert f"export {deepep}=384" in both and f"export {ENV_VAR}=1280" in both
 
 
 @pytest.mark.parametrize("width", [60, 100])

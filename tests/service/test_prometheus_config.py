@@ -6,19 +6,20 @@ and the model geometry included, for any config a rank can report. What it canno
 from __future__ import annotations
 
 import pytest
-
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.service.advisor.budget import WorkspacePricing
+from capwatch.service.advisor.pricing import WorkspacePricing, pricing_of
 from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.checks import SizingError
+from capwatch.sizing.deepep_low_latency import LOW_LATENCY_HIDDEN_SIZES
+from capwatch.sizing.deepep_plan import DEEPEP_MODES, plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
+from capwatch.telemetry.report import MAX_CAP_TOKENS, DeepEPBuffer, RankConfig, RankIdentity, SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -46,6 +47,8 @@ sglang_limits = st.builds(
 @st.composite
 def rank_configs(draw) -> RankConfig:
     geometry = draw(st.sampled_from(sorted(MODEL_PRESETS.values(), key=lambda preset: preset.name)))
+    if geometry.hidden_size in LOW_LATENCY_HIDDEN_SIZES and draw(st.booleans()):
+        return draw(deepep_rank_configs(geometry))
     return rank_config(
         cap=draw(st.integers(1, 1 << 16)), ep_size=EP_SIZE, hidden_size=geometry.hidden_size,
         top_k=geometry.top_k, num_experts=geometry.num_experts, backend=draw(st.sampled_from(["torch", "flashinfer"])),
@@ -54,6 +57,20 @@ def rank_configs(draw) -> RankConfig:
         allocated_workspace_bytes=draw(st.none() | st.integers(1, 1 << 40)),
         cuda_graph_max_batch_size=draw(st.none() | st.integers(1, 4096)),
         speculative_tokens=draw(st.integers(0, 64)), sglang=draw(st.none() | sglang_limits))
+
+
+@st.composite
+def deepep_rank_configs(draw, geometry) -> RankConfig:
+    """A DeepEP rank's config as the plugin reports it: its buffer sized by SGLang's rule."""
+    plan = plan_deepep_buffer(geometry, EP_SIZE, draw(st.integers(1, 1024)), draw(st.sampled_from(DEEPEP_MODES)),
+                              redundant_experts=EP_SIZE * draw(st.integers(0, 16)))
+    return rank_config(
+        cap=plan.cap, ep_size=EP_SIZE, hidden_size=geometry.hidden_size, top_k=geometry.top_k,
+        num_experts=geometry.num_experts, backend="sglang-deepep", a2a_backend="deepep",
+        deepep=DeepEPBuffer(mode=plan.deepep_mode, buffer_experts=plan.buffer_experts,
+                            normal_nvl_bytes=plan.normal_nvl_bytes, normal_rdma_bytes=plan.normal_rdma_bytes),
+        allocated_workspace_bytes=draw(st.none() | st.just(plan.buffer_bytes_per_rank)),
+        cuda_graph_max_batch_size=draw(st.none() | st.integers(1, 4096)), sglang=draw(st.none() | sglang_limits))
 
 
 def exposition(config: RankConfig) -> bytes:
@@ -70,7 +87,8 @@ def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
         for sample in family.samples:
             values[sample.name] = sample.value
             labels[sample.name] = sample.labels
-    return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name))
+    return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name),
+                          labels.get(catalogue.DEEPEP_INFO.name))
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -143,19 +161,23 @@ def test_series_without_a_usable_cap_describe_no_rank(cap):
     assert rank_config_of(values | {catalogue.DISPATCH_TOKEN_BYTES.name: 64.0}, {}, None) is None
 
 
-_names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES)]
-_labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS, "ep_size"]),
-                          st.text(max_size=40), max_size=8)
+_names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES,
+                                    *catalogue.DEEPEP_GAUGES)]
+_labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS,
+                                           *catalogue.DEEPEP_INFO_LABELS, "ep_size"]),
+                          st.sampled_from(["deepep", "flashinfer", "auto", "low_latency"]) | st.text(max_size=40),
+                          max_size=8)
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.dictionaries(st.sampled_from(_names), st.floats(allow_nan=True, allow_infinity=True) | st.integers(-1, 1 << 60),
-                       max_size=len(_names)), _labels, st.none() | _labels)
-def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_an_error(values, info, sglang_info):
+                       max_size=len(_names)), _labels, st.none() | _labels, st.none() | _labels)
+def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_an_error(values, info, sglang_info,
+                                                                                       deepep_info):
     """Whatever a Prometheus holds under these names (a hand-written exporter, NaN, +Inf, negatives):
     no rank without a usable cap; else a config that validates, or one without geometry whose sizes are
     sizes a rank could have or unknown, and that prices or says why not (SizingError) — never a crash."""
-    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info)
+    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info, deepep_info)
     cap = values.get(catalogue.CAP_TOKENS.name)
     if cap is None or not 1 <= float(cap) < float("inf"):
         assert config is None
@@ -167,8 +189,35 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     for size in (config.dispatch_bytes_per_token, config.combine_bytes_per_token, config.workspace_bytes_per_rank,
                  config.allocated_workspace_bytes, config.cuda_graph_max_batch_size):
         assert size is None or size >= 1
-    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0
+    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0 and config.deepep is None
     try:
-        WorkspacePricing.of_config(config, EP_SIZE).bytes_per_rank(config.cap)
+        pricing_of(config, EP_SIZE).bytes_per_rank(config.cap)
     except SizingError:
         pass
+
+
+def test_a_deepep_ranks_series_name_its_backend_variable_and_buffer_and_rebuild_its_config():
+    geometry = MODEL_PRESETS["deepseek-v3"]
+    plan = plan_deepep_buffer(geometry, EP_SIZE, 256, "auto")
+    config = rank_config(cap=256, ep_size=EP_SIZE, hidden_size=7168, top_k=8, num_experts=256,
+                         backend="sglang-deepep", a2a_backend="deepep",
+                         deepep=DeepEPBuffer(mode="auto", buffer_experts=256, normal_nvl_bytes=plan.normal_nvl_bytes,
+                                             normal_rdma_bytes=plan.normal_rdma_bytes))
+    text = exposition(config)
+    assert promtool_findings(text) == []
+    families = {family.name: family for family in text_string_to_metric_families(text.decode())}
+    info = families[catalogue.INFO.name].samples[0].labels
+    assert (info["a2a_backend"], info["cap_variable"]) == ("deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK")
+    assert families[catalogue.DEEPEP_INFO.name].samples[0].labels["mode"] == "auto"
+    assert families[catalogue.WORKSPACE_BYTES.name].samples[0].value == plan.buffer_bytes_per_rank
+    assert families[catalogue.DEEPEP_NORMAL_NVL_BYTES.name].samples[0].value == plan.normal_nvl_bytes
+    assert rebuilt(text) == config
+    assert pricing_of(rebuilt(text), EP_SIZE).bytes_per_rank(1024) == plan_deepep_buffer(
+        geometry, EP_SIZE, 1024, "auto").buffer_bytes_per_rank
+    flashinfer = exposition(rank_config(cap=128, ep_size=EP_SIZE, hidden_size=64, top_k=4, num_experts=8,
+                                        backend="torch"))
+    families = {family.name: family for family in text_string_to_metric_families(flashinfer.decode())}
+    assert families[catalogue.INFO.name].samples[0].labels["cap_variable"] == \
+        "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+    assert families[catalogue.DEEPEP_INFO.name].samples == []
+    assert all(families[spec.name].samples == [] for spec, _ in catalogue.DEEPEP_GAUGES)

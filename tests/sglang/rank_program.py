@@ -105,35 +105,13 @@ def sglang_0_5_22_floor_terms(moe_hook, server_args) -> dict:
             "prefill_chunk": moe_hook.max_prefill_buffer_tokens(server_args)}
 
 
-def start_rank(plan: dict, rank: int) -> SGLangRank:
-    world = plan["world"]
-    # SGLang's scheduler configures logging this way (configure_scheduler_process), before the model.
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s")
-
-    from sglang.srt.managers import scheduler  # where run_scheduler_process lives
-    from sglang.srt.plugins import load_plugins
-
-    load_plugins()  # first thing, as in run_scheduler_process
-
-    import torch.distributed as dist
+def publish_and_configure(server_args, rank: int, world: int) -> None:
+    """``run_scheduler_process``'s start on this release: publish (with the spawn ranks from 0.5.21 on), then the
+    release's ``configure_scheduler_process`` (0.5.19 - 0.5.20 take every rank, later ones the GPU index alone),
+    where the plugin starts; then the MoE widths the GPU groups would stamp."""
     from sglang.srt import runtime_context
-    from sglang.srt.arg_groups import moe_hook
-    from sglang.srt.layers.moe.token_dispatcher import flashinfer as dispatcher_module
-    from sglang.srt.server_args import ServerArgs
+    from sglang.srt.managers import scheduler
 
-    from tests.sglang import standin
-
-    standin.install(dispatcher_module)
-    server_args = ServerArgs(
-        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="flashinfer",
-        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True,
-        moe_runner_backend="flashinfer_cutlass", **plan.get("server_args", {}),
-    )
-    if plan.get("hide_hook_target"):  # a release where the target moved: the plugin must stand aside
-        owner, _, name = plan["hide_hook_target"].rpartition(".")
-        delattr(pkgutil.resolve_name(owner), name)
-    # run_scheduler_process's start: publish (with the spawn ranks from 0.5.21 on), then the release's
-    # configure_scheduler_process (0.5.19 - 0.5.20 take every rank, later ones the GPU index alone).
     if "ranks" in inspect.signature(runtime_context.publish).parameters:
         runtime_context.publish(server_args, role="scheduler",
                                 ranks=runtime_context.SpawnRanks(world_rank=rank, dp_rank=None, gpu_id=rank))
@@ -157,6 +135,35 @@ def start_rank(plan: dict, rank: int) -> SGLangRank:
         parallel.moe_ep_rank
     except (RuntimeError, AssertionError):
         _PROCESS_SCOPE.enter_context(parallel.override(moe_ep_rank=rank))
+
+
+def start_rank(plan: dict, rank: int) -> SGLangRank:
+    world = plan["world"]
+    # SGLang's scheduler configures logging this way (configure_scheduler_process), before the model.
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s")
+
+    from sglang.srt.managers import scheduler  # noqa: F401  where run_scheduler_process lives: the plugin hooks there
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # first thing, as in run_scheduler_process
+
+    import torch.distributed as dist
+    from sglang.srt.arg_groups import moe_hook
+    from sglang.srt.layers.moe.token_dispatcher import flashinfer as dispatcher_module
+    from sglang.srt.server_args import ServerArgs
+
+    from tests.sglang import standin
+
+    standin.install(dispatcher_module)
+    server_args = ServerArgs(
+        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="flashinfer",
+        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True,
+        moe_runner_backend="flashinfer_cutlass", **plan.get("server_args", {}),
+    )
+    if plan.get("hide_hook_target"):  # a release where the target moved: the plugin must stand aside
+        owner, _, name = plan["hide_hook_target"].rpartition(".")
+        delattr(pkgutil.resolve_name(owner), name)
+    publish_and_configure(server_args, rank, world)
     if hasattr(moe_hook, "validate_flashinfer_a2a_token_budget"):  # SGLang's start-up floor, 0.5.22 on
         moe_hook.validate_flashinfer_a2a_token_budget(server_args)
         floor = {"required": moe_hook._required_flashinfer_a2a_dispatch_tokens_per_rank(server_args)}

@@ -85,13 +85,14 @@ class RankRun:
             log.close()
         return self
 
-    def wait_ready(self) -> None:
+    def wait_ready(self, mark: str = "ready") -> None:
+        """Until every rank has written ``<mark>-<rank>`` (its program's ``ready``, or another point it reached)."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not all((self.run_dir / f"ready-{rank}").exists() for rank in range(self.world)):
+        while not all((self.run_dir / f"{mark}-{rank}").exists() for rank in range(self.world)):
             failed = [rank for rank, process in enumerate(self.processes) if process.poll() is not None]
             if failed or time.monotonic() > deadline:
                 self.kill()
-                raise AssertionError(f"ranks {failed or 'all'} did not get ready:\n{self.logs()}")
+                raise AssertionError(f"ranks {failed or 'all'} did not reach {mark}:\n{self.logs()}")
             time.sleep(0.2)
 
     def release(self) -> list[int]:

@@ -78,7 +78,8 @@ def test_flags_override_what_the_args_say(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ({"moe_a2a_backend": "deepep"}, "the server runs the 'deepep' A2A backend: capwatch does not size the 'deepep'"),
+    ({"moe_a2a_backend": "mooncake"}, "the server runs the 'mooncake' A2A backend: capwatch does not size the "
+                                      "'mooncake'"),
     ({"moe_a2a_backend": "none"}, "moe_a2a_backend='none'"),
     ({"moe_a2a_backend": None}, "name no moe_a2a_backend"),
 ])
@@ -180,3 +181,39 @@ def test_the_services_advisor_settings_shape_advice_from_logs(tmp_path):
     assert default.returncode == wide.returncode == 0, default.stderr + wide.stderr
     assert json.loads(wide.stdout)["sample_count"] < json.loads(default.stdout)["sample_count"]
     one_error_line(run_cli("--sglang-log", path, env={"CAPWATCH_WINDOW_S": "-1"}), "window_s")
+
+
+@pytest.mark.parametrize("mode, binds, floor", [
+    ("low_latency", "prefill chunk", 512),  # prefill batches go through the low-latency buffer: the chunk binds
+    ("auto", "decode CUDA-graph batch 160", 160),  # auto sends prefill to normal mode (no cap): the decode graph
+])
+def test_a_deepep_server_is_advised_deepeps_variable_within_its_rules(tmp_path, mode, binds, floor):
+    """A DeepEP server's log (issue #19): its default cap (128), its variable, DeepEP's buffer as SGLang sizes it
+    (the mode, redundant experts), multiples of 128 up to 1024, and the floor term its mode lets through."""
+    from capwatch.sizing.backends import DEEPEP
+    from capwatch.sizing.deepep_plan import plan_deepep_buffer
+    from capwatch.sizing.model_presets import model_geometry
+
+    lines = LOG.start(T0 - 30, moe_a2a_backend="deepep", deepep_mode=mode, ep_num_redundant_experts=32,
+                      chunked_prefill_size=512, decode_max_bs=160) + decode_lines(
+        LOG, traffic(120, lambda m, s, d: 60 + (m % 30) + d))
+    result = run_cli("--sglang-log", write(tmp_path / "deepep.log", lines), "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    assert (advice["a2a_backend"], advice["cap_variable"], advice["current_cap"]) == ("deepep", DEEPEP.cap_env_var, 128)
+    assert advice["floor_cap"] == floor and binds in advice["floor_binds"], advice
+    assert advice["recommended_cap"] % 128 == 0 and floor <= advice["recommended_cap"] <= 1024
+    assert advice["env"] == f"{DEEPEP.cap_env_var}={advice['recommended_cap']}"
+    assert any("DeepEP's dispatch assertion" in reason for reason in advice["reasons"]), advice["reasons"]
+    planned = plan_deepep_buffer(model_geometry("deepseek-v3"), 8, advice["recommended_cap"], mode, 32)
+    assert advice["workspace_bytes_per_rank_recommended"] == planned.buffer_bytes_per_rank
+    # DeepSeek-V3's buffer outgrows the flat 2048 MB SGLang reserves for DeepEP above 128 tokens: said, and by how much.
+    assert advice["over_sglang_reserve_bytes_recommended"] == planned.over_sglang_reserve_bytes > 0
+    assert any("SGLang's automatic --mem-fraction-static reserves" in reason for reason in advice["reasons"])
+
+
+def test_a_deepep_normal_mode_server_has_no_cap_to_advise(tmp_path):
+    lines = LOG.start(T0 - 30, moe_a2a_backend="deepep", deepep_mode="normal") + decode_lines(
+        LOG, traffic(30, lambda m, s, d: 60 + d))
+    one_error_line(run_cli("--sglang-log", write(tmp_path / "normal.log", lines)),
+                   "--deepep-mode normal: it has no low-latency buffer and no per-rank token cap")

@@ -57,3 +57,56 @@ def test_top_k_is_bounded_by_the_largest_kmaxtopk_sizing_knows():
     assert config.model_validate({**config.model_dump(), "top_k": MAX_TOP_K}).top_k == MAX_TOP_K
     with pytest.raises(ValidationError, match="less than or equal to 22"):
         config.model_validate({**config.model_dump(), "top_k": MAX_TOP_K + 1})
+
+
+def _deepep_config(**changes):
+    from capwatch.telemetry.report import DeepEPBuffer
+
+    options = dict(cap=256, ep_size=8, hidden_size=7168, top_k=8, num_experts=256, backend="sglang-deepep",
+                   a2a_backend="deepep", deepep=DeepEPBuffer(mode="low_latency", buffer_experts=256))
+    return rank_config(**{**options, **changes})
+
+
+def test_a_deepep_rank_reports_its_buffer_priced_as_sglang_allocates_it(sink):
+    from capwatch.sizing.deepep_plan import plan_deepep_buffer
+    from capwatch.sizing.model_presets import model_geometry
+
+    config = _deepep_config()
+    plan = plan_deepep_buffer(model_geometry("deepseek-v3"), 8, 256, "low_latency")
+    assert config.workspace_bytes_per_rank == plan.buffer_bytes_per_rank
+    assert (config.dispatch_bytes_per_token, config.combine_bytes_per_token) == (
+        plan.dispatch_message_bytes, plan.combine_message_bytes)
+    counters = DispatchCounters(256, 8)
+    identity = RankIdentity(cluster="deepep", ep_rank=3, ep_size=8, boot_id=new_boot_id())
+    reporter = RankReporter(counters, identity, config, ReporterOptions(sink.url))
+    counters.record_step(100, 100)
+    assert reporter.flush_final("done", timeout_s=10)
+    (report,) = sink.by_boot()[identity.boot_id]
+    assert report.config.a2a_backend == "deepep" and report.config.deepep.buffer_experts == 256
+    assert sink.invalid == []
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    ({"cap": 2048}, "above 1024"),
+    ({"hidden_size": 2880, "top_k": 4, "num_experts": 128}, "do not run hidden size 2880"),
+    ({"payload_format": "fp8"}, "FlashInfer's"),
+    ({"flashinfer_version": "0.7.2"}, "FlashInfer's"),
+    ({"deepep": None}, "needs its deepep buffer"),
+    ({"a2a_backend": "flashinfer"}, "reports no DeepEP buffer"),
+])
+def test_what_deepep_or_sglang_refuses_no_report_carries(changes, message):
+    config = _deepep_config()
+    with pytest.raises((ValidationError, ValueError), match=message):
+        config.model_validate({**config.model_dump(), **changes})
+
+
+def test_a_deepep_buffer_must_fit_its_mode_and_divide_among_the_group():
+    from capwatch.telemetry.report import DeepEPBuffer, check_priceable  # RankReport runs it on every report
+
+    with pytest.raises(ValidationError, match="no normal-mode bytes"):
+        DeepEPBuffer(mode="low_latency", buffer_experts=256, normal_nvl_bytes=1)
+    config = _deepep_config()
+    check_priceable(config, 8)
+    odd = config.model_validate({**config.model_dump(), "deepep": {"mode": "low_latency", "buffer_experts": 260}})
+    with pytest.raises(ValueError, match="260 experts do not divide among 8 ranks"):
+        check_priceable(odd, 8)

@@ -1,5 +1,6 @@
-"""A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES`` and
-``SGLANG_LIMIT_GAUGES``, the labels of ``moe_a2a_info`` (ep_size, versions) and of ``moe_a2a_sglang_info``.
+"""A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES``,
+``SGLANG_LIMIT_GAUGES`` and ``DEEPEP_GAUGES``, the labels of ``moe_a2a_info`` (ep_size, versions, backend), of
+``moe_a2a_sglang_info`` and of ``moe_a2a_deepep_info``.
 
 From an exporter of this release that is exactly the ``RankConfig`` its reports carry, validated once,
 here. Without the geometry gauges (an exporter older than them), or from series no rank could have
@@ -12,11 +13,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from pydantic import ValidationError
-
 from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.report import RankConfig, SGLangLimits
+from pydantic import ValidationError
 
 GEOMETRY = ("hidden_size", "top_k", "num_experts")
 # RankConfig's own defaults, for the gauges of fields a rank may leave unset (or an older exporter lacks).
@@ -25,10 +25,11 @@ _REPORT_DEFAULTS = {"eplb_stats_num_experts": 0, "allocated_workspace_bytes": No
 _UNPRICED_FIELDS = {item.name for item in dataclasses.fields(UnpricedConfig)} - set(GEOMETRY)
 
 
-def rank_config_of(values: dict[str, float], info: dict[str, str],
-                   sglang_info: dict[str, str] | None) -> RankConfig | UnpricedConfig | None:
-    """``values`` by metric name, the labels of ``moe_a2a_info`` and of ``moe_a2a_sglang_info`` (None: not
-    under SGLang). None when the series do not say the rank's cap (a positive number)."""
+def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: dict[str, str] | None,
+                   deepep_info: dict[str, str] | None = None) -> RankConfig | UnpricedConfig | None:
+    """``values`` by metric name, the labels of ``moe_a2a_info``, of ``moe_a2a_sglang_info`` (None: not under
+    SGLang) and of ``moe_a2a_deepep_info`` (None: not a DeepEP rank). None when the series do not say the rank's
+    cap (a positive number)."""
     def number(spec: catalogue.MetricSpec) -> int | None:
         value = values.get(spec.name)
         return None if value is None or not math.isfinite(value) else int(value)
@@ -37,7 +38,8 @@ def rank_config_of(values: dict[str, float], info: dict[str, str],
     config: dict = {**_REPORT_DEFAULTS, "backend": info.get("backend", "unknown"),
                     "payload_format": info.get("payload_format", "bf16"),
                     "overflow_policy": info.get("overflow_policy", "raise"),
-                    "flashinfer_version": None if version in (None, "", "none") else version, "sglang": None}
+                    "flashinfer_version": None if version in (None, "", "none") else version, "sglang": None,
+                    "a2a_backend": info.get("a2a_backend", "flashinfer")}
     for spec, name in catalogue.RANK_CONFIG_GAUGES:
         if number(spec) is not None:
             config[name] = number(spec)
@@ -47,13 +49,17 @@ def rank_config_of(values: dict[str, float], info: dict[str, str],
                             "disaggregation_mode": sglang_info.get("disaggregation_mode", "null"),
                             "cap_source": sglang_info.get("cap_source", "env"),
                             "floor_rule": sglang_info.get("floor_rule") or "sglang", **limits}
+    if deepep_info is not None:
+        config["deepep"] = {"mode": deepep_info.get("mode", "auto"),
+                            **{name: number(spec) for spec, name in catalogue.DEEPEP_GAUGES if number(spec) is not None}}
     if (config.get("cap") or 0) < 1:
         return None
     if all(name in config for name in GEOMETRY):
         try:
             return RankConfig.model_validate(config, strict=False)
         except ValidationError:
-            config["sglang"] = None  # series no rank could report together: their limits are not trusted either
+            # Series no rank could report together: their limits and DeepEP buffer are not trusted either.
+            config["sglang"] = config["deepep"] = None
     return _unpriced(config)
 
 
@@ -65,6 +71,7 @@ def _unpriced(config: dict) -> UnpricedConfig:
             fields[name] = None  # absent, or no size a rank could have: not known
     for name in ("eplb_stats_num_experts", "speculative_tokens"):
         fields[name] = max(0, fields.get(name) or 0)
+    fields["deepep"] = None  # prices only with the geometry, which is not known here
     try:
         fields["sglang"] = None if config["sglang"] is None else SGLangLimits.model_validate(config["sglang"],
                                                                                              strict=False)

@@ -35,7 +35,9 @@ from capwatch.telemetry import catalogue
 RANK_STATE_SERIES: tuple[str, ...] = (
     *(spec.name for spec, _ in catalogue.RANK_CONFIG_GAUGES if spec is not catalogue.CAP_TOKENS),
     *(spec.name for spec, _ in catalogue.SGLANG_LIMIT_GAUGES),
-    catalogue.INFO.name, catalogue.SGLANG_INFO.name, catalogue.RUNTIME_TOKENS_WINDOW_MAX.name,
+    *(spec.name for spec, _ in catalogue.DEEPEP_GAUGES),
+    catalogue.INFO.name, catalogue.SGLANG_INFO.name, catalogue.DEEPEP_INFO.name,
+    catalogue.RUNTIME_TOKENS_WINDOW_MAX.name,
     catalogue.RUNTIME_TOKENS_MAX.name, catalogue.FORWARD_STEPS.name, catalogue.LOCAL_TOKENS_WINDOW_MAX.name,
     catalogue.LOCAL_TOKENS_MAX.name,
 )
@@ -100,7 +102,8 @@ class PrometheusSource:
             values = {name: value for name, (_, value) in rank.items() if not math.isnan(value)}
             values[catalogue.CAP_TOKENS.name] = cap
             info = rank.get(catalogue.INFO.name, ({}, 1.0))[0]
-            config = rank_config_of(values, info, rank.get(catalogue.SGLANG_INFO.name, (None, 1.0))[0])
+            config = rank_config_of(values, info, rank.get(catalogue.SGLANG_INFO.name, (None, 1.0))[0],
+                                    rank.get(catalogue.DEEPEP_INFO.name, (None, 1.0))[0])
             if config is None:
                 continue  # no usable cap: nothing to size or price
 

@@ -1,0 +1,61 @@
+"""SGLang's floor terms computed by capwatch from the functions every verified release has (``resolved_view``,
+``max_speculative_num_draft_tokens``, the resolved CUDA-graph config): what reaches a backend's dispatch from a
+captured graph. Floor modules of releases or backends without SGLang's own rule use them."""
+
+from __future__ import annotations
+
+from capwatch.sglang_plugin.releases import Target
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.telemetry.report import SGLangLimits
+
+OVERRIDES = "sglang.srt.arg_groups.overrides"
+COMMON = (Target(f"{OVERRIDES}.max_prefill_buffer_tokens", ("server_args",)),
+          Target("sglang.srt.arg_groups.model_override_base.resolved_view", ("server_args",)),
+          Target("sglang.srt.model_executor.cuda_graph_config.Backend"),
+          Target("sglang.srt.environ.envs"))
+CAPWATCH_RULE = (Target(f"{OVERRIDES}.max_speculative_num_draft_tokens", ("server_args",)),)
+
+def prefill_graph_tokens(view) -> int:
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    graph = view.cuda_graph_config
+    if graph is None or graph.prefill.backend == Backend.DISABLED:
+        return 0
+    return graph.prefill.max_bs or 0
+
+
+def decode_graph_dispatch_tokens(server_args, view) -> tuple[int, int]:
+    """SGLang 0.5.22's ``_decode_graph_dispatch_tokens_per_rank``, for releases that lack it."""
+    from sglang.srt.arg_groups.overrides import max_speculative_num_draft_tokens
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+
+    graph = view.cuda_graph_config
+    if view.disaggregation_mode == "prefill" or graph is None or graph.decode.backend == Backend.DISABLED:
+        return 0, 1
+    graph_bs = graph.decode.max_bs or 0
+    if view.max_running_requests is not None:
+        # attn_dp_size is a resolved field from 0.5.20 on; before, DP attention splits requests over dp_size.
+        attn_dp_size = getattr(view, "attn_dp_size", None) or (view.dp_size if view.enable_dp_attention else 1)
+        graph_bs = min(graph_bs, max(1, view.max_running_requests // attn_dp_size))
+    tokens_per_request = (max_speculative_num_draft_tokens(server_args) or 1) if view.speculative_algorithm else 1
+    return graph_bs, tokens_per_request
+
+
+def sglang_limits(server_args, view, sglang_version: str | None, rules: BackendCapRules,
+                  decode_graph: tuple[int, int], floor_rule: str) -> SGLangLimits:
+    """The floor inputs of a server (its resolved ``view``), the decode graph term (batch, tokens per request) as
+    the floor module computed it, and whether the backend's cap variable is set."""
+    from sglang.srt.arg_groups.overrides import max_prefill_buffer_tokens
+    from sglang.srt.environ import envs
+
+    decode_graph_bs, tokens_per_request = decode_graph
+    return SGLangLimits(
+        sglang_version=sglang_version,
+        disaggregation_mode=str(view.disaggregation_mode),
+        max_prefill_buffer_tokens=max_prefill_buffer_tokens(server_args),
+        prefill_cuda_graph_max_batch_size=prefill_graph_tokens(view),
+        decode_cuda_graph_max_batch_size=decode_graph_bs,
+        tokens_per_request=tokens_per_request,
+        cap_source="env" if getattr(envs, rules.cap_env_var).is_set() else "default",
+        floor_rule=floor_rule,
+    )

@@ -1,0 +1,233 @@
+"""DeepEP's low-latency dispatch in SGLang (``--moe-a2a-backend deepep``): what the plugin hooks, per release.
+
+SGLang builds one ``_DeepEPDispatcherImplLowLatency`` per ``DeepEPDispatcher`` (one per MoE layer, two per layer
+with two-batch overlap: one per micro-batch) in ``--deepep-mode low_latency`` and ``auto``; in auto mode prefill
+batches go to the normal-mode dispatcher, which has no cap, and are not counted. After SGLang constructs a
+low-latency dispatcher (a ``HookRegistry`` hook on ``__init__``, the layer id from ``create_moe_dispatcher``,
+the role from SGLang's speculative context flag) the plugin adopts it: its ``dispatch_a`` and ``dispatch_b``
+are shadowed by instance attributes that count; SGLang's class is left alone. That is the whole hot path:
+
+- ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
+  (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
+  leader (both micro-batches of the lowest layer) one ``index_add_`` (the batch's bin); the (token, expert) pairs
+  sent to each rank from the ``topk_ids`` SGLang dispatches (a ``zero_`` and a ``scatter_add_``, no host read);
+- ``dispatch_b``, after DeepEP's receive (its hook or event): the pairs received from each rank, from DeepEP's
+  ``packed_recv_layout_range`` in the handle (``>> 32``, a sum), and one ``add_`` of the ``[2, ranks]`` counts;
+- a batch above the cap is counted, announced and the final report shipped (bounded wait:
+  ``CAPWATCH_FINAL_REPORT_TIMEOUT_S``) *before* the call reaches DeepEP, whose assertion then ends the rank as it
+  would without capwatch (``x.size(0) <= num_max_dispatch_tokens_per_rank``);
+- the buffer's bytes once per process: at a role's first dispatch the plugin asks the dispatcher for the
+  process-wide ``deep_ep.Buffer`` (``_get_buffer``, what ``dispatch_a`` does first anyway) and reports its
+  ``num_nvl_bytes + num_rdma_bytes``, with what prices it at any other cap (the mode, the experts DeepEP is
+  given, normal mode's hints from SGLang's own ``DeepEPConfig``).
+
+What the releases share (read from the 0.5.19 - 0.5.23 wheels): ``_DeepEPDispatcherImplLowLatency.__init__
+(self, return_recv_hook, **kwargs)``, ``dispatch_a(self, hidden_states, topk_output)`` returning ``(hidden_states,
+topk_ids, topk_weights, masked_m, expected_m, event, hook)`` with int64 ``topk_ids``, ``dispatch_b`` taking them
+back, ``self.handle`` DeepEP's, ``DeepEPBuffer.get_deepep_buffer`` and ``DeepEPConfig`` unchanged. So one
+adapter serves every verified release; a release that moves any of them is refused before anything is hooked.
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from dataclasses import dataclass
+
+import torch
+from capwatch.dispatcher.instrumented import CapOverflowError
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.session import reported_backend
+from capwatch.sizing.backends import DEEPEP
+from capwatch.telemetry.report import DeepEPBuffer
+
+logger = logging.getLogger("capwatch.sglang")
+
+NAME = DEEPEP.name  # --moe-a2a-backend
+MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep"
+LOW_LATENCY = f"{MODULE}._DeepEPDispatcherImplLowLatency"
+INIT = Target(f"{LOW_LATENCY}.__init__", ("return_recv_hook",))
+DISPATCH_A = Target(f"{LOW_LATENCY}.dispatch_a", ("hidden_states", "topk_output"))
+DISPATCH_B = Target(f"{LOW_LATENCY}.dispatch_b", ("hidden_states", "topk_ids", "topk_weights", "masked_m",
+                                                   "expected_m", "event", "hook"))
+GET_BUFFER = Target(f"{LOW_LATENCY}._get_buffer")
+DEEPEP_CONFIG = Target(f"{MODULE}.DeepEPConfig.get_instance")
+# DeepEP's own, as SGLang calls it (a DeepEP whose signature moved is refused).
+LOW_LATENCY_DISPATCH = Target(f"{MODULE}.Buffer.low_latency_dispatch",
+                              ("x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts"))
+CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
+                           ("moe_runner_config",))
+GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How a family of SGLang releases builds and drives ``_DeepEPDispatcherImplLowLatency``."""
+
+    releases: tuple[str, ...]
+
+    def targets(self) -> tuple[Target, ...]:
+        return (INIT, DISPATCH_A, DISPATCH_B, GET_BUFFER, DEEPEP_CONFIG, LOW_LATENCY_DISPATCH, CREATE_DISPATCHER,
+                GET_FLAGS, *CAPTURE_TARGETS)
+
+
+LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED)
+ADAPTERS = {release: LOW_LATENCY_ADAPTER for release in LOW_LATENCY_ADAPTER.releases}
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where this rank sits in the EP group (what ``InstrumentedDispatcher`` names in an overflow)."""
+
+    ep_rank: int
+    ep_size: int
+
+
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+    """Why DeepEP's low-latency dispatch cannot be instrumented with ``adapter``, or None: deep_ep imported
+    (SGLang defers its import error to the first use), then every target and signature."""
+    module = pkgutil.resolve_name(MODULE)
+    if not getattr(module, "use_deepep", False):
+        return f"{MODULE} could not import deep_ep (use_deepep is False): DeepEP is not installed or does not load"
+    return first_problem(adapter.targets())
+
+
+# --- the hooks --------------------------------------------------------------------------------------
+
+def register(session, adapter: Adapter, source) -> None:
+    """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
+    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
+
+    def around_create(original, moe_runner_config, *args, **kwargs):
+        creating.append(getattr(moe_runner_config, "layer_id", None))
+        try:
+            return original(moe_runner_config, *args, **kwargs)
+        finally:
+            creating.pop()
+
+    def around_init(original, dispatcher, *args, **kwargs):
+        original(dispatcher, *args, **kwargs)
+        try:
+            role = "draft" if get_flags().moe.speculative_context else "target"
+            adopt(session, dispatcher, role, creating[-1] if creating else None)
+        except Exception:
+            logger.exception("capwatch: this DeepEP dispatcher is not instrumented (adoption failed); it runs as "
+                             "SGLang's")
+
+    def around_capture(original, *args, **kwargs):
+        with session.capturing():
+            return original(*args, **kwargs)
+
+    HookRegistry.register(INIT.name, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
+    for target in CAPTURE_TARGETS:
+        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+
+
+def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
+    """Count one low-latency dispatcher (DeepEP's buffer is SGLang's: nothing allocated but the counters)."""
+    group = dispatcher.group
+    place = RankPlace(group.rank(), group.size())
+    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=place.ep_rank, ep_size=place.ep_size,
+                    hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+                    num_experts=dispatcher.num_experts)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    layer = session.count_layer(dispatcher, dispatcher, place, role, layer_id, geometry, device, DEEPEP,
+                                lead_per_micro_batch=True)
+    # A dispatch's pairs sent to (row 0) and received from (row 1) each rank: made here, before any graph capture.
+    traffic = torch.zeros(2, place.ep_size, dtype=torch.int64, device=device)
+    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, traffic)
+
+
+def unadopt(dispatcher) -> None:
+    """SGLang's dispatcher exactly as shipped again (the benchmark's bare side)."""
+    for name in ("dispatch_a", "dispatch_b"):
+        vars(dispatcher).pop(name, None)
+
+
+def describe_buffer(session, dispatcher, role: str) -> dict:
+    """The process-wide ``deep_ep.Buffer`` (built now if the first dispatch has not yet), counted once per
+    process, and what the reports carry to price it at any other cap."""
+    module = pkgutil.resolve_name(MODULE)
+    buffer = dispatcher._get_buffer()
+    mode = dispatcher.deepep_mode.value
+    normal_nvl = normal_rdma = 0
+    if mode == "auto":  # normal mode's hints, as get_deepep_buffer takes them (--deepep-config or DeepEP's table)
+        ranks, hidden_bytes = buffer.group_size, dispatcher.hidden_size * dispatcher.params_bytes
+        configs = module.DeepEPConfig.get_instance()
+        for config in (configs.normal_dispatch_config or module.Buffer.get_dispatch_config(ranks),
+                       configs.normal_combine_config or module.Buffer.get_combine_config(ranks)):
+            normal_nvl = max(normal_nvl, config.get_nvl_buffer_size_hint(hidden_bytes, ranks))
+            normal_rdma = max(normal_rdma, config.get_rdma_buffer_size_hint(hidden_bytes, ranks))
+    session.count_buffer(role, buffer, int(buffer.num_nvl_bytes) + int(buffer.num_rdma_bytes))
+    return dict(backend=reported_backend(DEEPEP), a2a_backend=DEEPEP.name,
+                deepep=DeepEPBuffer(mode=mode, buffer_experts=dispatcher.num_experts, normal_nvl_bytes=normal_nvl,
+                                    normal_rdma_bytes=normal_rdma))
+
+
+def _first_dispatch(session, dispatcher, layer, traffic):
+    """The role's reports and series start at its first dispatch (the buffer exists then); after it, the
+    dispatcher's ``dispatch_a``/``dispatch_b`` are the counting ones, with no check left per call."""
+    role = layer.counters.role
+
+    def first(hidden_states, topk_output):
+        watch = session.roles[role]
+        if not watch.reported:
+            watch.reported = describe_buffer(session, dispatcher, role)
+        session.start_role_once(role)
+        dispatcher.dispatch_a = counted = counted_dispatch_a(type(dispatcher).dispatch_a.__get__(dispatcher),
+                                                             dispatcher, layer, traffic)
+        dispatcher.dispatch_b = counted_dispatch_b(type(dispatcher).dispatch_b.__get__(dispatcher), dispatcher,
+                                                   layer, traffic)
+        return counted(hidden_states, topk_output)
+    return first
+
+
+def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
+    """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted: the batch and what it sends."""
+    counters = layer.counters
+    record_step, cap = counters.record_step, layer.cap
+    sent = traffic[0]
+    experts_per_rank = dispatcher.num_experts // counters.ep_size
+
+    def counted(hidden_states, topk_output):
+        local_tokens = hidden_states.shape[0]
+        if local_tokens > cap:
+            count_overflow(layer, local_tokens)
+            return dispatch_a(hidden_states=hidden_states, topk_output=topk_output)  # DeepEP's assertion ends it
+        state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
+        if layer.step_leader:
+            record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what DeepEP checks
+        topk_ids = state[1]  # int64; -1: no expert (DeepEP sends nothing for it)
+        sent.zero_()
+        sent.scatter_add_(0, topk_ids.clamp(min=0).div(experts_per_rank, rounding_mode="floor").flatten(),
+                          topk_ids.ge(0).flatten().to(torch.int64))
+        return state
+
+    return counted
+
+
+def counted_dispatch_b(dispatch_b, dispatcher, layer, traffic):
+    """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)."""
+    record_traffic, received = layer.counters.record_traffic, traffic[1]
+
+    def counted(*state):
+        output = dispatch_b(*state)
+        torch.sum(dispatcher.handle[1].bitwise_right_shift(32), dim=0, out=received)
+        record_traffic(traffic)
+        return output
+
+    return counted
+
+
+def count_overflow(layer, local_tokens: int) -> None:
+    """A batch DeepEP will refuse: counted, reported (bounded wait) and logged, never raised; DeepEP's own
+    assertion then ends the rank as it would without capwatch."""
+    try:
+        layer.guard(local_tokens, local_tokens)
+    except CapOverflowError as overflow:
+        logger.error("capwatch: %s (counted and reported; DeepEP's assertion ends the rank)", overflow)
+

@@ -1,0 +1,211 @@
+"""What a per-rank cap costs in DeepEP's buffer as SGLang allocates it (``--moe-a2a-backend deepep``).
+
+SGLang 0.5.19 - 0.5.23, ``layers/moe/token_dispatcher/deepep.py`` ``DeepEPBuffer.get_deepep_buffer`` (the same
+code in every one of them): one ``deep_ep.Buffer`` per process, built at the first dispatch and shared by
+every MoE layer and by both dispatchers of two-batch overlap, with
+
+- ``num_rdma_bytes`` = the low-latency size hint for T = ``SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK``
+  (``deepep_low_latency.py``), the hidden size and the experts DeepEP is given; with ``--deepep-mode auto``
+  (the default) the larger of that and normal mode's RDMA hint;
+- ``num_nvl_bytes`` = normal mode's NVLink buffer in auto mode (``deepep_normal.py``), 0 in low_latency mode.
+
+The experts are the model's routed experts + ``--ep-num-redundant-experts`` + one slot per rank for each fused
+shared expert (``--enforce-shared-experts-fusion``: ``deepseek_v2.py`` gives DeepEP
+``n_routed_experts + moe_ep_size``), and must divide by the group size (SGLang asserts it). SGLang also sets
+``NVSHMEM_QP_DEPTH`` to max(the environment's value or 1024, 2(T + 1)). What the buffer bytes leave out:
+DeepEP's 32 MiB workspace (``cudaMalloc``), and NVSHMEM's own heap, which it maps in 512 MiB steps
+(``NVSHMEM_CUMEM_GRANULARITY``, set by DeepEP): the RDMA buffer occupies at least its size rounded up to one.
+SGLang's automatic ``--mem-fraction-static`` reserves a flat 2048 MB for all of it whatever T is
+(``arg_groups/memory_hook.py`` ``reserve_for_deepep_a2a_mb``, on servers that capture decode graphs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
+from capwatch.sizing.checks import SizingError, check_integer, check_positive
+from capwatch.sizing.deepep_low_latency import (
+    BF16_BYTES,
+    MAX_DISPATCH_TOKENS_PER_RANK,
+    check_dispatch_cap,
+    check_low_latency_hidden_size,
+    low_latency_layout,
+)
+from capwatch.sizing.deepep_normal import normal_buffer_bytes
+from capwatch.sizing.model_presets import ModelGeometry
+
+DEEPEP_MODES: tuple[str, ...] = ("auto", "low_latency")  # --deepep-mode; normal has no low-latency buffer, no cap
+NVSHMEM_QP_DEPTH_DEFAULT = 1024  # sglang _NVSHMEM_QP_DEPTH_DEFAULT, DeepEP's own default too
+DEEPEP_WORKSPACE_BYTES = 32 << 20  # LEGACY_NUM_WORKSPACE_BYTES, cudaMalloc'd beside the buffer
+NVSHMEM_HEAP_STEP_BYTES = 1 << 29  # NVSHMEM_CUMEM_GRANULARITY = 2**29, set by deep_ep.Buffer
+SGLANG_DEEPEP_RESERVE_BYTES = 2048 << 20  # reserve_for_deepep_a2a_mb: 2 * 1024 MB (SGLang's MB are MiB)
+SGLANG_DEEPEP_DEFAULT_CAP = 128  # envs.SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK's default
+
+
+class NoDeepEPCapFits(SizingError):
+    """The budget is below the buffer of the smallest aligned cap."""
+
+
+def buffer_experts(num_experts: int, ep_size: int, redundant_experts: int = 0, fused_shared_experts: int = 0) -> int:
+    """The experts SGLang gives DeepEP: routed + redundant + one slot per rank per fused shared expert."""
+    check_positive("num_experts", num_experts)
+    check_positive("ep_size", ep_size)
+    check_integer("redundant_experts", redundant_experts, 0)
+    check_integer("fused_shared_experts", fused_shared_experts, 0)
+    return num_experts + redundant_experts + fused_shared_experts * ep_size
+
+
+def check_buffer_experts(experts: int, ep_size: int) -> int:
+    if experts % ep_size:
+        raise SizingError(f"{experts} experts do not divide among {ep_size} ranks: SGLang asserts "
+                          "num_experts % ep_size == 0 for DeepEP (routed + redundant + fused shared slots)")
+    return experts
+
+
+def prefill_dispatched(deepep_mode: str) -> bool:
+    """Whether prefill batches go through the low-latency buffer (and its cap): in low_latency mode; auto sends
+    them to normal mode (``DeepEPMode.resolve``), which has no cap."""
+    return deepep_mode == "low_latency"
+
+
+def nvshmem_qp_depth(cap: int, environment_value: int | None = None) -> int:
+    """The ``NVSHMEM_QP_DEPTH`` SGLang sets before building the buffer (``_set_nvshmem_qp_depth``)."""
+    current = NVSHMEM_QP_DEPTH_DEFAULT if environment_value is None else environment_value
+    return max(current, NVSHMEM_QP_DEPTH_DEFAULT, 2 * (cap + 1))
+
+
+@dataclass(frozen=True)
+class DeepEPBufferPlan:
+    # inputs
+    model: str
+    hidden_size: int  # (the buffer does not depend on top-k: every message slot holds one token for one expert)
+    num_experts: int  # the model's routed experts
+    ep_size: int
+    cap: int  # SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK
+    deepep_mode: str
+    redundant_experts: int
+    fused_shared_experts: int
+    buffer_experts: int  # what DeepEP is given: routed + redundant + fused shared slots
+    # the low-latency layout
+    dispatch_message_bytes: int
+    combine_message_bytes: int
+    low_latency_rdma_bytes: int
+    # normal mode (auto only; 0 in low_latency mode)
+    normal_nvl_bytes: int
+    normal_rdma_bytes: int
+    # what SGLang passes to deep_ep.Buffer
+    num_nvl_bytes: int
+    num_rdma_bytes: int
+    buffer_bytes_per_rank: int  # num_nvl_bytes + num_rdma_bytes
+    buffer_bytes_group: int
+    # around it
+    nvshmem_qp_depth: int
+    nvshmem_heap_bytes_at_least: int  # num_rdma_bytes rounded up to NVSHMEM's 512 MiB steps
+    sglang_reserve_bytes: int  # what SGLang's automatic memory fraction sets aside for all of it
+    over_sglang_reserve_bytes: int  # buffer bytes beyond that reserve (0: within it)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class DeepEPPricing:
+    """A DeepEP group's buffer per rank at any cap: everything but the cap, as a rank reports it (the advisor
+    prices what-ifs, budgets and advice with it). The normal-mode bytes do not depend on the cap."""
+
+    ep_size: int
+    hidden_size: int | None  # None: not known (then nothing prices)
+    buffer_experts: int | None
+    normal_nvl_bytes: int = 0
+    normal_rdma_bytes: int = 0
+
+    @classmethod
+    def of_buffer(cls, ep_size: int, hidden_size: int | None, buffer) -> DeepEPPricing:
+        """From what a rank reports: its hidden size and its ``DeepEPBuffer`` (mode, experts, normal-mode bytes).
+        Either unknown (a source that does not see it: None) prices nothing."""
+        if hidden_size is None or buffer is None:
+            return cls(ep_size, None, None)
+        return cls(ep_size, hidden_size, buffer.buffer_experts, buffer.normal_nvl_bytes, buffer.normal_rdma_bytes)
+
+    @classmethod
+    def of_config(cls, config, ep_size: int) -> DeepEPPricing:
+        """The pricing of a rank's reported config (a ``RankConfig`` of a deepep rank, or a source's
+        ``UnpricedConfig``)."""
+        return cls.of_buffer(ep_size, config.hidden_size, config.deepep)
+
+    def bytes_per_rank(self, cap: int) -> int:
+        if self.hidden_size is None or self.buffer_experts is None:
+            raise SizingError("the DeepEP buffer's hidden size and experts are not known, so it cannot be priced")
+        ll = low_latency_layout(cap, self.hidden_size, self.buffer_experts).rdma_bytes
+        return self.normal_nvl_bytes + max(self.normal_rdma_bytes, ll)
+
+    def known_bytes_per_rank(self, cap: int) -> int | None:
+        try:
+            return self.bytes_per_rank(cap)
+        except SizingError:
+            return None
+
+    def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
+                           max_cap: int = MAX_DISPATCH_TOKENS_PER_RANK) -> int | None:
+        """The largest multiple of ``alignment`` up to ``max_cap`` (and 1024) whose buffer fits; None if none.
+        The buffer grows with the cap, so a bisection (at most 11 prices)."""
+        check_positive("alignment", alignment)
+        fits, above = 0, min(max_cap, MAX_DISPATCH_TOKENS_PER_RANK) // alignment + 1  # in alignment steps
+        while above - fits > 1:
+            middle = (fits + above) // 2
+            if self.bytes_per_rank(middle * alignment) <= budget_bytes_per_rank:
+                fits = middle
+            else:
+                above = middle
+        return fits * alignment or None
+
+
+def plan_deepep_buffer(geometry: ModelGeometry, ep_size: int, cap: int, deepep_mode: str = "auto",
+                       redundant_experts: int = 0, fused_shared_experts: int = 0, *,
+                       qp_depth_environment: int | None = None) -> DeepEPBufferPlan:
+    """The buffer one rank allocates for ``cap`` tokens per rank. Raises ``SizingError`` for what SGLang or
+    DeepEP refuse (a hidden size without kernels, a cap above 1024, experts that do not divide, a group size
+    without a normal-mode config in auto mode)."""
+    if deepep_mode not in DEEPEP_MODES:
+        raise SizingError(f"unknown DeepEP mode {deepep_mode!r}; choose one of {', '.join(DEEPEP_MODES)} "
+                          "(normal mode has no low-latency buffer and no token cap)")
+    check_dispatch_cap(cap)
+    check_low_latency_hidden_size(geometry.hidden_size)
+    experts = check_buffer_experts(buffer_experts(geometry.num_experts, ep_size, redundant_experts,
+                                                  fused_shared_experts), ep_size)
+    layout = low_latency_layout(cap, geometry.hidden_size, experts)
+    normal_nvl = normal_rdma = 0
+    if deepep_mode == "auto":
+        normal_nvl, normal_rdma = normal_buffer_bytes(geometry.hidden_size * BF16_BYTES, ep_size)
+    pricing = DeepEPPricing(ep_size, geometry.hidden_size, experts, normal_nvl, normal_rdma)
+    per_rank = pricing.bytes_per_rank(cap)
+    num_rdma = per_rank - normal_nvl
+    return DeepEPBufferPlan(
+        model=geometry.name, hidden_size=geometry.hidden_size, num_experts=geometry.num_experts, ep_size=ep_size, cap=cap, deepep_mode=deepep_mode,
+        redundant_experts=redundant_experts, fused_shared_experts=fused_shared_experts, buffer_experts=experts,
+        dispatch_message_bytes=layout.dispatch_message_bytes, combine_message_bytes=layout.combine_message_bytes,
+        low_latency_rdma_bytes=layout.rdma_bytes, normal_nvl_bytes=normal_nvl, normal_rdma_bytes=normal_rdma,
+        num_nvl_bytes=normal_nvl, num_rdma_bytes=num_rdma, buffer_bytes_per_rank=per_rank,
+        buffer_bytes_group=per_rank * ep_size,
+        nvshmem_qp_depth=nvshmem_qp_depth(cap, qp_depth_environment),
+        nvshmem_heap_bytes_at_least=align_up(num_rdma, NVSHMEM_HEAP_STEP_BYTES),
+        sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES,
+        over_sglang_reserve_bytes=max(0, per_rank - SGLANG_DEEPEP_RESERVE_BYTES),
+    )
+
+
+def largest_deepep_plan_within(budget_bytes: int, geometry: ModelGeometry, ep_size: int, deepep_mode: str = "auto",
+                               redundant_experts: int = 0, fused_shared_experts: int = 0, *,
+                               alignment: int = CAP_ALIGNMENT) -> DeepEPBufferPlan:
+    """The plan of the largest multiple of ``alignment`` (at most 1024) whose buffer fits ``budget_bytes``;
+    ``NoDeepEPCapFits`` when not even ``alignment`` tokens fit."""
+    check_positive("budget_bytes", budget_bytes)
+    smallest = plan_deepep_buffer(geometry, ep_size, alignment, deepep_mode, redundant_experts, fused_shared_experts)
+    pricing = DeepEPPricing(ep_size, geometry.hidden_size, smallest.buffer_experts, smallest.normal_nvl_bytes,
+                            smallest.normal_rdma_bytes)
+    cap = pricing.largest_cap_within(budget_bytes, alignment)
+    if cap is None:
+        raise NoDeepEPCapFits(f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
+                              f"already needs {smallest.buffer_bytes_per_rank} bytes of DeepEP buffer")
+    return plan_deepep_buffer(geometry, ep_size, cap, deepep_mode, redundant_experts, fused_shared_experts)

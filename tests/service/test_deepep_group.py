@@ -1,0 +1,106 @@
+"""A DeepEP EP group through the real ``capwatch serve``: four ranks report their low-latency dispatches (each
+rank's own batch against the cap, as DeepEP checks it) with their buffer, and the service's view, advice,
+metrics and ``capwatch advise`` speak of DeepEP's variable and buffer, within DeepEP's rules."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+
+import pytest
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.sizing.backends import DEEPEP
+from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sizing.model_presets import model_geometry
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import DeepEPBuffer, RankIdentity, SGLangLimits
+from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
+
+from tests.support.launcher import run_capwatch
+from tests.support.service import ServiceProcess
+
+CLUSTER = "deepep-decode"
+EP_SIZE = 4
+CAP = 1024
+GEOMETRY = model_geometry("deepseek-v3")
+# The decode graph batch x tokens per request SGLang captures: 96 x 2 = 192 tokens per rank.
+LIMITS = SGLangLimits(sglang_version="0.5.23", disaggregation_mode="decode", decode_cuda_graph_max_batch_size=96,
+                      tokens_per_request=2)
+
+
+def _get(url: str):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(url, timeout=10) as response:
+        return json.loads(response.read()) if response.headers.get_content_type() == "application/json" \
+            else response.read().decode()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    env = {"CAPWATCH_WINDOW_S": "1", "CAPWATCH_ADVISOR__MIN_SAMPLES": "3", "CAPWATCH_ADVISOR__MIN_HISTORY_S": "2",
+           "CAPWATCH_ADVISOR__CHANGE_MIN_HISTORY_S": "2"}
+    service = ServiceProcess(tmp_path_factory.mktemp("deepep") / "capwatch.db", env=env).start(timeout_s=120)
+    yield service
+    service.stop()
+
+
+@pytest.fixture(scope="module")
+def reported(service):
+    """Four DeepEP ranks (auto mode, DeepSeek-V3 over 4 ranks) report 6 s of decode steps whose local batches
+    peak at 250 tokens, well under their cap of 1024."""
+    plan = plan_deepep_buffer(GEOMETRY, EP_SIZE, CAP, "auto")
+    buffer = DeepEPBuffer(mode="auto", buffer_experts=plan.buffer_experts, normal_nvl_bytes=plan.normal_nvl_bytes,
+                          normal_rdma_bytes=plan.normal_rdma_bytes)
+    config = rank_config(cap=CAP, ep_size=EP_SIZE, hidden_size=GEOMETRY.hidden_size, top_k=GEOMETRY.top_k,
+                         num_experts=GEOMETRY.num_experts, backend="sglang-deepep", a2a_backend=DEEPEP.name,
+                         deepep=buffer, allocated_workspace_bytes=plan.buffer_bytes_per_rank, sglang=LIMITS)
+    ranks = []
+    for rank in range(EP_SIZE):
+        counters = DispatchCounters(CAP, EP_SIZE)
+        identity = RankIdentity(cluster=CLUSTER, ep_rank=rank, ep_size=EP_SIZE, boot_id=new_boot_id())
+        reporter = RankReporter(counters, identity, config, ReporterOptions(service.url, interval_s=0.25)).start()
+        ranks.append((counters, reporter))
+    generator = random.Random(19)
+    deadline = time.monotonic() + 6.0
+    while time.monotonic() < deadline:
+        for counters, _ in ranks:
+            local = generator.randint(120, 250)  # DeepEP: each rank's own batch is what meets the cap
+            counters.record_step(local, local)
+        time.sleep(0.01)
+    for _, reporter in ranks:
+        assert reporter.close("done", timeout_s=10)
+    return plan
+
+
+def test_the_view_prices_deepeps_buffer_and_finds_nothing_amiss(service, reported):
+    view = _get(f"{service.url}/v1/clusters/{CLUSTER}")
+    assert view["cap"] == CAP and view["ep_size"] == EP_SIZE
+    assert view["workspace_bytes_per_rank"] == reported.buffer_bytes_per_rank
+    assert all(rank["expected_workspace_bytes_per_rank"] == rank["workspace_bytes_per_rank"]
+               == reported.buffer_bytes_per_rank for rank in view["ranks"])
+    assert [finding["kind"] for finding in view["findings"]] == []
+
+
+def test_the_advice_is_deepeps_variable_within_its_rules(service, reported):
+    advice = _get(f"{service.url}/v1/clusters/{CLUSTER}/advice")
+    assert (advice["a2a_backend"], advice["cap_variable"]) == (DEEPEP.name, DEEPEP.cap_env_var)
+    assert advice["action"] == "lower" and advice["recommended_cap"] % 128 == 0
+    assert 192 <= advice["recommended_cap"] < CAP  # the decode graph floor, 96 x 2, and the peaks under it
+    assert advice["env"] == f"{DEEPEP.cap_env_var}={advice['recommended_cap']}"
+    assert advice["workspace_bytes_per_rank_recommended"] == plan_deepep_buffer(
+        GEOMETRY, EP_SIZE, advice["recommended_cap"], "auto").buffer_bytes_per_rank
+    assert advice["kv_cache_tokens_per_rank_freed"] > 0
+    rows = _get(f"{service.url}/v1/clusters/{CLUSTER}/whatif?cap=128&cap=1024")
+    assert [row["workspace_bytes_per_rank"] for row in rows] == [
+        plan_deepep_buffer(GEOMETRY, EP_SIZE, cap, "auto").buffer_bytes_per_rank for cap in (128, 1024)]
+    assert [row["below_floor"] for row in rows] == [True, False]
+
+
+def test_capwatch_advise_prints_deepeps_export_line(service, reported):
+    result = run_capwatch("advise", "--url", service.url, "--cluster", CLUSTER, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    export = [line for line in result.stdout.splitlines() if line.startswith("export ")]
+    assert len(export) == 1 and export[0].startswith(f"export {DEEPEP.cap_env_var}=")
+    assert "deepep" in result.stdout
