@@ -77,14 +77,15 @@ def library_path(python: Path, stub: Path) -> str:
     return os.pathsep.join(str(folder) for folder in folders)
 
 
-def run_extension(python: Path, package: Path, stub: Path, queries: list[list], sglang_model: Path | None = None) -> list:
+def run_extension(python: Path, package: Path, stub: Path, queries: list[list], sglang_model: Path | None = None,
+                  path_first: list[Path] = ()) -> list:
     """Answers of the wheel's compiled functions (and of SGLang over them) to ``queries``, in one process of
-    ``python`` (see ``deepep_runner.py``)."""
+    ``python`` (see ``deepep_runner.py``); ``path_first``: the SGLang release's folders, where SGLang answers."""
     from tests.sizing.deepep_runner import ANSWERS_MARK
 
     out = launcher.run("-m", RUNNER, str(package), *([str(sglang_model)] if sglang_model else []), python=python,
                        input=json.dumps(queries), env={"LD_LIBRARY_PATH": library_path(python, stub)},
-                       imports_tests=True, timeout_s=900)
+                       path_first=list(path_first), imports_tests=True, timeout_s=900)
     answers = [line for line in out.stdout.splitlines() if line.startswith(ANSWERS_MARK)]
     if out.returncode != 0 or not answers:
         raise RuntimeError(f"the DeepEP extension did not run (exit {out.returncode}): {out.stderr[-3000:]}")

@@ -33,6 +33,7 @@ from capwatch.sizing.deepep_plan import DEEPEP_MODES, plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS
 
 from tests.sglang.ranks import MODEL_CONFIG, sglang_missing, sglang_python
+from tests.sglang.releases import release_path
 from tests.sizing import deepep_source as source
 
 WHEELS = source.wheels()
@@ -48,7 +49,8 @@ CAPS = [1, 2, 63, 64, 65, 127, 128, 129, 200, 256, 384, 511, 512, 640, 768, 896,
 RANKS = [1, 2, 8, 16, 64]
 
 
-SGLANG_PINNED = "0.1.2.post1"  # what sglang 0.5.23, the one in the sglang venv, pins
+SGLANG_PINNED = "0.1.2.post1"  # what sglang 0.5.22 - 0.5.23 pin; SGLang's answers come from 0.5.23's release folders
+SGLANG_RELEASE = "0.5.23"
 
 
 def low_latency_rows() -> list[tuple[int, int, int, int]]:
@@ -110,7 +112,8 @@ def answers(wheel, stub, python):
         (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
         queries += [["sglang", plan.deepep_mode, plan.ep_size, plan.cap, plan.hidden_size, plan.buffer_experts,
                      qp_depth] for plan, qp_depth in sglang_plans()]
-    return iter(source.run_extension(python, package, stub, queries, sglang_model=model))
+    return iter(source.run_extension(python, package, stub, queries, sglang_model=model,
+                                     path_first=release_path(SGLANG_RELEASE) if model else []))
 
 
 def test_the_wheels_sglang_pins_are_here():
