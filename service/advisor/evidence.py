@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from capwatch.service.advisor.alignment import cap_ceiling
 from capwatch.service.advisor.budget import largest_cap_within
 from capwatch.service.advisor.floor import Floor, deployment_floor
 from capwatch.service.advisor.history import SampleHistory
@@ -20,6 +21,7 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.pricing import WorkspacePricing
 from capwatch.service.advisor.tail import TailModel, tail_model
 from capwatch.service.advisor.trend import Trend, daily_trend, hourly_trend
+from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
 
 
@@ -33,6 +35,7 @@ class GroupConfig:
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
     kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
+    cap_rules: BackendCapRules = FLASHINFER  # the A2A backend's cap variable and range (sizing/backends.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,11 +66,17 @@ class Evidence:
         return None if self.floor is None else self.floor.tokens
 
     @cached_property
+    def cap_ceiling(self) -> int:
+        """The largest cap the advisor produces for the group (``alignment.py``); SizingError when none fits."""
+        return cap_ceiling(self)
+
+    @cached_property
     def budget_cap(self) -> int | None:
         policy = self.policy
         if policy.budget_bytes_per_rank is None:
             return None
-        return largest_cap_within(policy.budget_bytes_per_rank, self.group.pricing, policy.alignment, policy.max_cap)
+        return largest_cap_within(policy.budget_bytes_per_rank, self.group.pricing, policy.alignment,
+                                  min(policy.max_cap, self.group.cap_rules.max_cap_tokens))
 
     # --- read off the history --------------------------------------------------------------------
 

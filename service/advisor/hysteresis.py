@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING
 
 from capwatch.service.advisor.advice import Decision
 from capwatch.service.advisor.stage import Step, pct
-from capwatch.sizing.backends import FLASHINFER
 from capwatch.sizing.caps import align_down, align_up
 
 if TYPE_CHECKING:
@@ -33,10 +32,10 @@ def worth_changing(current_cap: int, recommended_cap: int, lower_bound: int, upp
 
 def bounds(given: Evidence, target_cap: int) -> tuple[int, int]:
     """[lower, upper] the current cap may sit in without a change: the peaks estimate's bounds, aligned, never
-    below the floor, and around the target."""
+    below the floor nor above the advisor's ceiling (``alignment.cap_ceiling``), and around the target."""
     found, alignment, floor_cap = given.peaks, given.policy.alignment, given.floor_cap
-    lower = align_down(found.lower_tokens, alignment) or alignment
-    upper = align_up(found.upper_tokens, alignment)
+    lower = min(align_down(found.lower_tokens, alignment) or alignment, given.cap_ceiling)
+    upper = min(align_up(found.upper_tokens, alignment), given.cap_ceiling)
     if floor_cap is not None:
         lower = max(lower, floor_cap)
     return min(lower, target_cap), max(upper, target_cap)
@@ -65,4 +64,4 @@ def decide(given: Evidence, sized: float) -> Step[Decision]:
     recommended = given.current_cap if action == "hold" else target
     return Step(Decision(action=action, recommended_cap=recommended, target_cap=target, lower_bound=lower,
                          upper_bound=upper, confidence=round(given.peaks.confidence, 4),
-                         env=FLASHINFER.env_line(recommended)), (why,))
+                         env=given.group.cap_rules.env_line(recommended)), (why,))

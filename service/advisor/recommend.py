@@ -51,6 +51,7 @@ def gate(given: Evidence) -> str | None:
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
     given = Evidence(history, group, policy)
+    given.cap_ceiling  # noqa: B018 - a group whose floor no cap meets cannot be advised, with or without history
     deployment, coverage = deployment_of(given), coverage_of(history)
     why_not = gate(given)
     if why_not is not None:
@@ -75,7 +76,8 @@ def deployment_of(given: Evidence) -> Deployment:
         current_cap=given.current_cap, ep_size=pricing.ep_size, workspace_bytes_per_rank_current=current_bytes,
         workspace_bytes_group_current=current_bytes * pricing.ep_size, floor_cap=given.floor_cap,
         floor_binds=None if given.floor is None else given.floor.binds, budget_cap=given.budget_cap,
-        kv_bytes_per_token=given.group.kv_bytes_per_token)
+        kv_bytes_per_token=given.group.kv_bytes_per_token, max_cap_tokens=given.group.cap_rules.max_cap_tokens,
+        cap_alignment=given.policy.alignment)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:
