@@ -17,9 +17,13 @@ kept as current with the states from before the commit).
 
 How stale each reader may be:
 
-- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): a group whose data or rank statuses changed is
-  recomputed within the read's budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, the group is served
-  as last computed — the advice of an older generation, seconds old — until a later read catches it up.
+- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): what the list needs is computed ahead, in the
+  background (``start_refresher``: changed groups, those never computed first, then the stalest, in slices
+  that leave the readers most of the time), and at start before the first read. A read recomputes changed
+  groups only within its budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, a group is served as last
+  computed — seconds old — and a group never computed yet as a quick summary from its ranks' states alone
+  (``pending``: no findings or advice yet), until the refresher catches it up: reads stay fast after thousands
+  of new clusters or a restart, and a change shows within a refresher's sweep.
 - ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
   generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
   clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
@@ -65,6 +69,7 @@ class ClusterSummary(BaseModel):
     recommended_cap: int | None
     last_report_unix_s: float | None
     error: str | None = None  # why this group has no advice (its ranks cannot be priced or advised)
+    pending: bool = False  # listed from its ranks' states alone: findings and advice not computed yet
 
 
 @dataclass(frozen=True)
@@ -73,7 +78,7 @@ class GroupDigest:
 
     cluster: str
     role: str
-    view: ClusterView
+    view: ClusterView | None  # None only in a quick summary (see _quick)
     advice: Advice | None
     error: str | None
     summary_json: bytes  # the ClusterSummary, serialised once
@@ -99,10 +104,35 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
     return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
 
 
+def _quick(cluster: str, role: str, states: list[RankState], now_s: float, settings: Settings) -> GroupDigest | None:
+    """A group never computed yet, listed from its ranks' states alone (no pricing, findings or advice): what a
+    read can afford for thousands of new groups at once. None when it has no ranks of ``role``."""
+    chosen = [state for state in states if state.role == role]
+    if not chosen:
+        return None
+    statuses = [rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) for state in chosen]
+    live = [state for state, status in zip(chosen, statuses) if status != "missing"] or chosen
+    ep_size, cap = max(state.ep_size for state in chosen), max(state.cap for state in live)
+    peak = max(state.last_peak_runtime_tokens for state in live)
+    summary = ClusterSummary(
+        cluster=cluster, roles=role_order(states), ep_size=ep_size, cap=cap,
+        ranks_reporting=statuses.count("reporting"), ranks_stale=statuses.count("stale"),
+        ranks_missing=statuses.count("missing") + ep_size - len({state.ep_rank for state in chosen}),
+        group_peak_runtime_tokens=peak, group_utilization=peak / cap,
+        overflow_events_total=sum(state.overflow_events_total for state in chosen), workspace_bytes_group=None,
+        findings=[], action=None, recommended_cap=None,
+        last_report_unix_s=max(state.received_unix_s for state in chosen), pending=True)
+    return GroupDigest(cluster, role, None, None, None, summary.model_dump_json().encode())
+
+
 # A read recomputes changed groups for at most this long, stalest first; the rest are served as last
-# computed (seconds old) and caught up by the next reads. Bounds a read's cost when thousands of groups
+# computed (seconds old) and caught up by the refresher. Bounds a read's cost when thousands of groups
 # report all the time, not only when few change.
 RECOMPUTE_BUDGET_S = 0.05
+# The background refresher computes for this long, then leaves the readers this long (a third of its time).
+REFRESH_SLICE_S = 0.2
+REFRESH_PAUSE_S = 0.1
+REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is current
 
 
 @dataclass
@@ -110,6 +140,7 @@ class _Cached:
     key: tuple
     digest: GroupDigest
     computed: float  # time.perf_counter() when computed
+    full: bool = True  # False: a quick summary (_quick), to be computed
 
 
 class GroupDigests:
@@ -124,6 +155,8 @@ class GroupDigests:
         self._generation = getattr(source, "generation", None)
         self._cache: dict[tuple[str, str], _Cached] = {}
         self._lock = threading.Lock()
+        self._refresher: threading.Thread | None = None
+        self._stop = threading.Event()
 
     def _read(self, cluster: str, now_s: float) -> tuple[tuple | None, list[RankState]]:
         """The cluster's cache key and rank states: the generation first (see the module's docstring)."""
@@ -137,14 +170,19 @@ class GroupDigests:
 
     def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
         cached = self._cache.get((cluster, role))
-        return cached.digest if key is not None and cached is not None and cached.key == key else None
+        if key is None or cached is None or cached.key != key or not cached.full:
+            return None
+        return cached.digest
+
+    def _keep(self, cluster: str, role: str, key: tuple | None, digest: GroupDigest, full: bool = True) -> None:
+        if key is not None:
+            with self._lock:
+                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter(), full)
 
     def _computed(self, cluster: str, role: str, states: list[RankState], now_s: float,
                   key: tuple | None) -> GroupDigest:
         digest = _compute(self.source, cluster, role, states, now_s, self.settings)
-        if key is not None:
-            with self._lock:
-                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter())
+        self._keep(cluster, role, key, digest)
         return digest
 
     def _computed_or_left_out(self, cluster: str, role: str, states: list[RankState], now_s: float,
@@ -166,39 +204,98 @@ class GroupDigests:
         role_states(self.source, cluster, role, states)
         return self._cached(cluster, role, key) or self._computed(cluster, role, states, now_s, key)
 
-    def warm(self) -> None:
-        """Compute every group's digests (at start, so the first read finds them)."""
-        try:
-            self.every_group(all_roles=True)
-        except Exception:
-            log.exception("cannot compute the groups' digests at start; reads will")
+    # --- every group: computed ahead -------------------------------------------------------------
 
-    def every_group(self, all_roles: bool) -> list[GroupDigest]:
-        """One digest per group (its first role, target first), or per group and role."""
-        now = self.clock()
-        started = time.perf_counter()
-        entries = []  # (cluster, role, states, key, cached)
+    def _entries(self, now_s: float, all_roles: bool) -> tuple[list[str], list[tuple]]:
+        """Every group as (cluster, role, states, key, cached), in the list's order."""
+        entries = []
         clusters = self.source.clusters()
         for cluster in clusters:
             try:
-                key, states = self._read(cluster, now)
+                key, states = self._read(cluster, now_s)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
             roles = role_order(states)
             for role in roles if all_roles else roles[:1]:
                 entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
+        return clusters, entries
+
+    @staticmethod
+    def _current(entry: tuple) -> bool:
+        _, _, _, key, cached = entry
+        return key is not None and cached is not None and cached.key == key and cached.full
+
+    @staticmethod
+    def _staleness(entry: tuple) -> tuple:
+        """Never computed (nor listed quickly) first, then quick summaries, then the stalest."""
+        cached = entry[4]
+        return (cached is not None, cached is not None and cached.full, cached.computed if cached else 0.0)
+
+    def refresh(self, budget_s: float, all_roles: bool = True) -> int:
+        """Compute the changed groups for at most ``budget_s`` (the never computed first, then the stalest); how
+        many are still to compute."""
+        now = self.clock()
+        deadline = time.perf_counter() + budget_s
+        _, entries = self._entries(now, all_roles)
+        changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
+        for done, (cluster, role, states, key, _) in enumerate(changed):
+            if time.perf_counter() > deadline:
+                return len(changed) - done
+            self._computed_or_left_out(cluster, role, states, now, key)
+        return 0
+
+    def warm(self) -> None:
+        """Compute every group's digests (at start, so the first read finds them)."""
+        try:
+            self.refresh(float("inf"))
+        except Exception:
+            log.exception("cannot compute the groups' digests at start; reads and the refresher will")
+
+    def start_refresher(self) -> None:
+        """Keep every group's digest current in the background (a source without generations, Prometheus, is
+        read per request instead: nothing to refresh)."""
+        if self._refresher is not None or self._generation is None:
+            return
+        self._stop.clear()
+        self._refresher = threading.Thread(target=self._refresh_forever, name="capwatch-digests", daemon=True)
+        self._refresher.start()
+
+    def stop_refresher(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(timeout=10)
+            self._refresher = None
+
+    def _refresh_forever(self) -> None:
+        pause = REFRESH_IDLE_S
+        while not self._stop.wait(pause):
+            try:
+                remaining = self.refresh(REFRESH_SLICE_S)
+            except Exception:  # the source briefly unreadable: the next sweep retries
+                log.exception("cannot refresh the groups' digests; retrying")
+                remaining = 0
+            pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
+
+    def every_group(self, all_roles: bool) -> list[GroupDigest]:
+        """One digest per group (its first role, target first), or per group and role: as computed ahead, the
+        changed ones recomputed within the read's budget, stalest first (see the module's docstring)."""
+        now = self.clock()
+        deadline = time.perf_counter() + self.recompute_budget_s
+        clusters, entries = self._entries(now, all_roles)
         digests: dict[tuple[str, str], GroupDigest | None] = {
-            (cluster, role): cached.digest for cluster, role, _, key, cached in entries
-            if key is not None and cached is not None and cached.key == key}
-        changed = [entry for entry in entries if (entry[0], entry[1]) not in digests]
-        changed.sort(key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
-        deadline = started + self.recompute_budget_s
+            (entry[0], entry[1]): entry[4].digest for entry in entries if self._current(entry)}
+        changed = sorted((entry for entry in entries if (entry[0], entry[1]) not in digests),
+                         key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
         for cluster, role, states, key, cached in changed:
-            if cached is not None and time.perf_counter() > deadline:
-                digests[(cluster, role)] = cached.digest  # as last computed; a later read catches up
-            else:
+            if time.perf_counter() <= deadline:
                 digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
+            elif cached is not None and (cached.full or cached.key == key):
+                digests[(cluster, role)] = cached.digest  # as last computed; the refresher catches up
+            else:
+                digest = digests[(cluster, role)] = _quick(cluster, role, states, now, self.settings)
+                if digest is not None:
+                    self._keep(cluster, role, key, digest, full=False)
         if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
             known = set(clusters)
             with self._lock:

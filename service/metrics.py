@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 
 from capwatch.dashboards import service_metrics as names
-from capwatch.service.findings import FINDING_KINDS
 from capwatch.service.digests import GroupDigest, GroupDigests
-from capwatch.service.vocabulary import ACTIONS, RANK_STATUSES
+from capwatch.service.findings import FINDING_KINDS
+from capwatch.service.vocabulary import ACTIONS, DROP_REASONS, RANK_STATUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.utils import floatToGoString
 
@@ -40,6 +40,15 @@ class ServiceMetrics:
         self.ingest_latency = Histogram(
             names.INGEST_LATENCY_SECONDS, "Time from request to acknowledgement of a rank report.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=registry)
+        # Counted by capwatch serve's HTTP protocol (service/http_server.py), which bounds every connection.
+        self.connections_dropped = Counter(
+            names.CONNECTIONS_DROPPED, "Connections the service closed for exceeding a bound, by reason.", ["reason"],
+            registry=registry)
+        for reason in DROP_REASONS:
+            self.connections_dropped.labels(reason)
+
+    def count_dropped_connection(self, reason: str) -> None:
+        self.connections_dropped.labels(reason).inc()
 
 
 # The per-cluster gauge families: name, help, the label after cluster and dispatcher (if any).
@@ -115,12 +124,14 @@ class ClusterExposition:
         self._rendered[key] = (digest, lines)
         return lines
 
-    def render(self) -> bytes:
+    def render(self) -> list[bytes]:
+        """The per-cluster gauges as pieces to join (each group's lines are shared, rendered once per digest)."""
         try:
             digests = self.digests.every_group(all_roles=True)
         except Exception:  # a scrape must not fail because the source is briefly unreadable
             log.exception("cannot list clusters for /metrics")
             digests = []
+        digests = [digest for digest in digests if digest.view is not None]  # a quick summary: once computed
         rendered = [self._lines(digest) for digest in digests]
         if len(self._rendered) > 2 * len(digests) + 16:  # forget groups that were pruned
             live = {(digest.cluster, digest.role) for digest in digests}
@@ -129,7 +140,7 @@ class ClusterExposition:
         for name, help_text, _ in FAMILIES:
             parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode())
             parts.extend(lines[name] for lines in rendered)
-        return b"".join(parts)
+        return parts
 
 
 def build_metrics(registry: CollectorRegistry, digests: GroupDigests) -> ServiceMetrics:
@@ -138,6 +149,6 @@ def build_metrics(registry: CollectorRegistry, digests: GroupDigests) -> Service
     return metrics
 
 
-def exposition(metrics: ServiceMetrics) -> bytes:
-    """The whole ``/metrics`` page: the registry's own metrics, then the per-cluster gauges."""
-    return generate_latest(metrics.registry) + metrics.clusters.render()
+def exposition(metrics: ServiceMetrics) -> list[bytes]:
+    """The whole ``/metrics`` page, as pieces to join: the registry's own metrics, then the per-cluster gauges."""
+    return [generate_latest(metrics.registry), *metrics.clusters.render()]

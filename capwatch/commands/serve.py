@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve", help="run the service that aggregates rank reports and advises on the cap",
         description=("Run the capwatch service: POST /v1/reports from every rank, one view per EP group, and "
                      "raise/lower/hold advice on the per-rank cap. Every flag can also be set as a CAPWATCH_* "
-                     "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."))
+                     "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."),
+        epilog=SETTINGS_EPILOG, formatter_class=HelpWithSettings)
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     parser.add_argument("--port", type=port_number, help="port to bind, 1..65535 (default 8321)")
     parser.add_argument("--db", dest="db_path", help="SQLite database file (default ./capwatch.db); checked at start: "
@@ -33,9 +34,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+SETTINGS_EPILOG = "\0settings"  # replaced by settings_help() when --help is printed, not on every start of the CLI
+
+
+class HelpWithSettings(argparse.HelpFormatter):
+    def add_text(self, text):
+        if text == SETTINGS_EPILOG:  # laid out already: kept as is
+            self._add_item(lambda table: table + "\n", [settings_help()])
+        else:
+            super().add_text(text)
+
+
+def settings_help() -> str:
+    """Every CAPWATCH_* setting with its default and range, from the Settings model (its one place)."""
+    import textwrap
+
+    try:
+        from capwatch.service.config import settings_reference
+    except ImportError:  # a plain install without the service extra: serve says so when run
+        return "settings: install a2a-capwatch[service] to list them"
+    lines = ["settings (environment variables; a value outside its range is refused at start):"]
+    for name, default, bounds, what in settings_reference():
+        head = f"  {name}={default}" + (f"  range {bounds}" if bounds else "")
+        lines.append(head)
+        lines.extend(textwrap.wrap(what, 100, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
 def setting_name(location: tuple, from_flags: set[str]) -> str:
     """How the user set a setting: its flag if given, else its CAPWATCH_* variable."""
-    field = str(location[0]) if location else ""
+    if not location:  # a rule over several settings: its message names them
+        return "settings"
+    field = str(location[0])
     if field in from_flags:
         return FLAGS[field]
     return "CAPWATCH_" + "__".join(str(part) for part in location).upper()
@@ -107,6 +137,27 @@ def bind_listener(host: str, port: int, host_name: str, port_name: str):
     return listener
 
 
+# Descriptors beyond the connections: the listener, SQLite's files and connections, logs, the threads' pipes.
+SPARE_FILES = 256
+
+
+def raise_open_files_limit(max_connections: int) -> None:
+    """Every connection is a file descriptor: raise this process's soft limit to hold them (up to the hard
+    limit, as servers do), or refuse to start, saying so, instead of failing accept() under load."""
+    import resource
+
+    from capwatch.cli import CommandError
+
+    needed = max_connections + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise CommandError(f"CAPWATCH_MAX_CONNECTIONS {max_connections} needs {needed} open files, and this "
+                               f"process may open at most {hard} (ulimit -Hn); lower CAPWATCH_MAX_CONNECTIONS to "
+                               f"{max(hard - SPARE_FILES, 0)} or raise the limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def run(args: argparse.Namespace) -> int:
     import sqlite3
     import sys
@@ -116,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic_settings import SettingsError
 
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
+    from capwatch.service.http_server import ConnectionLimits, protocol_factory
     from capwatch.service.main import create_app
     from capwatch.service.store.errors import StoreDamaged
 
@@ -127,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:  # a CAPWATCH_* variable that is not even parseable (bad JSON)
         raise CommandError(f"{error}; check the CAPWATCH_* environment variables") from None
     db_name = setting_name(("db_path",), set(overrides))
+    raise_open_files_limit(settings.max_connections)
     if not settings.prometheus_url:
         check_db_path(settings.db_path, db_name)
     listener = bind_listener(settings.host, settings.port, setting_name(("host",), set(overrides)),
@@ -147,7 +200,9 @@ def run(args: argparse.Namespace) -> int:
         except sqlite3.Error as error:
             raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
                                "pick another path") from None
-        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+        limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                                               http=protocol_factory(limits), ws="none"))
         server.run(sockets=[listener])
     finally:
         listener.close()

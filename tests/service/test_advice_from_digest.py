@@ -30,7 +30,8 @@ GROUPS = ("g0", "g1")
 @contextmanager
 def service(directory: Path, recompute_budget_s: float | None = None, source=None):
     """The app on a real store; ``recompute_budget_s`` 0: the list view serves every changed group as last
-    computed, the most staleness it allows."""
+    computed, the most staleness it allows (and the background refresher is stopped, so the test alone says
+    when a digest is computed)."""
     settings = Settings(db_path=directory / "capwatch.db", maintenance_interval_s=3600.0, fold_after_s=1800.0,
                         advisor={"full_confidence_history_s": 1800.0})
     clock = FakeClock()
@@ -40,6 +41,8 @@ def service(directory: Path, recompute_budget_s: float | None = None, source=Non
         if recompute_budget_s is not None:
             app.state.digests.recompute_budget_s = recompute_budget_s
         with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            if recompute_budget_s is not None:
+                app.state.digests.stop_refresher()
             yield client, store, clock, settings
     finally:
         store.close()
@@ -126,8 +129,10 @@ def test_a_changed_group_answers_fresh_advice_while_the_list_may_still_show_its_
         group = Group("g0")
         for _ in range(40):
             group.window(store, clock, 300)
-        assert listed(client)["g0"]["action"] == "lower"  # computed: nothing was cached yet
+        quick = listed(client)["g0"]  # never computed, and no budget: listed from its ranks' states alone
+        assert quick["pending"] and quick["action"] is None and quick["cap"] == 4096
         assert client.get("/v1/clusters/g0/advice").json()["action"] == "lower"
+        assert listed(client)["g0"]["action"] == "lower"  # the advice request computed it
 
         group.window(store, clock, 5000)  # above the 4096 cap: an overflow
         assert listed(client)["g0"]["action"] == "lower"  # past its budget (0 s), the list shows the last digest

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from pydantic import AfterValidator, BaseModel
-
 from capwatch.service.advisor.sample import RankInterval, group_samples
-from capwatch.service.cluster_view import ClusterView
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.api.streaming import json_array
+from capwatch.service.cluster_view import ClusterView
 from capwatch.service.digests import ClusterSummary
 from capwatch.service.queries import cluster_view, role_states
 from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi.responses import StreamingResponse
+from pydantic import AfterValidator, BaseModel
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
 ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_PATTERN),
@@ -62,9 +63,10 @@ def not_found(error: LookupError) -> HTTPException:
             description=("A group whose advice cannot be computed is listed with its error (and no action); "
                          "the others are unaffected. Each group is recomputed only when it changed."))
 def list_clusters(digests: DigestsDep) -> Response:
-    # Pre-serialised per group (see capwatch.service.digests): the response is their concatenation.
-    body = b"[" + b",".join(digest.summary_json for digest in digests.every_group(all_roles=False)) + b"]"
-    return Response(body, media_type="application/json")
+    # Pre-serialised per group (see capwatch.service.digests) and streamed: the answer is their concatenation,
+    # handed out a piece at a time as the client reads, so a client that does not read holds no copy of it.
+    return StreamingResponse(json_array([digest.summary_json for digest in digests.every_group(all_roles=False)]),
+                             media_type="application/json")
 
 
 @router.get("/{cluster}", response_model=ClusterView, summary="Ranks, group peaks and consistency findings",

@@ -14,5 +14,6 @@ class Health(BaseModel):
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz(request: Request) -> Health:
+async def healthz(request: Request) -> Health:
+    # On the event loop, not in the thread pool: it answers while every pool thread is busy with reads.
     return Health(status="ok", source="sqlite" if request.app.state.store is not None else "prometheus")

@@ -33,13 +33,14 @@ ACCEPTED_BODY = IngestResponse(accepted=True, duplicate=False).model_dump_json()
 DUPLICATE_BODY = IngestResponse(accepted=True, duplicate=True).model_dump_json().encode()
 
 
-async def answer(state, headers: dict[str, str], receive: Receive, started: float) -> tuple[int, bytes, dict]:
+async def answer(state, headers: dict[str, str], receive: Receive, started: float,
+                 client: str | None) -> tuple[int, bytes, dict]:
     """Every rule, then the store: the status, body and extra headers of the answer. Both ways in."""
     settings, metrics = state.settings, state.metrics
     refusal = header_refusal(headers.get("authorization", ""), headers.get("content-type"),
                              headers.get("content-length"), settings, headers.get("origin"), headers.get("host"))
     if refusal is None:
-        read = await state.body_gate.read(receive)
+        read = await state.body_gate.read(receive, client)
         if isinstance(read, Refusal):
             refusal = read
         else:
@@ -106,7 +107,7 @@ async def post_report(request: Request) -> Response:
     started = time.perf_counter()
     headers = {name: request.headers.get(name) for name in _WANTED.values()}
     status_code, body, extra = await answer(request.app.state, {k: v for k, v in headers.items() if v is not None},
-                                            request.receive, started)
+                                            request.receive, started, request.client.host if request.client else None)
     return Response(body, status_code=status_code, media_type="application/json", headers=extra)
 
 
@@ -132,7 +133,9 @@ class ReportFastPath:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status_code, body, extra = await answer(scope["app"].state, headers, receive, started)
+        client = scope.get("client")
+        status_code, body, extra = await answer(scope["app"].state, headers, receive, started,
+                                                client[0] if client else None)
         response_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *((name.lower().encode(), value.encode()) for name, value in extra.items())]
         await send({"type": "http.response.start", "status": status_code, "headers": response_headers})
