@@ -18,12 +18,13 @@ kept as current with the states from before the commit).
 How stale each reader may be:
 
 - ``GET /v1/clusters`` and ``/metrics`` (``every_group``): what the list needs is computed ahead, in the
-  background (``start_refresher``: changed groups, those never computed first, then the stalest, in slices
-  that leave the readers most of the time), and at start before the first read. A read recomputes changed
-  groups only within its budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, a group is served as last
-  computed — seconds old — and a group never computed yet as a quick summary from its ranks' states alone
-  (``pending``: no findings or advice yet), until the refresher catches it up: reads stay fast after thousands
-  of new clusters or a restart, and a change shows within a refresher's sweep.
+  background (``start_refresher``: every new group listed at once from its ranks' states alone — ``pending``,
+  no findings or advice yet —, then the changed groups computed, those never computed first, then the
+  stalest, in slices that leave the readers most of the time), and at start before the first read. A read
+  recomputes changed groups only within its budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, a group
+  is served as last computed (seconds old, or pending), and one that arrived since the refresher's last pass
+  (under a second ago) is left out of that read. Reads stay fast after thousands of new clusters or a restart,
+  and a change shows within a refresher's sweep.
 - ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
   generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
   clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
@@ -233,11 +234,16 @@ class GroupDigests:
         return (cached is not None, cached is not None and cached.full, cached.computed if cached else 0.0)
 
     def refresh(self, budget_s: float, all_roles: bool = True) -> int:
-        """Compute the changed groups for at most ``budget_s`` (the never computed first, then the stalest); how
-        many are still to compute."""
+        """List every new group at once (a quick summary from its ranks' states), then compute the changed groups
+        for at most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
         now = self.clock()
         deadline = time.perf_counter() + budget_s
         _, entries = self._entries(now, all_roles)
+        for cluster, role, states, key, cached in entries:
+            if cached is None:
+                digest = _quick(cluster, role, states, now, self.settings)
+                if digest is not None:
+                    self._keep(cluster, role, key, digest, full=False)
         changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
         for done, (cluster, role, states, key, _) in enumerate(changed):
             if time.perf_counter() > deadline:
@@ -290,12 +296,8 @@ class GroupDigests:
         for cluster, role, states, key, cached in changed:
             if time.perf_counter() <= deadline:
                 digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
-            elif cached is not None and (cached.full or cached.key == key):
-                digests[(cluster, role)] = cached.digest  # as last computed; the refresher catches up
-            else:
-                digest = digests[(cluster, role)] = _quick(cluster, role, states, now, self.settings)
-                if digest is not None:
-                    self._keep(cluster, role, key, digest, full=False)
+            else:  # as last computed (or listed quickly); a group newer than the refresher's last pass: not yet
+                digests[(cluster, role)] = cached.digest if cached is not None else None
         if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
             known = set(clusters)
             with self._lock:
