@@ -102,7 +102,16 @@ def _check_db_path(path, name: str) -> None:
         if not path.is_file():
             raise CommandError(f"{name} {path} is not a regular file; give a SQLite database file")
         if not os.access(path, os.R_OK | os.W_OK):
-            raise CommandError(f"{name} {path} is not readable and writable by this user; pick another path")
+            raise CommandError(f"{name} {path} is not readable and writable by this user (its permissions, or an "
+                               "immutable flag: see ls -l and lsattr); the file was not touched: make it writable")
+        folder = path.parent
+        missing = [f"{path.name}{suffix}" for suffix in ("-wal", "-shm")
+                   if not (folder / f"{path.name}{suffix}").exists()]
+        if missing and not os.access(folder, os.W_OK | os.X_OK):
+            # Not damage: SQLite's WAL mode keeps two files beside the database and cannot create them.
+            raise CommandError(f"{name} {path}: its folder {folder} is not writable by this user, and SQLite needs to "
+                               f"create {' and '.join(missing)} there (write-ahead log); the database was not touched: "
+                               "make the folder writable")
         return
     parent = path.parent
     if not parent.is_dir():
