@@ -79,10 +79,11 @@ class GroupDigest:
 
     cluster: str
     role: str
-    view: ClusterView | None  # None only in a quick summary (see _quick)
+    view: ClusterView | None  # as last computed (None: not computed yet)
     advice: Advice | None
     error: str | None
     summary_json: bytes  # the ClusterSummary, serialised once
+    pending: bool = False  # the summary's states are current, its findings and advice as last computed (see _quick)
 
 
 def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankState], now_s: float,
@@ -105,9 +106,11 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
     return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
 
 
-def _quick(cluster: str, role: str, states: list[RankState], now_s: float, settings: Settings) -> GroupDigest | None:
-    """A group never computed yet, listed from its ranks' states alone (no pricing, findings or advice): what a
-    read can afford for thousands of new groups at once. None when it has no ranks of ``role``."""
+def _quick(cluster: str, role: str, states: list[RankState], now_s: float, settings: Settings,
+           last: GroupDigest | None) -> GroupDigest | None:
+    """A changed group listed at once: what its ranks' states say (cap, ranks, peak, overflows: no pricing), with
+    its findings and advice as ``last`` computed (none when never computed), ``pending`` until computed. What the
+    refresher can afford for thousands of groups at a time. None when it has no ranks of ``role``."""
     chosen = [state for state in states if state.role == role]
     if not chosen:
         return None
@@ -115,22 +118,27 @@ def _quick(cluster: str, role: str, states: list[RankState], now_s: float, setti
     live = [state for state, status in zip(chosen, statuses) if status != "missing"] or chosen
     ep_size, cap = max(state.ep_size for state in chosen), max(state.cap for state in live)
     peak = max(state.last_peak_runtime_tokens for state in live)
+    view, advice = (last.view, last.advice) if last is not None else (None, None)
     summary = ClusterSummary(
         cluster=cluster, roles=role_order(states), ep_size=ep_size, cap=cap,
         ranks_reporting=statuses.count("reporting"), ranks_stale=statuses.count("stale"),
         ranks_missing=statuses.count("missing") + ep_size - len({state.ep_rank for state in chosen}),
         group_peak_runtime_tokens=peak, group_utilization=peak / cap,
-        overflow_events_total=sum(state.overflow_events_total for state in chosen), workspace_bytes_group=None,
-        findings=[], action=None, recommended_cap=None,
-        last_report_unix_s=max(state.received_unix_s for state in chosen), pending=True)
-    return GroupDigest(cluster, role, None, None, None, summary.model_dump_json().encode())
+        overflow_events_total=sum(state.overflow_events_total for state in chosen),
+        workspace_bytes_group=view.workspace_bytes_group if view is not None else None,
+        findings=[finding.kind for finding in view.findings] if view is not None else [],
+        action=advice.action if advice else None, recommended_cap=advice.recommended_cap if advice else None,
+        last_report_unix_s=max(state.received_unix_s for state in chosen),
+        error=last.error if last is not None else None, pending=True)
+    return GroupDigest(cluster, role, view, advice, last.error if last is not None else None,
+                       summary.model_dump_json().encode(), pending=True)
 
 
-# A read recomputes changed groups for at most this long, stalest first; the rest are served as last
-# computed (seconds old) and caught up by the refresher. Bounds a read's cost when thousands of groups
-# report all the time, not only when few change.
+# A read recomputes changed groups for at most this long, stalest first; the rest are served as listed by the
+# refresher. Bounds a read's cost when thousands of groups report all the time, not only when few change.
 RECOMPUTE_BUDGET_S = 0.05
-# The background refresher computes for this long, then leaves the readers this long (a third of its time).
+# The background refresher computes for this long, then leaves the readers this long (a third of its time);
+# between slices it lists every group that changed meanwhile (_quick), so a change shows within about a second.
 REFRESH_SLICE_S = 0.2
 REFRESH_PAUSE_S = 0.1
 REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is current
@@ -141,7 +149,21 @@ class _Cached:
     key: tuple
     digest: GroupDigest
     computed: float  # time.perf_counter() when computed
-    full: bool = True  # False: a quick summary (_quick), to be computed
+    full: bool = True  # False: listed by _quick, to be computed
+
+
+@dataclass(frozen=True)
+class _ClusterRead:
+    """A cluster's cache key and rank states, reused while its generation holds and no rank's status can have
+    changed (``valid_until``: the first moment one of them turns stale or missing): reading every rank of
+    thousands of clusters on each read was most of a read's cost."""
+
+    generation: int | None
+    key: tuple | None
+    states: list[RankState]
+    roles: list[str]
+    read_at: float
+    valid_until: float
 
 
 class GroupDigests:
@@ -155,19 +177,32 @@ class GroupDigests:
         self.recompute_budget_s = recompute_budget_s
         self._generation = getattr(source, "generation", None)
         self._cache: dict[tuple[str, str], _Cached] = {}
+        self._reads: dict[str, _ClusterRead] = {}
         self._lock = threading.Lock()
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
 
-    def _read(self, cluster: str, now_s: float) -> tuple[tuple | None, list[RankState]]:
+    def _read(self, cluster: str, now_s: float) -> _ClusterRead:
         """The cluster's cache key and rank states: the generation first (see the module's docstring)."""
         generation = None if self._generation is None else self._generation(cluster)
+        known = self._reads.get(cluster)
+        if (known is not None and generation is not None and known.generation == generation
+                and known.read_at <= now_s < known.valid_until):
+            return known
         states = self.source.rank_states(cluster)
+        roles = role_order(states)
         if generation is None:
-            return None, states
-        settings = self.settings
-        return (generation, tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
-                                  for state in states)), states
+            return _ClusterRead(None, None, states, roles, now_s, now_s)
+        settings, statuses, valid_until = self.settings, [], float("inf")
+        for state in states:
+            status = rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
+            statuses.append(status)
+            if status != "missing":  # when it turns stale, or missing
+                threshold = settings.stale_after_s if status == "reporting" else settings.missing_after_s
+                valid_until = min(valid_until, state.received_unix_s + threshold)
+        read = _ClusterRead(generation, (generation, tuple(statuses)), states, roles, now_s, valid_until)
+        self._reads[cluster] = read
+        return read
 
     def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
         cached = self._cache.get((cluster, role))
@@ -201,9 +236,9 @@ class GroupDigests:
     def group(self, cluster: str, role: str, now_s: float) -> GroupDigest:
         """One group's digest, current for its committed data (never served stale; see the module's docstring).
         ``UnknownCluster`` (a LookupError) when the cluster has no ranks of ``role``; any other error is raised."""
-        key, states = self._read(cluster, now_s)
-        role_states(self.source, cluster, role, states)
-        return self._cached(cluster, role, key) or self._computed(cluster, role, states, now_s, key)
+        read = self._read(cluster, now_s)
+        role_states(self.source, cluster, role, read.states)
+        return self._cached(cluster, role, read.key) or self._computed(cluster, role, read.states, now_s, read.key)
 
     # --- every group: computed ahead -------------------------------------------------------------
 
@@ -213,13 +248,12 @@ class GroupDigests:
         clusters = self.source.clusters()
         for cluster in clusters:
             try:
-                key, states = self._read(cluster, now_s)
+                read = self._read(cluster, now_s)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
-            roles = role_order(states)
-            for role in roles if all_roles else roles[:1]:
-                entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
+            for role in read.roles if all_roles else read.roles[:1]:
+                entries.append((cluster, role, read.states, read.key, self._cache.get((cluster, role))))
         return clusters, entries
 
     @staticmethod
@@ -229,26 +263,33 @@ class GroupDigests:
 
     @staticmethod
     def _staleness(entry: tuple) -> tuple:
-        """Never computed (nor listed quickly) first, then quick summaries, then the stalest."""
+        """Never computed first, then the stalest."""
         cached = entry[4]
-        return (cached is not None, cached is not None and cached.full, cached.computed if cached else 0.0)
+        return (cached is not None and cached.digest.view is not None, cached.computed if cached else 0.0)
 
-    def refresh(self, budget_s: float, all_roles: bool = True) -> int:
-        """List every new group at once (a quick summary from its ranks' states), then compute the changed groups
-        for at most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
-        now = self.clock()
-        deadline = time.perf_counter() + budget_s
-        _, entries = self._entries(now, all_roles)
+    def _list_changed(self, entries: list[tuple], now_s: float) -> None:
+        """List every group whose states changed since it was last listed (``_quick``), at once."""
         for cluster, role, states, key, cached in entries:
-            if cached is None:
-                digest = _quick(cluster, role, states, now, self.settings)
+            if key is not None and (cached is None or cached.key != key):
+                digest = _quick(cluster, role, states, now_s, self.settings,
+                                cached.digest if cached is not None else None)
                 if digest is not None:
                     self._keep(cluster, role, key, digest, full=False)
+
+    def refresh(self, budget_s: float, all_roles: bool = True) -> int:
+        """One pass of the refresher: list every changed group at once, then compute the changed groups for at
+        most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
+        now = self.clock()
+        clusters, entries = self._entries(now, all_roles)
+        self._list_changed(entries, now)
+        _, entries = self._entries(now, all_roles)
         changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
+        deadline = time.perf_counter() + budget_s
         for done, (cluster, role, states, key, _) in enumerate(changed):
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > deadline or self._stop.is_set():
                 return len(changed) - done
             self._computed_or_left_out(cluster, role, states, now, key)
+        self._forget_pruned(clusters, len(entries))
         return 0
 
     def warm(self) -> None:
@@ -278,14 +319,21 @@ class GroupDigests:
         while not self._stop.wait(pause):
             try:
                 remaining = self.refresh(REFRESH_SLICE_S)
-            except Exception:  # the source briefly unreadable: the next sweep retries
+            except Exception:  # the source briefly unreadable: the next pass retries
                 log.exception("cannot refresh the groups' digests; retrying")
                 remaining = 0
             pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
 
+    def _forget_pruned(self, clusters: list[str], groups: int) -> None:
+        if len(self._cache) > 2 * groups + 16 or len(self._reads) > 2 * len(clusters) + 16:
+            known = set(clusters)
+            with self._lock:
+                self._cache = {key: value for key, value in self._cache.items() if key[0] in known}
+                self._reads = {key: value for key, value in self._reads.items() if key in known}
+
     def every_group(self, all_roles: bool) -> list[GroupDigest]:
-        """One digest per group (its first role, target first), or per group and role: as computed ahead, the
-        changed ones recomputed within the read's budget, stalest first (see the module's docstring)."""
+        """One digest per group (its first role, target first), or per group and role: as the refresher listed
+        them, the changed ones recomputed within the read's budget, stalest first (see the module's docstring)."""
         now = self.clock()
         deadline = time.perf_counter() + self.recompute_budget_s
         clusters, entries = self._entries(now, all_roles)
@@ -296,10 +344,7 @@ class GroupDigests:
         for cluster, role, states, key, cached in changed:
             if time.perf_counter() <= deadline:
                 digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
-            else:  # as last computed (or listed quickly); a group newer than the refresher's last pass: not yet
+            else:  # as the refresher listed it; a group newer than its last pass (under a second): not yet
                 digests[(cluster, role)] = cached.digest if cached is not None else None
-        if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
-            known = set(clusters)
-            with self._lock:
-                self._cache = {key: value for key, value in self._cache.items() if key[0] in known}
+        self._forget_pruned(clusters, len(entries))
         return [digest for digest in (digests[(entry[0], entry[1])] for entry in entries) if digest is not None]

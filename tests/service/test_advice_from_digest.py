@@ -191,10 +191,12 @@ def test_a_report_committed_while_the_advice_is_computed_is_in_the_next_answer(t
         for _ in range(30):
             group.window(store, clock, 300)
         assert client.get("/v1/clusters/g0/advice").json()["current_cap"] == 4096
+        group.window(store, clock, 300, ranks=1)  # a new generation: the next read takes the states anew...
         rank = group.ranks[1]
         rank.restart()
         rank.cap = 8192  # the group's cap is the largest its live ranks run
         body = rank.report(clock.now - WINDOW_S, clock.now - 1, [300])
+        # ...and this report commits right after it took them (an unchanged generation reuses the states read)
         client.app.state.source.pending = (RankReport.model_validate(body, strict=False), clock.now)
         client.get("/v1/clusters/g0/advice")  # computed from the states read before the commit
         advice = client.get("/v1/clusters/g0/advice").json()
