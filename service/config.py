@@ -60,6 +60,10 @@ class Settings(BaseSettings):
                                description="Raw reports older than this are deleted (at least window_s).")
     maintenance_interval_s: float = Field(30.0, ge=0.1, le=86_400, description="How often folding and retention run.")
     max_batch_reports: int = Field(1024, ge=1, le=100_000, description="Most reports committed in one transaction.")
+    max_clusters: int = Field(10_000, ge=1, le=1_000_000, description=(
+        "Clusters held at once; a report of one more gets 429 (Retry-After) until one is pruned."))
+    max_ranks: int = Field(100_000, ge=1, le=10_000_000, description=(
+        "Ranks held at once, all clusters together; a report of one more gets 429 (Retry-After)."))
     prometheus_url: str | None = Field(None, description="Read ranks from this Prometheus instead of reports.")
     prometheus_timeout_s: float = Field(10.0, ge=0.1, le=3600, description="Each Prometheus query's time limit.")
     prometheus_cache_s: float = Field(

@@ -34,7 +34,8 @@ raise / lower / hold on the per-rank token cap of MoE all-to-all dispatch
 def store_options(settings: Settings) -> StoreOptions:
     return StoreOptions(window_s=settings.window_s, fold_after_s=settings.fold_after_s,
                         retention_s=settings.retention_s, maintenance_interval_s=settings.maintenance_interval_s,
-                        max_batch_reports=settings.max_batch_reports, policy=settings.advisor)
+                        max_batch_reports=settings.max_batch_reports, max_clusters=settings.max_clusters,
+                        max_ranks=settings.max_ranks, policy=settings.advisor)
 
 
 def _install_openapi(app: FastAPI) -> None:
@@ -100,7 +101,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     app.state.source = source
     app.state.clock = clock
     app.state.digests = digests = GroupDigests(source, settings, clock)
-    app.state.metrics = build_metrics(registry, digests)
+    app.state.metrics = build_metrics(registry, digests, store)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.state.body_gate = BodyGate(settings)

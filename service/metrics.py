@@ -16,11 +16,12 @@ from capwatch.service.digests import GroupDigest, GroupDigests
 from capwatch.service.findings import FINDING_KINDS
 from capwatch.service.vocabulary import ACTIONS, DROP_REASONS, RANK_STATUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable", "unsupported_media_type",
-                  "too_slow")
+                  "too_slow", "full")
 
 
 class ServiceMetrics:
@@ -143,9 +144,33 @@ class ClusterExposition:
         return parts
 
 
-def build_metrics(registry: CollectorRegistry, digests: GroupDigests) -> ServiceMetrics:
+class StoreCollector:
+    """The store's own state at scrape time: what it holds against its bounds (``store/capacity.py``), and whether
+    its database file is still the one it opened and writable (``store/file_watch.py``)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        clusters, ranks = self.store.held()
+        options = self.store.options
+        for name, help_text, value in (
+                (names.STORE_CLUSTERS, "Clusters the store holds.", clusters),
+                (names.STORE_CLUSTERS_LIMIT, "Most clusters the store holds (CAPWATCH_MAX_CLUSTERS).",
+                 options.max_clusters),
+                (names.STORE_RANKS, "Ranks the store holds, all clusters together.", ranks),
+                (names.STORE_RANKS_LIMIT, "Most ranks the store holds (CAPWATCH_MAX_RANKS).", options.max_ranks),
+                (names.STORE_DATABASE_LOST, "1 once the database file was deleted, replaced or made unwritable "
+                                            "under the service (reports are refused), else 0.",
+                 0 if self.store.lost is None else 1)):
+            yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def build_metrics(registry: CollectorRegistry, digests: GroupDigests, store=None) -> ServiceMetrics:
     metrics = ServiceMetrics(registry)
     metrics.clusters = ClusterExposition(digests)
+    if store is not None:
+        registry.register(StoreCollector(store))
     return metrics
 
 

@@ -155,8 +155,6 @@ def raise_open_files_limit(max_connections: int) -> None:
     limit, as servers do), or refuse to start, saying so, instead of failing accept() under load."""
     import resource
 
-    from capwatch.cli import CommandError
-
     needed = max_connections + SPARE_FILES
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft != resource.RLIM_INFINITY and soft < needed:
@@ -178,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
     from capwatch.service.http_server import ConnectionLimits, protocol_factory
     from capwatch.service.main import create_app
-    from capwatch.service.store.errors import StoreDamaged
+    from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
     try:
@@ -203,6 +201,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             app = create_app(settings)
+        except StoreInaccessible as error:
+            raise CommandError(f"{db_name} {settings.db_path}: {error}; check the permissions of the file and of "
+                               "its folder, where SQLite keeps its -wal and -shm files; the database was not "
+                               "touched") from None
         except StoreDamaged as error:
             raise CommandError(f"{db_name} {settings.db_path} is damaged: {error}; restore it from a backup, or move "
                                "it aside to start with an empty database") from None

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capwatch.service.api.report_rules import (BodyGate, Refusal, RejectedReport, clock_tolerance_s,  # noqa: F401
                                                header_refusal, json_detail, parse_report)
-from capwatch.service.store.errors import ReportNotStorable, StoreUnavailable
+from capwatch.service.store.errors import ReportNotStorable, StoreFull, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
@@ -67,6 +67,10 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
         metrics.reports_rejected.labels("unavailable").inc()
         return (status.HTTP_503_SERVICE_UNAVAILABLE, json_detail(f"{error}; retry later"),
                 {"Retry-After": str(error.retry_after_s)})
+    except StoreFull as error:  # a 4xx a rank retries (429): it keeps the report buffered until there is room
+        metrics.reports_rejected.labels("full").inc()
+        return (status.HTTP_429_TOO_MANY_REQUESTS, Refusal(429, "full", str(error)).body(),
+                {"Retry-After": str(error.retry_after_s)})
     except ReportNotStorable as error:
         metrics.reports_rejected.labels("invalid").inc()
         return status.HTTP_422_UNPROCESSABLE_CONTENT, Refusal(422, "invalid", str(error)).body(), {}
@@ -92,6 +96,9 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
                403: {"model": RejectedReport, "description": "Sent by a web page of another origin"},
                408: {"model": RejectedReport, "description": "The body did not arrive within body_timeout_s"},
                413: {"model": RejectedReport, "description": "Body too large"},
+               429: {"model": RejectedReport, "description": (
+                   "Not stored: the report would add a cluster or a rank past the service's bounds "
+                   "(CAPWATCH_MAX_CLUSTERS, CAPWATCH_MAX_RANKS); Retry-After says when to try again")},
                415: {"model": RejectedReport, "description": "Not application/json"},
                422: {"model": RejectedReport, "description": (
                    "Invalid report (a field, a release or layout FlashInfer would refuse), or times the service's "
