@@ -6,6 +6,8 @@ ran before), side by side on loopback, in alternating rounds on fresh servers.
   window and never read; for 8 s: the service's peak RSS growth, the kernel's TCP buffer memory growth
   (``/proc/net/sockstat``), ``/healthz`` latency (median, max) and how many of the clients it still holds at
   the end;
+- unread histories: clients each ask for the history of a group of 8 ranks x 2,500 intervals (20,000, ~3.5 MB of
+  JSON; the issue's `since_s=1&limit=100000`) and never read it: the same figures;
 - unfinished headers: connections that send half a request line and stop: how many are still held after 5 s;
 - idle: ``/healthz`` latency with nothing else going on (the floor).
 
@@ -17,10 +19,8 @@ drops fall inside the window.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +29,7 @@ from benchmarks.standalone import standalone
 
 CLUSTERS = 600
 PIPELINED = 8
+HISTORY_RANKS, HISTORY_INTERVALS = 8, 2500
 WINDOW_S = 8.0
 LIMITS = {"CAPWATCH_SEND_TIMEOUT_S": "2", "CAPWATCH_HEADER_TIMEOUT_S": "2"}
 
@@ -48,14 +49,15 @@ class _PlainUvicorn:
     def __init__(self, db_path: Path):
         import subprocess
 
+        from tests.support.launcher import start
         from tests.support.service import free_port
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--factory", "capwatch.service.main:create_app", "--host", "127.0.0.1",
-             "--port", str(self.port), "--log-level", "critical", "--no-access-log"],
-            env={**os.environ, "CAPWATCH_DB_PATH": str(db_path)}, start_new_session=True,
+        self.process = start(
+            "-m", "uvicorn", "--factory", "capwatch.service.main:create_app", "--host", "127.0.0.1",
+            "--port", str(self.port), "--log-level", "critical", "--no-access-log",
+            env={"CAPWATCH_DB_PATH": str(db_path)}, start_new_session=True,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def start(self) -> _PlainUvicorn:
@@ -80,28 +82,54 @@ class _PlainUvicorn:
         self.process.wait()
 
 
-def _server(kind: str, folder: Path, round_index: int):
+def _filled_database(folder: Path) -> Path:
+    """Every server starts from a copy of one database: the 600 clusters and the deep group's history."""
+    from capwatch.service.store.options import StoreOptions
+    from capwatch.service.store.sqlite import Store
+    from capwatch.telemetry.report import RankReport
+    from tests.support.simulate import SimulatedRank
+
+    path = folder / "filled.db"
+    now = time.time()
+    start = now - HISTORY_INTERVALS * 5 - 60
+    store = Store(path, StoreOptions(maintenance_interval_s=3600.0))
+    try:
+        futures = []
+        for index in range(CLUSTERS):
+            rank = SimulatedRank(f"flood-{index:04d}", 0, 1, cap=1024)
+            futures.append(store.submit(RankReport.model_validate(rank.report(now - 30, now - 20, [100]),
+                                                                  strict=False), now))
+        ranks = [SimulatedRank("deep", rank, HISTORY_RANKS, cap=1024) for rank in range(HISTORY_RANKS)]
+        for step in range(HISTORY_INTERVALS):
+            for rank in ranks:
+                body = rank.report(start + 5 * step, start + 5 * step + 5, [100 + step % 400])
+                futures.append(store.submit(RankReport.model_validate(body, strict=False), now))
+        for future in futures:
+            future.result()
+    finally:
+        store.close()
+    return path
+
+
+def _server(kind: str, folder: Path, round_index: int, filled: Path):
+    import shutil
+
     from tests.support.service import ServiceProcess
 
     db_path = folder / f"{kind}-{round_index}.db"
+    shutil.copy(filled, db_path)
     if kind == "capwatch":
         return ServiceProcess(db_path, env=LIMITS).start(timeout_s=60)
     return _PlainUvicorn(db_path).start()
 
 
-def _fill(url: str) -> None:
+def _ready(url: str) -> None:
     import httpx
 
-    from tests.support.simulate import SimulatedRank
     from tests.support.waiting import wait_for
 
-    now = time.time()
-    with httpx.Client(base_url=url, headers={"Content-Type": "application/json"}, timeout=30) as client:
-        for index in range(CLUSTERS):
-            rank = SimulatedRank(f"flood-{index:04d}", 0, 1, cap=1024)
-            body = json.dumps(rank.report(now - 30, now - 20, [100]))
-            assert client.post("/v1/reports", content=body).status_code == 202
-        wait_for(lambda: client.get("/v1/clusters").content.count(b'"pending":false') == CLUSTERS, 60, "digests")
+    with httpx.Client(base_url=url, timeout=30) as client:
+        wait_for(lambda: client.get("/v1/clusters").content.count(b'"pending":false') == CLUSTERS + 1, 60, "digests")
 
 
 def _observe(server, sockets: list, window_s: float) -> dict:
@@ -126,14 +154,14 @@ def _observe(server, sockets: list, window_s: float) -> dict:
             "clients_still_held": held, "clients": len(sockets)}
 
 
-def _unread_answers(server, clients: int) -> dict:
-    from tests.support.raw_http import connect, request
+def _unread_answers(server, clients: int, asked: bytes) -> dict:
+    from tests.support.raw_http import connect
 
     sockets = []
     try:
         for _ in range(clients):
             sock = connect(server.port, receive_buffer=4096)
-            sock.sendall(request("/v1/clusters") * PIPELINED)
+            sock.sendall(asked)
             sockets.append(sock)
         return _observe(server, sockets, WINDOW_S)
     finally:
@@ -158,28 +186,36 @@ def _unfinished_headers(server, clients: int) -> int:
 
 
 def run(quick: bool = False) -> dict:
-    from tests.support.raw_http import healthz_ms
+    from tests.support.raw_http import healthz_ms, request
 
     clients = 100 if quick else 500
+    history_clients = 50 if quick else 100
     rounds = 1 if quick else 2
     kinds = ("capwatch", "plain_uvicorn")
     per_kind: dict[str, list[dict]] = {kind: [] for kind in kinds}
     with tempfile.TemporaryDirectory(prefix="capwatch-flood-") as directory:
+        filled = _filled_database(Path(directory))
         for round_index in range(rounds):
             for kind in kinds[round_index % 2:] + kinds[:round_index % 2]:
-                server = _server(kind, Path(directory), round_index)
+                server = _server(kind, Path(directory), round_index, filled)
                 try:
-                    _fill(server.url)
+                    _ready(server.url)
                     idle = statistics.median(healthz_ms(server.port) for _ in range(10))
-                    flood = _unread_answers(server, clients)
+                    lists = _unread_answers(server, clients, request("/v1/clusters") * PIPELINED)
+                    time.sleep(1.0)
+                    histories = _unread_answers(server, history_clients,
+                                                request("/v1/clusters/deep/history?since_s=1&limit=100000"))
                     time.sleep(1.0)
                     held = _unfinished_headers(server, clients)
-                    per_kind[kind].append({**flood, "idle_healthz_median_ms": round(idle, 1),
+                    per_kind[kind].append({"idle_healthz_median_ms": round(idle, 1),
+                                           **{f"lists_{key}": value for key, value in lists.items()},
+                                           **{f"histories_{key}": value for key, value in histories.items()},
                                            "unfinished_headers_still_held": held})
                 finally:
                     server.stop()
-    figures: dict = {"clients": clients, "pipelined_per_client": PIPELINED, "rounds": rounds,
-                     "window_s": WINDOW_S, "load_average_1m": round(os.getloadavg()[0], 2)}
+    figures: dict = {"clients": clients, "history_clients": history_clients, "pipelined_per_client": PIPELINED,
+                     "history_intervals": HISTORY_RANKS * HISTORY_INTERVALS, "rounds": rounds, "window_s": WINDOW_S,
+                     "load_average_1m": round(os.getloadavg()[0], 2)}
     for kind, rows in per_kind.items():
         figures[kind] = {key: (statistics.median(row[key] for row in rows) if rows[0][key] is not None else None)
                          for key in rows[0]}
@@ -187,13 +223,18 @@ def run(quick: bool = False) -> dict:
 
 
 def render(figures: dict) -> None:
-    print(f"{figures['clients']} clients, {figures['pipelined_per_client']} unread list answers each; medians of "
-          f"{figures['rounds']} round(s); load {figures['load_average_1m']}")
-    columns = ("rss_growth_mib", "tcp_memory_growth_mib", "idle_healthz_median_ms", "healthz_median_ms",
-               "healthz_max_ms", "clients_still_held", "unfinished_headers_still_held")
-    print(f"{'server':>14} " + " ".join(f"{column:>18}" for column in columns))
+    print(f"lists: {figures['clients']} clients x {figures['pipelined_per_client']} unread answers; histories: "
+          f"{figures['history_clients']} clients x 1 unread history of {figures['history_intervals']} intervals; "
+          f"medians of {figures['rounds']} round(s); load {figures['load_average_1m']}")
     for kind in ("capwatch", "plain_uvicorn"):
-        print(f"{kind:>14} " + " ".join(f"{figures[kind][column]!s:>18}" for column in columns))
+        row = figures[kind]
+        print(f"{kind}: idle /healthz {row['idle_healthz_median_ms']} ms; unfinished headers still held "
+              f"{row['unfinished_headers_still_held']}")
+        for scenario in ("lists", "histories"):
+            print(f"  {scenario:>9}: RSS +{row[f'{scenario}_rss_growth_mib']} MiB, kernel TCP "
+                  f"+{row[f'{scenario}_tcp_memory_growth_mib']} MiB, /healthz median "
+                  f"{row[f'{scenario}_healthz_median_ms']} ms (max {row[f'{scenario}_healthz_max_ms']}), "
+                  f"still held {row[f'{scenario}_clients_still_held']} of {row[f'{scenario}_clients']}")
 
 
 if __name__ == "__main__":

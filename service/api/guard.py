@@ -36,7 +36,7 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 )
 # Headers a rule reads: each must come once.
 SINGLE_HEADERS = (b"authorization", b"host", b"origin", b"content-type", b"content-length")
-ANSWER_CHUNK_BYTES = 64 * 1024
+ANSWER_CHUNK_BYTES = 16 * 1024
 # RFC 3986's host (a registered name, an IPv4 address, or an IPv6 address in brackets) and an optional port.
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9._~-]+))(?::[0-9]{1,5})?")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable
 
-PIECE_BYTES = 64 * 1024
+PIECE_BYTES = 16 * 1024
 
 
 async def joined(pieces: Iterable[bytes], separator: bytes = b"", start: bytes = b"",

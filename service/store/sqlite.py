@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.sources.contract import IntervalRow, SourceUnavailable
+from capwatch.service.sources.contract import IntervalPages, IntervalRow, SourceUnavailable
 from capwatch.service.store import reads
 from capwatch.service.store.admission import CLOSED, Admission
 from capwatch.service.store.checkpoints import Checkpoints, load_ranks
@@ -155,6 +155,11 @@ class Store:
                       limit: int) -> list[IntervalRow]:
         self._intact()
         return reads.interval_rows(self._reader(), cluster, role, since_unix_s, until_unix_s, limit)
+
+    def interval_pages(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float, limit: int,
+                       orders: tuple[str, ...], page_rows: int = 2000) -> IntervalPages:
+        self._intact()
+        return reads.interval_pages(self._reader, cluster, role, since_unix_s, until_unix_s, limit, orders, page_rows)
 
     def report_count(self) -> int:
         return reads.report_count(self._reader())

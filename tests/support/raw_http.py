@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from capwatch.demo.ports import LOOPBACK
@@ -88,3 +89,52 @@ def healthz_ms(port: int, timeout_s: float = 5.0) -> float:
     if status_of(answer) != 200:
         raise AssertionError(f"/healthz answered {answer[:200]!r}")
     return (time.perf_counter() - started) * 1000
+
+
+@dataclass(frozen=True)
+class Flood:
+    """What ``unread_flood`` saw of the service."""
+
+    rss_before: int
+    rss_peak: int
+    slowest_healthz_ms: float
+
+    @property
+    def rss_growth(self) -> int:
+        return self.rss_peak - self.rss_before
+
+    def line(self, what: str) -> str:
+        return (f"{what}: RSS {self.rss_before / 2**20:.0f} MiB -> peak {self.rss_peak / 2**20:.0f} MiB "
+                f"(+{self.rss_growth / 2**20:.0f} MiB); slowest /healthz {self.slowest_healthz_ms:.0f} ms")
+
+
+def unread_flood(port: int, pid: int, asked: bytes, clients: int, timeout_s: float) -> Flood:
+    """``clients`` connections (a 4 KiB receive window each) that send ``asked`` and never read the answer; waits
+    until the service has dropped every one, watching its RSS and ``/healthz`` all along (raises past
+    ``timeout_s``), and closes them."""
+    from tests.support.waiting import wait_for
+
+    before = rss_bytes(pid)
+    peak, slowest, sockets = before, 0.0, []
+
+    def watch() -> None:
+        nonlocal peak, slowest
+        peak, slowest = max(peak, rss_bytes(pid)), max(slowest, healthz_ms(port))
+
+    try:
+        for index in range(clients):
+            sock = connect(port, receive_buffer=4096)
+            sock.sendall(asked)
+            sockets.append(sock)
+            if index % 100 == 99:
+                watch()
+
+        def all_dropped() -> bool:
+            watch()
+            return all(closed_by_peer(sock) for sock in sockets)
+
+        wait_for(all_dropped, timeout_s, "the service to drop every client that does not read", poll_s=0.5)
+    finally:
+        for sock in sockets:
+            sock.close()
+    return Flood(before, peak, slowest)
