@@ -18,13 +18,14 @@ kept as current with the states from before the commit).
 How stale each reader may be:
 
 - ``GET /v1/clusters`` and ``/metrics`` (``every_group``): what the list needs is computed ahead, in the
-  background (``start_refresher``: every new group listed at once from its ranks' states alone — ``pending``,
-  no findings or advice yet —, then the changed groups computed, those never computed first, then the
-  stalest, in slices that leave the readers most of the time), and at start before the first read. A read
-  recomputes changed groups only within its budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, a group
-  is served as last computed (seconds old, or pending), and one that arrived since the refresher's last pass
-  (under a second ago) is left out of that read. Reads stay fast after thousands of new clusters or a restart,
-  and a change shows within a refresher's sweep.
+  background (``start_refresher``: every changed group listed at once from its ranks' states — ``pending``,
+  its findings and advice as last computed, none yet for a new group — at most each second, and the changed
+  groups computed, those never computed first, then the stalest, in slices that leave the readers most of the
+  time), and at start before the first read. A read recomputes changed groups itself only when they are few
+  (``READ_RECOMPUTE_MAX_GROUPS``: a deployment that changes little reads what it just wrote) and within its
+  budget (``RECOMPUTE_BUDGET_S``, stalest first); otherwise a group is served as the refresher listed it, and one
+  that arrived since its last pass (under a second ago) is left out of that read. Reads stay fast after
+  thousands of new clusters, a restart or under a steady write load, and a change shows within a second or two.
 - ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
   generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
   clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
@@ -142,6 +143,10 @@ RECOMPUTE_BUDGET_S = 0.05
 REFRESH_SLICE_S = 0.2
 REFRESH_PAUSE_S = 0.1
 REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is current
+REFRESH_LIST_EVERY_S = 1.0  # how often, at most, it lists the changed groups
+# A read computes changed groups only when they are this few (a deployment that changes little, and tests that
+# read what they just wrote); more than this, and the reads would only compete with the refresher for the CPU.
+READ_RECOMPUTE_MAX_GROUPS = 32
 
 
 @dataclass
@@ -276,13 +281,15 @@ class GroupDigests:
                 if digest is not None:
                     self._keep(cluster, role, key, digest, full=False)
 
-    def refresh(self, budget_s: float, all_roles: bool = True) -> int:
-        """One pass of the refresher: list every changed group at once, then compute the changed groups for at
-        most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
+    def refresh(self, budget_s: float, all_roles: bool = True, list_changed: bool = True) -> int:
+        """One pass of the refresher: list every changed group at once (``list_changed``), then compute the changed
+        groups for at most ``budget_s`` (the never computed first, then the stalest); how many are still to
+        compute."""
         now = self.clock()
         clusters, entries = self._entries(now, all_roles)
-        self._list_changed(entries, now)
-        _, entries = self._entries(now, all_roles)
+        if list_changed:
+            self._list_changed(entries, now)
+            _, entries = self._entries(now, all_roles)
         changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
         deadline = time.perf_counter() + budget_s
         for done, (cluster, role, states, key, _) in enumerate(changed):
@@ -315,13 +322,16 @@ class GroupDigests:
             self._refresher = None
 
     def _refresh_forever(self) -> None:
-        pause = REFRESH_IDLE_S
+        pause, next_listing = REFRESH_IDLE_S, 0.0
         while not self._stop.wait(pause):
+            listing = time.monotonic() >= next_listing  # under churn, listing every group is itself work: each second
             try:
-                remaining = self.refresh(REFRESH_SLICE_S)
+                remaining = self.refresh(REFRESH_SLICE_S, list_changed=listing)
             except Exception:  # the source briefly unreadable: the next pass retries
                 log.exception("cannot refresh the groups' digests; retrying")
                 remaining = 0
+            if listing:
+                next_listing = time.monotonic() + REFRESH_LIST_EVERY_S
             pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
 
     def _forget_pruned(self, clusters: list[str], groups: int) -> None:
@@ -341,6 +351,8 @@ class GroupDigests:
             (entry[0], entry[1]): entry[4].digest for entry in entries if self._current(entry)}
         changed = sorted((entry for entry in entries if (entry[0], entry[1]) not in digests),
                          key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
+        if len(changed) > READ_RECOMPUTE_MAX_GROUPS and self._refresher is not None:
+            deadline = 0.0  # the refresher's work: served as it listed them
         for cluster, role, states, key, cached in changed:
             if time.perf_counter() <= deadline:
                 digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)

@@ -226,3 +226,124 @@ def test_what_the_list_needs_is_computed_ahead_at_start_and_by_the_refresher(tmp
             assert listed(client)["late"]["action"] == fresh(store, settings, "late", clock.now)["action"]
     finally:
         store.close()
+
+
+class ComputedBy:
+    """Which threads computed a digest (``digests._compute``): the background refresher, or a request."""
+
+    def __init__(self, monkeypatch):
+        import threading
+
+        from capwatch.service import digests
+
+        self.threads: list[str] = []
+        original = digests._compute
+
+        def counting(*args, **kwargs):
+            self.threads.append(threading.current_thread().name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(digests, "_compute", counting)
+
+    def by_requests(self) -> int:
+        return sum(name != "capwatch-digests" for name in self.threads)
+
+
+def test_after_a_restart_the_first_list_computes_nothing(tmp_path, monkeypatch):
+    """Issue #20, finding 6: the first list after a restart took 6.6 s, every group computed in that read. Every
+    group's digest is computed at start, before the first read (the lifespan), so the read only serves them."""
+    settings = Settings(db_path=tmp_path / "capwatch.db", maintenance_interval_s=3600.0)
+    clock = FakeClock()
+    store = Store(settings.db_path, store_options(settings), clock)
+    groups = [Group(f"r{index:03d}") for index in range(100)]
+    try:
+        for group in groups:
+            group.window(store, clock, 300)
+    finally:
+        store.close()
+    computed = ComputedBy(monkeypatch)
+    store = Store(settings.db_path, store_options(settings), clock)  # the restart: the same file, a new process
+    try:
+        app = create_app(settings, store=store, clock=clock)
+        with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            app.state.digests.stop_refresher()
+            at_start = len(computed.threads)
+            assert at_start == len(groups)  # every group, once, before the first read
+            entries = listed(client)
+            assert sorted(entries) == [f"r{index:03d}" for index in range(100)]
+            assert all(not entry["pending"] and entry["action"] is not None for entry in entries.values())
+            assert len(computed.threads) == at_start  # the read computed none
+    finally:
+        store.close()
+
+
+def test_many_changed_groups_are_left_to_the_refresher_and_listed_from_their_states(tmp_path, monkeypatch):
+    """Issue #20, finding 6: under a steady write load a changed cap took 15 to 30 s to show, each read competing
+    to compute the changed groups. A read computes changed groups itself only when they are few (a deployment that
+    changes little reads what it just wrote); many are the refresher's: it lists every changed group at once from
+    its ranks' states (the new cap, ``pending``), then computes them."""
+    from capwatch.service import digests
+
+    monkeypatch.setattr(digests, "REFRESH_IDLE_S", 3600.0)  # the refresher runs, and waits for the test's word
+    computed = ComputedBy(monkeypatch)
+    with service(tmp_path) as (client, store, clock, settings):
+        refresher = client.app.state.digests
+        many = [Group(f"m{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS + 8)]
+        for group in many:
+            group.window(store, clock, 300)
+        refresher.refresh(float("inf"))  # a pass with time to compute every one
+        assert {entry["cap"] for entry in listed(client).values()} == {4096}
+        before = computed.by_requests()
+
+        for group in many:  # every group's ranks come back with another cap
+            for rank in group.ranks:
+                rank.restart()
+                rank.cap = 8192
+            group.window(store, clock, 300)
+        entries = listed(client)
+        assert computed.by_requests() == before  # too many for a read: it computed none...
+        assert {entry["cap"] for entry in entries.values()} == {4096}  # ...and served them as last computed
+        refresher.refresh(0.0)  # a refresher pass with no time to compute: every change listed at once
+        entries = listed(client)
+        assert {(entry["cap"], entry["pending"]) for entry in entries.values()} == {(8192, True)}
+        assert all(entry["action"] is not None for entry in entries.values())  # the advice as last computed
+        assert refresher.refresh(float("inf")) == 0
+        assert not any(entry["pending"] for entry in listed(client).values())
+        before = computed.by_requests()  # the test's own refresh passes computed them (on its thread)
+
+        few = many[:3]  # a few changed groups: the read computes them itself, and lists them fresh
+        for group in few:
+            group.window(store, clock, 5000)  # above the cap: an overflow
+        entries = listed(client)
+        # those, and the few whose ranks turned stale as the clock moved (a changed status is a change too)
+        assert len(few) <= computed.by_requests() - before <= digests.READ_RECOMPUTE_MAX_GROUPS
+        assert not any(entry["pending"] for entry in entries.values())
+        for group in few:
+            cluster = group.ranks[0].cluster
+            assert not entries[cluster]["pending"]
+            assert entries[cluster]["action"] == fresh(store, settings, cluster, clock.now)["action"]
+
+
+def test_a_changed_cap_shows_in_the_list_while_every_group_keeps_changing(tmp_path):
+    """Under a write load across many groups, a rank's changed cap shows in the list through the running
+    refresher alone (how soon, under the issue's 1,800 writes a second: ``python -m benchmarks many_clusters``)."""
+    from capwatch.service import digests
+
+    with service(tmp_path) as (client, store, clock, settings):
+        groups = [Group(f"w{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS * 3)]
+        for group in groups:
+            group.window(store, clock, 300)
+        changed = groups[7]
+        for rank in changed.ranks:
+            rank.restart()
+            rank.cap = 8192
+        rounds = 0
+
+        def shown() -> bool:
+            nonlocal rounds
+            rounds += 1
+            for group in groups:  # every group changes again before each read
+                group.window(store, clock, 300 + rounds % 7)
+            return listed(client)[changed.ranks[0].cluster]["cap"] == 8192
+
+        wait_for(shown, 30, "the changed cap to show in the list", poll_s=0.05)
