@@ -1,6 +1,7 @@
-"""The built-in page at the edges of issue #20, in real headless Chromium against a real `capwatch serve`: a group
-running the largest cap gets its what-if chart (the page asked for caps above 2^20 and got 422), and a service
-whose reads need the token asks for it instead of failing."""
+"""The built-in page at the edges of issue #20, in real headless Chromium against a real `capwatch serve` (the
+installed ``.venv-service``, started outside the checkout): a group running the largest cap gets its what-if chart
+(the page asked for caps above 2^20 and got 422), and a service whose reads need the token asks for it instead of
+failing."""
 
 from __future__ import annotations
 
@@ -8,15 +9,19 @@ import json
 import time
 
 import httpx
-import pytest
 
 from capwatch.sizing.caps import MAX_CAP_TOKENS
-from tests.demo.test_web_page import CHROMIUM, PageElements, chromium
+from tests.demo.test_web_page import PageElements
 from tests.service.conftest import JSON
-from tests.support.service import ServiceProcess
+from tests.support.chromium import chromium, needs_chromium
+from tests.support.service import INSTALLED_PYTHON, ServiceProcess, needs_service_venv
 from tests.support.simulate import SimulatedRank
 
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (make system-deps)")
+pytestmark = [needs_chromium, needs_service_venv]
+
+
+def installed(folder, env: dict[str, str] | None = None) -> ServiceProcess:
+    return ServiceProcess(folder / "capwatch.db", env=env, python=INSTALLED_PYTHON, cwd=folder)
 
 
 def page_of(tmp_path, url: str) -> PageElements:
@@ -28,7 +33,7 @@ def page_of(tmp_path, url: str) -> PageElements:
 
 
 def test_a_group_at_the_largest_cap_gets_its_what_if_chart(tmp_path):
-    with ServiceProcess(tmp_path / "edge.db") as service, httpx.Client(base_url=service.url, headers=JSON) as client:
+    with installed(tmp_path) as service, httpx.Client(base_url=service.url, headers=JSON) as client:
         rank = SimulatedRank("edge", 0, 1, cap=MAX_CAP_TOKENS)
         start = time.time() - 3600
         for window in range(30):
@@ -43,7 +48,7 @@ def test_a_group_at_the_largest_cap_gets_its_what_if_chart(tmp_path):
 
 def test_a_service_whose_reads_need_the_token_asks_for_it(tmp_path):
     env = {"CAPWATCH_TOKEN": "s3cret", "CAPWATCH_READS_NEED_TOKEN": "true"}
-    with ServiceProcess(tmp_path / "token.db", env=env) as service:
+    with installed(tmp_path, env) as service:
         page = page_of(tmp_path, f"{service.url}/")
     assert page.body.get("data-ready") == "token", page.body
     assert "needs its token" in page.text_by_id["message"]
