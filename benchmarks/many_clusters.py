@@ -5,7 +5,8 @@ report interval (5 s).
 A real SQLite store holds the EP groups (two ranks each, a few windows of history); the app runs in process with
 its background refresher, as ``capwatch serve`` runs it (no network: the figures are the service's own work).
 
-- restart: the app's start (every group's digest computed before the first read) and the first reads;
+- restart: the store opened anew on the filled file (its ranks read back), the app's start (every group's digest
+  computed before the first read) and the first reads;
 - steady, after one report, after every group changed (a read recomputes for at most 50 ms, the rest is served
   as last computed) and how long the refresher takes to catch every group up;
 - new clusters: as many new clusters again arrive at once: the first reads (the new ones listed from their
@@ -170,11 +171,15 @@ def run(quick: bool = False) -> dict:
     start = now - 60 * WINDOWS - 30
     figures: dict = {}
     with tempfile.TemporaryDirectory(prefix="capwatch-many-") as folder:
-        settings = Settings(db_path=Path(folder) / "many.db", maintenance_interval_s=3600.0)
+        # Room for the three sets of clusters (the store's bound, CAPWATCH_MAX_CLUSTERS, is 10,000 by default).
+        settings = Settings(db_path=Path(folder) / "many.db", maintenance_interval_s=3600.0,
+                            max_clusters=3 * clusters)
         store = Store(settings.db_path, store_options(settings))
         try:
             groups = _groups("c", clusters)
             load_s = _timed_ms(lambda: _fill(store, groups, start)) / 1e3
+            store.close()  # a restart: the store opened anew on the file, its ranks read back
+            store = Store(settings.db_path, store_options(settings))
             app = create_app(settings, store=store)
             client = TestClient(app, base_url="http://localhost", headers={"Content-Type": "application/json"})
             started = time.perf_counter()
