@@ -333,7 +333,10 @@ def test_a_changed_cap_shows_in_the_list_while_every_group_keeps_changing(tmp_pa
         groups = [Group(f"w{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS * 3)]
         for group in groups:
             group.window(store, clock, 300)
+        # Too many new groups for a read to compute: each is listed once the refresher has passed (not before).
+        wait_for(lambda: len(listed(client)) == len(groups), 30, "the refresher to list every group", poll_s=0.05)
         changed = groups[7]
+        assert listed(client)[changed.ranks[0].cluster]["cap"] == 4096
         for rank in changed.ranks:
             rank.restart()
             rank.cap = 8192
