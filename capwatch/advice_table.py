@@ -97,9 +97,10 @@ def advice_table(advices: list[dict]):
 
 def print_advice(advices: list[dict], console=None) -> None:
     """The table, then per cluster its reasons and the line to export; a cluster that cannot be advised
-    (an ``{"cluster", "error"}`` entry) says why. On ``console`` (a rich Console; default: stdout)."""
+    (an ``{"cluster", "error"}`` entry) says why, and one without ranks of the role asked about (an
+    ``{"cluster", "skipped"}`` entry) says that. On ``console`` (a rich Console; default: stdout)."""
     console = console or _stdout()
-    advisable = [advice for advice in advices if "error" not in advice]
+    advisable = [advice for advice in advices if "error" not in advice and "skipped" not in advice]
     several = len(advisable) > 1
     if advisable:
         console.print(advice_table(advisable))
@@ -118,6 +119,8 @@ def print_advice(advices: list[dict], console=None) -> None:
         if "error" in advice:
             console.print(f"{advice['cluster']}: cannot be advised: {advice['error']}", soft_wrap=True, markup=False,
                           highlight=False)
+        elif "skipped" in advice:
+            console.print(f"{advice['cluster']}: {advice['skipped']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def print_whatif(rows: list[dict], console=None) -> None:

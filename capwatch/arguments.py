@@ -4,7 +4,6 @@ expected, through the CLI's one-line usage errors."""
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -32,6 +31,9 @@ def checked(parse: Callable[[str], Number], accept: Callable[[Number], bool], wh
 port_number = checked(int, lambda port: 1 <= port <= 65_535, "a port number in 1..65535")
 port_or_zero = checked(int, lambda port: 0 <= port <= 65_535, "a port number in 0..65535 (0: any free port)")
 positive_int = checked(int, lambda value: value > 0, "a positive integer")
-positive_seconds = checked(float, lambda seconds: 0 < seconds < math.inf, "a positive number of seconds")
+# A wait for a service's answer: long enough for a busy one, short enough that a typo cannot hang a shell.
+MAX_WAIT_SECONDS = 3600
+wait_seconds = checked(float, lambda seconds: 0.1 <= seconds <= MAX_WAIT_SECONDS,
+                       f"a number of seconds in 0.1..{MAX_WAIT_SECONDS}")
 hold_seconds = checked(float, lambda seconds: 0 <= seconds <= MAX_HOLD_SECONDS,
                        f"a number of seconds in 0..{MAX_HOLD_SECONDS}")

@@ -17,9 +17,15 @@ kept as current with the states from before the commit).
 
 How stale each reader may be:
 
-- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): a group whose data or rank statuses changed is
-  recomputed within the read's budget (``RECOMPUTE_BUDGET_S``, stalest first); past it, the group is served
-  as last computed — the advice of an older generation, seconds old — until a later read catches it up.
+- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): what the list needs is computed ahead, in the
+  background (``start_refresher``: every changed group listed at once from its ranks' states — ``pending``,
+  its findings and advice as last computed, none yet for a new group — at most each second, and the changed
+  groups computed, those never computed first, then the stalest, in slices that leave the readers most of the
+  time), and at start before the first read. A read recomputes changed groups itself only when they are few
+  (``READ_RECOMPUTE_MAX_GROUPS``: a deployment that changes little reads what it just wrote) and within its
+  budget (``RECOMPUTE_BUDGET_S``, stalest first); otherwise a group is served as the refresher listed it, and one
+  that arrived since its last pass (under a second ago) is left out of that read. Reads stay fast after
+  thousands of new clusters, a restart or under a steady write load, and a change shows within a second or two.
 - ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
   generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
   clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
@@ -65,6 +71,7 @@ class ClusterSummary(BaseModel):
     recommended_cap: int | None
     last_report_unix_s: float | None
     error: str | None = None  # why this group has no advice (its ranks cannot be priced or advised)
+    pending: bool = False  # listed from its ranks' states alone: findings and advice not computed yet
 
 
 @dataclass(frozen=True)
@@ -73,10 +80,11 @@ class GroupDigest:
 
     cluster: str
     role: str
-    view: ClusterView
+    view: ClusterView | None  # as last computed (None: not computed yet)
     advice: Advice | None
     error: str | None
     summary_json: bytes  # the ClusterSummary, serialised once
+    pending: bool = False  # the summary's states are current, its findings and advice as last computed (see _quick)
 
 
 def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankState], now_s: float,
@@ -99,10 +107,46 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
     return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
 
 
-# A read recomputes changed groups for at most this long, stalest first; the rest are served as last
-# computed (seconds old) and caught up by the next reads. Bounds a read's cost when thousands of groups
-# report all the time, not only when few change.
+def _quick(cluster: str, role: str, states: list[RankState], now_s: float, settings: Settings,
+           last: GroupDigest | None) -> GroupDigest | None:
+    """A changed group listed at once: what its ranks' states say (cap, ranks, peak, overflows: no pricing), with
+    its findings and advice as ``last`` computed (none when never computed), ``pending`` until computed. What the
+    refresher can afford for thousands of groups at a time. None when it has no ranks of ``role``."""
+    chosen = [state for state in states if state.role == role]
+    if not chosen:
+        return None
+    statuses = [rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) for state in chosen]
+    live = [state for state, status in zip(chosen, statuses) if status != "missing"] or chosen
+    ep_size, cap = max(state.ep_size for state in chosen), max(state.cap for state in live)
+    peak = max(state.last_peak_runtime_tokens for state in live)
+    view, advice = (last.view, last.advice) if last is not None else (None, None)
+    summary = ClusterSummary(
+        cluster=cluster, roles=role_order(states), ep_size=ep_size, cap=cap,
+        ranks_reporting=statuses.count("reporting"), ranks_stale=statuses.count("stale"),
+        ranks_missing=statuses.count("missing") + ep_size - len({state.ep_rank for state in chosen}),
+        group_peak_runtime_tokens=peak, group_utilization=peak / cap,
+        overflow_events_total=sum(state.overflow_events_total for state in chosen),
+        workspace_bytes_group=view.workspace_bytes_group if view is not None else None,
+        findings=[finding.kind for finding in view.findings] if view is not None else [],
+        action=advice.action if advice else None, recommended_cap=advice.recommended_cap if advice else None,
+        last_report_unix_s=max(state.received_unix_s for state in chosen),
+        error=last.error if last is not None else None, pending=True)
+    return GroupDigest(cluster, role, view, advice, last.error if last is not None else None,
+                       summary.model_dump_json().encode(), pending=True)
+
+
+# A read recomputes changed groups for at most this long, stalest first; the rest are served as listed by the
+# refresher. Bounds a read's cost when thousands of groups report all the time, not only when few change.
 RECOMPUTE_BUDGET_S = 0.05
+# The background refresher computes for this long, then leaves the readers this long (a third of its time);
+# between slices it lists every group that changed meanwhile (_quick), so a change shows within about a second.
+REFRESH_SLICE_S = 0.2
+REFRESH_PAUSE_S = 0.1
+REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is current
+REFRESH_LIST_EVERY_S = 1.0  # how often, at most, it lists the changed groups
+# A read computes changed groups only when they are this few (a deployment that changes little, and tests that
+# read what they just wrote); more than this, and the reads would only compete with the refresher for the CPU.
+READ_RECOMPUTE_MAX_GROUPS = 32
 
 
 @dataclass
@@ -110,6 +154,21 @@ class _Cached:
     key: tuple
     digest: GroupDigest
     computed: float  # time.perf_counter() when computed
+    full: bool = True  # False: listed by _quick, to be computed
+
+
+@dataclass(frozen=True)
+class _ClusterRead:
+    """A cluster's cache key and rank states, reused while its generation holds and no rank's status can have
+    changed (``valid_until``: the first moment one of them turns stale or missing): reading every rank of
+    thousands of clusters on each read was most of a read's cost."""
+
+    generation: int | None
+    key: tuple | None
+    states: list[RankState]
+    roles: list[str]
+    read_at: float
+    valid_until: float
 
 
 class GroupDigests:
@@ -123,28 +182,48 @@ class GroupDigests:
         self.recompute_budget_s = recompute_budget_s
         self._generation = getattr(source, "generation", None)
         self._cache: dict[tuple[str, str], _Cached] = {}
+        self._reads: dict[str, _ClusterRead] = {}
         self._lock = threading.Lock()
+        self._refresher: threading.Thread | None = None
+        self._stop = threading.Event()
 
-    def _read(self, cluster: str, now_s: float) -> tuple[tuple | None, list[RankState]]:
+    def _read(self, cluster: str, now_s: float) -> _ClusterRead:
         """The cluster's cache key and rank states: the generation first (see the module's docstring)."""
         generation = None if self._generation is None else self._generation(cluster)
+        known = self._reads.get(cluster)
+        if (known is not None and generation is not None and known.generation == generation
+                and known.read_at <= now_s < known.valid_until):
+            return known
         states = self.source.rank_states(cluster)
+        roles = role_order(states)
         if generation is None:
-            return None, states
-        settings = self.settings
-        return (generation, tuple(rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
-                                  for state in states)), states
+            return _ClusterRead(None, None, states, roles, now_s, now_s)
+        settings, statuses, valid_until = self.settings, [], float("inf")
+        for state in states:
+            status = rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
+            statuses.append(status)
+            if status != "missing":  # when it turns stale, or missing
+                threshold = settings.stale_after_s if status == "reporting" else settings.missing_after_s
+                valid_until = min(valid_until, state.received_unix_s + threshold)
+        read = _ClusterRead(generation, (generation, tuple(statuses)), states, roles, now_s, valid_until)
+        self._reads[cluster] = read
+        return read
 
     def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
         cached = self._cache.get((cluster, role))
-        return cached.digest if key is not None and cached is not None and cached.key == key else None
+        if key is None or cached is None or cached.key != key or not cached.full:
+            return None
+        return cached.digest
+
+    def _keep(self, cluster: str, role: str, key: tuple | None, digest: GroupDigest, full: bool = True) -> None:
+        if key is not None:
+            with self._lock:
+                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter(), full)
 
     def _computed(self, cluster: str, role: str, states: list[RankState], now_s: float,
                   key: tuple | None) -> GroupDigest:
         digest = _compute(self.source, cluster, role, states, now_s, self.settings)
-        if key is not None:
-            with self._lock:
-                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter())
+        self._keep(cluster, role, key, digest)
         return digest
 
     def _computed_or_left_out(self, cluster: str, role: str, states: list[RankState], now_s: float,
@@ -162,45 +241,122 @@ class GroupDigests:
     def group(self, cluster: str, role: str, now_s: float) -> GroupDigest:
         """One group's digest, current for its committed data (never served stale; see the module's docstring).
         ``UnknownCluster`` (a LookupError) when the cluster has no ranks of ``role``; any other error is raised."""
-        key, states = self._read(cluster, now_s)
-        role_states(self.source, cluster, role, states)
-        return self._cached(cluster, role, key) or self._computed(cluster, role, states, now_s, key)
+        read = self._read(cluster, now_s)
+        role_states(self.source, cluster, role, read.states)
+        return self._cached(cluster, role, read.key) or self._computed(cluster, role, read.states, now_s, read.key)
+
+    # --- every group: computed ahead -------------------------------------------------------------
+
+    def _entries(self, now_s: float, all_roles: bool) -> tuple[list[str], list[tuple]]:
+        """Every group as (cluster, role, states, key, cached), in the list's order."""
+        entries = []
+        clusters = self.source.clusters()
+        for cluster in clusters:
+            try:
+                read = self._read(cluster, now_s)
+            except Exception:
+                log.exception("cannot read the ranks of cluster %s", cluster)
+                continue
+            for role in read.roles if all_roles else read.roles[:1]:
+                entries.append((cluster, role, read.states, read.key, self._cache.get((cluster, role))))
+        return clusters, entries
+
+    @staticmethod
+    def _current(entry: tuple) -> bool:
+        _, _, _, key, cached = entry
+        return key is not None and cached is not None and cached.key == key and cached.full
+
+    @staticmethod
+    def _staleness(entry: tuple) -> tuple:
+        """Never computed first, then the stalest."""
+        cached = entry[4]
+        return (cached is not None and cached.digest.view is not None, cached.computed if cached else 0.0)
+
+    def _list_changed(self, entries: list[tuple], now_s: float) -> None:
+        """List every group whose states changed since it was last listed (``_quick``), at once."""
+        for cluster, role, states, key, cached in entries:
+            if key is not None and (cached is None or cached.key != key):
+                digest = _quick(cluster, role, states, now_s, self.settings,
+                                cached.digest if cached is not None else None)
+                if digest is not None:
+                    self._keep(cluster, role, key, digest, full=False)
+
+    def refresh(self, budget_s: float, all_roles: bool = True, list_changed: bool = True) -> int:
+        """One pass of the refresher: list every changed group at once (``list_changed``), then compute the changed
+        groups for at most ``budget_s`` (the never computed first, then the stalest); how many are still to
+        compute."""
+        now = self.clock()
+        clusters, entries = self._entries(now, all_roles)
+        if list_changed:
+            self._list_changed(entries, now)
+            _, entries = self._entries(now, all_roles)
+        changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
+        deadline = time.perf_counter() + budget_s
+        for done, (cluster, role, states, key, _) in enumerate(changed):
+            if time.perf_counter() > deadline or self._stop.is_set():
+                return len(changed) - done
+            self._computed_or_left_out(cluster, role, states, now, key)
+        self._forget_pruned(clusters, len(entries))
+        return 0
 
     def warm(self) -> None:
         """Compute every group's digests (at start, so the first read finds them)."""
         try:
-            self.every_group(all_roles=True)
+            self.refresh(float("inf"))
         except Exception:
-            log.exception("cannot compute the groups' digests at start; reads will")
+            log.exception("cannot compute the groups' digests at start; reads and the refresher will")
 
-    def every_group(self, all_roles: bool) -> list[GroupDigest]:
-        """One digest per group (its first role, target first), or per group and role."""
-        now = self.clock()
-        started = time.perf_counter()
-        entries = []  # (cluster, role, states, key, cached)
-        clusters = self.source.clusters()
-        for cluster in clusters:
+    def start_refresher(self) -> None:
+        """Keep every group's digest current in the background (a source without generations, Prometheus, is
+        read per request instead: nothing to refresh)."""
+        if self._refresher is not None or self._generation is None:
+            return
+        self._stop.clear()
+        self._refresher = threading.Thread(target=self._refresh_forever, name="capwatch-digests", daemon=True)
+        self._refresher.start()
+
+    def stop_refresher(self) -> None:
+        self._stop.set()
+        if self._refresher is not None:
+            self._refresher.join(timeout=10)
+            self._refresher = None
+
+    def _refresh_forever(self) -> None:
+        pause, next_listing = REFRESH_IDLE_S, 0.0
+        while not self._stop.wait(pause):
+            listing = time.monotonic() >= next_listing  # under churn, listing every group is itself work: each second
             try:
-                key, states = self._read(cluster, now)
-            except Exception:
-                log.exception("cannot read the ranks of cluster %s", cluster)
-                continue
-            roles = role_order(states)
-            for role in roles if all_roles else roles[:1]:
-                entries.append((cluster, role, states, key, self._cache.get((cluster, role))))
-        digests: dict[tuple[str, str], GroupDigest | None] = {
-            (cluster, role): cached.digest for cluster, role, _, key, cached in entries
-            if key is not None and cached is not None and cached.key == key}
-        changed = [entry for entry in entries if (entry[0], entry[1]) not in digests]
-        changed.sort(key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
-        deadline = started + self.recompute_budget_s
-        for cluster, role, states, key, cached in changed:
-            if cached is not None and time.perf_counter() > deadline:
-                digests[(cluster, role)] = cached.digest  # as last computed; a later read catches up
-            else:
-                digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
-        if len(self._cache) > 2 * len(entries) + 16:  # forget groups that were pruned
+                remaining = self.refresh(REFRESH_SLICE_S, list_changed=listing)
+            except Exception:  # the source briefly unreadable: the next pass retries
+                log.exception("cannot refresh the groups' digests; retrying")
+                remaining = 0
+            if listing:
+                next_listing = time.monotonic() + REFRESH_LIST_EVERY_S
+            pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
+
+    def _forget_pruned(self, clusters: list[str], groups: int) -> None:
+        if len(self._cache) > 2 * groups + 16 or len(self._reads) > 2 * len(clusters) + 16:
             known = set(clusters)
             with self._lock:
                 self._cache = {key: value for key, value in self._cache.items() if key[0] in known}
+                self._reads = {key: value for key, value in self._reads.items() if key in known}
+
+    def every_group(self, all_roles: bool) -> list[GroupDigest]:
+        """One digest per group (its first role, target first), or per group and role: as the refresher listed
+        them, the changed ones recomputed within the read's budget, stalest first (see the module's docstring)."""
+        now = self.clock()
+        deadline = time.perf_counter() + self.recompute_budget_s
+        clusters, entries = self._entries(now, all_roles)
+        digests: dict[tuple[str, str], GroupDigest | None] = {
+            (entry[0], entry[1]): entry[4].digest for entry in entries if self._current(entry)}
+        changed = sorted((entry for entry in entries if (entry[0], entry[1]) not in digests),
+                         key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
+        if len(changed) > READ_RECOMPUTE_MAX_GROUPS and self._refresher is not None:
+            deadline = 0.0  # the refresher's work: served as it listed them
+        for cluster, role, states, key, cached in changed:
+            if time.perf_counter() <= deadline:
+                digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
+            else:  # as the refresher listed it; a group newer than its last pass (under a second): not yet
+                digests[(cluster, role)] = cached.digest if cached is not None else None
+        self._forget_pruned(clusters, len(entries))
         return [digest for digest in (digests[(entry[0], entry[1])] for entry in entries) if digest is not None]

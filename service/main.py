@@ -3,7 +3,7 @@ passed in, so tests and benchmarks build as many independent apps as they like."
 
 from __future__ import annotations
 
-import threading
+import asyncio
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -34,7 +34,8 @@ raise / lower / hold on the per-rank token cap of MoE all-to-all dispatch
 def store_options(settings: Settings) -> StoreOptions:
     return StoreOptions(window_s=settings.window_s, fold_after_s=settings.fold_after_s,
                         retention_s=settings.retention_s, maintenance_interval_s=settings.maintenance_interval_s,
-                        max_batch_reports=settings.max_batch_reports, policy=settings.advisor)
+                        max_batch_reports=settings.max_batch_reports, max_clusters=settings.max_clusters,
+                        max_ranks=settings.max_ranks, policy=settings.advisor)
 
 
 def _install_openapi(app: FastAPI) -> None:
@@ -57,6 +58,14 @@ def _install_openapi(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+class CapwatchApp(FastAPI):
+    """The FastAPI app with the request guard outside everything, Starlette's error handler included: its rules
+    and security headers hold for every answer, a 500 too."""
+
+    def build_middleware_stack(self):
+        return RequestGuard(super().build_middleware_stack(), self.state.settings)
+
+
 def create_app(settings: Settings | None = None, store: Store | None = None,
                clock: Callable[[], float] | None = None, registry: CollectorRegistry | None = None,
                source: ClusterSource | None = None) -> FastAPI:
@@ -74,28 +83,29 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):
-        if store is not None:  # the groups' digests, computed once in the background: the first read is fast
-            threading.Thread(target=digests.warm, name="capwatch-digests-warm-up", daemon=True).start()
+        if store is not None:  # what the list needs, computed before the first read and then kept current
+            await asyncio.to_thread(digests.warm)
+            digests.start_refresher()
         yield
+        digests.stop_refresher()
         if owned_store is not None:
             owned_store.close()  # drains the writer: every acknowledged report is already committed
         if hasattr(source, "close") and source is not store:
             source.close()
 
     # Swagger UI loads its script from a CDN: off unless asked for (CAPWATCH_DOCS); /openapi.json is always there.
-    app = FastAPI(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
+    app = CapwatchApp(title="capwatch service", version="0.1.0", description=DESCRIPTION, lifespan=lifespan,
                   docs_url="/docs" if settings.docs else None, redoc_url=None)
     app.state.settings = settings
     app.state.store = store
     app.state.source = source
     app.state.clock = clock
     app.state.digests = digests = GroupDigests(source, settings, clock)
-    app.state.metrics = build_metrics(registry, digests)
+    app.state.metrics = build_metrics(registry, digests, store)
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.state.body_gate = BodyGate(settings)
     app.add_middleware(reports.ReportFastPath)  # answers POST /v1/reports before routing (routes/__init__.py)
-    app.add_middleware(RequestGuard, allowed_hosts=settings.allowed_hosts)  # outermost: every request
 
     @app.exception_handler(SourceUnavailable)
     async def source_unavailable(_: Request, error: SourceUnavailable) -> JSONResponse:

@@ -12,15 +12,16 @@ from __future__ import annotations
 import logging
 
 from capwatch.dashboards import service_metrics as names
-from capwatch.service.findings import FINDING_KINDS
 from capwatch.service.digests import GroupDigest, GroupDigests
-from capwatch.service.vocabulary import ACTIONS, RANK_STATUSES
+from capwatch.service.findings import FINDING_KINDS
+from capwatch.service.vocabulary import ACTIONS, DROP_REASONS, RANK_STATUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
 
 log = logging.getLogger(__name__)
 REJECT_REASONS = ("invalid", "malformed", "too_large", "unauthorized", "unavailable", "unsupported_media_type",
-                  "too_slow")
+                  "too_slow", "full")
 
 
 class ServiceMetrics:
@@ -40,6 +41,15 @@ class ServiceMetrics:
         self.ingest_latency = Histogram(
             names.INGEST_LATENCY_SECONDS, "Time from request to acknowledgement of a rank report.",
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5), registry=registry)
+        # Counted by capwatch serve's HTTP protocol (service/http_server.py), which bounds every connection.
+        self.connections_dropped = Counter(
+            names.CONNECTIONS_DROPPED, "Connections the service closed for exceeding a bound, by reason.", ["reason"],
+            registry=registry)
+        for reason in DROP_REASONS:
+            self.connections_dropped.labels(reason)
+
+    def count_dropped_connection(self, reason: str) -> None:
+        self.connections_dropped.labels(reason).inc()
 
 
 # The per-cluster gauge families: name, help, the label after cluster and dispatcher (if any).
@@ -115,12 +125,14 @@ class ClusterExposition:
         self._rendered[key] = (digest, lines)
         return lines
 
-    def render(self) -> bytes:
+    def render(self) -> list[bytes]:
+        """The per-cluster gauges as pieces to join (each group's lines are shared, rendered once per digest)."""
         try:
             digests = self.digests.every_group(all_roles=True)
         except Exception:  # a scrape must not fail because the source is briefly unreadable
             log.exception("cannot list clusters for /metrics")
             digests = []
+        digests = [digest for digest in digests if digest.view is not None]  # a quick summary: once computed
         rendered = [self._lines(digest) for digest in digests]
         if len(self._rendered) > 2 * len(digests) + 16:  # forget groups that were pruned
             live = {(digest.cluster, digest.role) for digest in digests}
@@ -129,15 +141,39 @@ class ClusterExposition:
         for name, help_text, _ in FAMILIES:
             parts.append(f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode())
             parts.extend(lines[name] for lines in rendered)
-        return b"".join(parts)
+        return parts
 
 
-def build_metrics(registry: CollectorRegistry, digests: GroupDigests) -> ServiceMetrics:
+class StoreCollector:
+    """The store's own state at scrape time: what it holds against its bounds (``store/capacity.py``), and whether
+    its database file is still the one it opened and writable (``store/file_watch.py``)."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def collect(self):
+        clusters, ranks = self.store.held()
+        options = self.store.options
+        for name, help_text, value in (
+                (names.STORE_CLUSTERS, "Clusters the store holds.", clusters),
+                (names.STORE_CLUSTERS_LIMIT, "Most clusters the store holds (CAPWATCH_MAX_CLUSTERS).",
+                 options.max_clusters),
+                (names.STORE_RANKS, "Ranks the store holds, all clusters together.", ranks),
+                (names.STORE_RANKS_LIMIT, "Most ranks the store holds (CAPWATCH_MAX_RANKS).", options.max_ranks),
+                (names.STORE_DATABASE_LOST, "1 once the database file was deleted, replaced or made unwritable "
+                                            "under the service (reports are refused), else 0.",
+                 0 if self.store.lost is None else 1)):
+            yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def build_metrics(registry: CollectorRegistry, digests: GroupDigests, store=None) -> ServiceMetrics:
     metrics = ServiceMetrics(registry)
     metrics.clusters = ClusterExposition(digests)
+    if store is not None:
+        registry.register(StoreCollector(store))
     return metrics
 
 
-def exposition(metrics: ServiceMetrics) -> bytes:
-    """The whole ``/metrics`` page: the registry's own metrics, then the per-cluster gauges."""
-    return generate_latest(metrics.registry) + metrics.clusters.render()
+def exposition(metrics: ServiceMetrics) -> list[bytes]:
+    """The whole ``/metrics`` page, as pieces to join: the registry's own metrics, then the per-cluster gauges."""
+    return [generate_latest(metrics.registry), *metrics.clusters.render()]

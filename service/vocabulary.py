@@ -1,4 +1,5 @@
-"""The service's own words: the advisor's verdicts and a rank's status as the service sees it."""
+"""The service's own words: the advisor's verdicts, a rank's status as the service sees it, and why it drops a
+connection."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from typing import Literal, get_args
 Action = Literal["raise", "lower", "hold", "insufficient_data"]
 # A rank as the service sees it: reporting, late (stale) or gone (missing).
 RankStatus = Literal["reporting", "stale", "missing"]
+# Why capwatch serve's HTTP protocol closes a connection (service/http_server.py): the
+# capwatch_connections_dropped_total{reason} label.
+DropReason = Literal["too_many_connections", "header_timeout", "header_too_large", "pipelined", "malformed_request",
+                     "not_reading"]
 
 ACTIONS: tuple[Action, ...] = get_args(Action)
 RANK_STATUSES: tuple[RankStatus, ...] = get_args(RankStatus)
+DROP_REASONS: tuple[DropReason, ...] = get_args(DropReason)

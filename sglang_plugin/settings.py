@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import ReporterOptions
@@ -40,6 +40,11 @@ class PluginSettings:
         return ReporterOptions(self.service_url, interval_s=self.report_interval_s, bearer_token=self.token)
 
 
+# Each duration's sane range, in seconds: a report every half second at most (the service's windows are at least
+# 1 s) and once an hour at least; an overflowing rank waits at most a minute for its final report before it ends.
+RANGES_S = {"REPORT_INTERVAL_S": (0.5, 3600.0), "FINAL_REPORT_TIMEOUT_S": (0.1, 60.0)}
+
+
 def _number(environ: Mapping[str, str], name: str, kind: type, default):
     raw = environ.get(PREFIX + name)
     if raw is None or raw == "":
@@ -48,8 +53,10 @@ def _number(environ: Mapping[str, str], name: str, kind: type, default):
         value = kind(raw)
     except ValueError:
         raise SettingsError(f"{PREFIX}{name}={raw!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if not math.isfinite(value):  # inf would wait forever (or never: Event.wait(inf) raises)
-        raise SettingsError(f"{PREFIX}{name}={raw!r} must be a finite number of seconds")
+    if name in RANGES_S:
+        low, high = RANGES_S[name]
+        if not low <= value <= high:  # also NaN and inf: inf would wait forever, 1e-300 report a thousand times a second
+            raise SettingsError(f"{PREFIX}{name}={raw!r} is outside {low:g}..{high:g} seconds")
     return value
 
 
@@ -73,6 +80,12 @@ def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
                                        PluginSettings.final_report_timeout_s),
         allow_newer_sglang=_switch(environ, "ALLOW_NEWER_SGLANG"),
     )
+    endpoint = (("SERVICE_URL", settings.service_url, http_url_problem), ("TOKEN", settings.token, bearer_token_problem))
+    for name, value, problem_of in endpoint:
+        problem = None if value is None else problem_of(value)
+        if problem is not None:  # the token's value is a secret: never echoed
+            shown = "" if name == "TOKEN" else f"={value[:200]!r}"
+            raise SettingsError(f"{PREFIX}{name}{shown}: {problem}")
     checks = (
         ("CLUSTER", lambda: RankIdentity(cluster=settings.cluster, ep_rank=0, ep_size=1, boot_id="check")),
         ("METRICS_BASE_PORT / CAPWATCH_METRICS_HOST", lambda: settings.exporter(0)),
@@ -85,6 +98,4 @@ def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
             errors = getattr(error, "errors", None)  # pydantic: the first field's message, not the banner
             first = errors()[0]["msg"] if callable(errors) else str(error).splitlines()[0]
             raise SettingsError(f"{PREFIX}{names}: {first}") from None
-    if not settings.final_report_timeout_s > 0:
-        raise SettingsError(f"{PREFIX}FINAL_REPORT_TIMEOUT_S must be > 0, got {settings.final_report_timeout_s}")
     return settings

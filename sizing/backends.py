@@ -48,6 +48,12 @@ class BackendCapRules:
     # (None: nothing of its own: the buffer comes out of what the KV pool would get).
     sglang_reserve_bytes: int | None = None
 
+    def check_cap(self, cap: int) -> None:
+        """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""
+        if not 1 <= cap <= self.max_cap_tokens:
+            raise SizingError(f"cap {cap} is outside 1..{self.max_cap_tokens} tokens per rank, the range capwatch "
+                              f"sizes for the {self.name} A2A")
+
     def env_line(self, cap: int) -> str:
         """``VAR=cap``: the line an operator exports."""
         return f"{self.cap_env_var}={cap}"

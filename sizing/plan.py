@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from capwatch.sizing.backends import FLASHINFER
 from capwatch.sizing.caps import CAP_ALIGNMENT
 from capwatch.sizing.checks import INT32_MAX, SizingError, check_positive
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
@@ -122,7 +123,7 @@ def plan_workspace(
         raise SizingError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     check_payload_format(payload_format)
     check_ep_size(ep_size, version)
-    check_positive("cap", cap)
+    FLASHINFER.check_cap(cap)
     check_eplb_stats(eplb_stats_num_experts, version)
     check_routing(geometry.top_k, geometry.num_experts, ep_size, version, eplb_stats_num_experts)
     hidden_bytes_per_token(geometry.hidden_size, payload_format)  # the format must fit the hidden size
@@ -203,8 +204,8 @@ def largest_plan_within(
     """The plan of the largest multiple of ``alignment`` whose per-rank workspace fits the budget.
 
     The workspace grows monotonically with the cap, so: double until it no longer fits, then bisect
-    (about 2 log2(cap / alignment) evaluations). ``max_cap``: search no higher (default FlashInfer's
-    int32 token count). Raises ``NoCapFits`` when not even ``alignment`` tokens fit.
+    (about 2 log2(cap / alignment) evaluations). ``max_cap``: search no higher (default: the largest cap
+    capwatch sizes, ``FLASHINFER.max_cap_tokens``). Raises ``NoCapFits`` when not even ``alignment`` tokens fit.
     """
     check_positive("budget_bytes", budget_bytes)
     check_positive("alignment", alignment)
@@ -220,7 +221,8 @@ def largest_plan_within(
             f"already needs {smallest.workspace_bytes_per_rank} bytes"
         )
     token_limit = INT32_MAX // ep_size if mode == "sglang-legacy" else INT32_MAX
-    max_units = min(token_limit, max_cap if max_cap is not None else token_limit) // alignment
+    largest = FLASHINFER.max_cap_tokens if max_cap is None else min(max_cap, FLASHINFER.max_cap_tokens)
+    max_units = min(token_limit, largest) // alignment
     fits, best = 1, smallest  # invariant: `fits` units fit; `above` units do not (or exceed the limit)
     above = max_units + 1
     units = 2

@@ -27,7 +27,6 @@ import random
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 import uuid
 from collections import deque
@@ -35,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from capwatch.telemetry.intervals import IntervalTracker, cumulative_counters, merge_intervals
 from capwatch.telemetry.report import CumulativeCounters, Interval, RankConfig, RankIdentity, RankReport
 
@@ -49,6 +49,11 @@ def new_boot_id() -> str:
     return uuid.uuid4().hex
 
 
+# Each duration's sane range: a report a second at most 100 times over, at least once a day; waits that end.
+DURATION_RANGES = {"interval_s": (0.01, 86_400.0), "request_timeout_s": (0.01, 300.0),
+                   "backoff_initial_s": (0.01, 60.0), "backoff_max_s": (0.01, 3600.0)}
+
+
 @dataclass(frozen=True)
 class ReporterOptions:
     service_url: str  # e.g. http://127.0.0.1:8000 ; reports go to {service_url}/v1/reports
@@ -60,12 +65,19 @@ class ReporterOptions:
     backoff_max_s: float = 30.0
 
     def __post_init__(self) -> None:
-        url = urllib.parse.urlsplit(self.service_url)
-        if url.scheme not in ("http", "https") or not url.hostname:
-            raise ValueError(f"service_url {self.service_url!r} must look like http://host:port")
-        for name in ("interval_s", "request_timeout_s", "backoff_initial_s", "backoff_max_s"):
-            if (name != "interval_s" or self.interval_s is not None) and not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        problem = http_url_problem(self.service_url)
+        if problem is not None:
+            raise ValueError(f"service_url {self.service_url[:200]!r}: {problem}")
+        if self.bearer_token is not None:
+            problem = bearer_token_problem(self.bearer_token)
+            if problem is not None:
+                raise ValueError(f"the bearer token cannot be sent in an Authorization header: {problem}")
+        for name, (low, high) in DURATION_RANGES.items():
+            value = getattr(self, name)
+            if name == "interval_s" and value is None:  # the caller cuts every interval
+                continue
+            if not low <= value <= high:  # also NaN: every comparison with it is False
+                raise ValueError(f"{name} must be within {low:g}..{high:g} s, got {value}")
         if self.backoff_max_s < self.backoff_initial_s:
             raise ValueError("backoff_max_s must be >= backoff_initial_s")
         if self.max_pending_reports < 3:
@@ -116,6 +128,11 @@ class SendResult:
 
     delivery: Delivery
     detail: str = ""
+
+
+def _status_of(detail: str) -> str:
+    """``"HTTP 503 ..."`` -> ``"503"``: failures with another status are another state (logged anew)."""
+    return detail.split(" ", 2)[1] if detail.startswith("HTTP ") else ""
 
 
 class HttpReportSender:
@@ -199,7 +216,7 @@ class RankReporter:
         self._last_final: _Pending | None = None
         self._thread: threading.Thread | None = None
         self._delivered = self._send_failures = self._rejected = self._auth_failures = 0
-        self._failing: str | None = None  # what the last failed attempt logged, so a streak logs once
+        self._failing: str | None = None  # the failure state last logged (None: delivering); see _enter_state
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -302,11 +319,14 @@ class RankReporter:
                 self._failed_unexpectedly()
 
     def _failed_unexpectedly(self) -> None:
-        """Log an unexpected error, count it as a failed send, and back off; the pending reports stay."""
-        log.exception("capwatch reporter error; reports stay buffered and are retried")
+        """Count an unexpected error as a failed send and back off; the pending reports stay. Its traceback is
+        logged when the reporter enters this state, not on every attempt in it."""
         with self._wake:
             self._send_failures += 1
             self._back_off()
+            if self._enter_state("error"):
+                log.exception("capwatch reporter error; reports stay buffered and are retried (logged once until a "
+                              "report is delivered again)")
 
     def _back_off(self) -> None:
         """(Caller holds ``_wake``.) Next attempt after a jittered, doubling delay."""
@@ -352,25 +372,31 @@ class RankReporter:
                 self._pending.popleft()
                 if verdict is Delivery.DELIVERED:
                     self._delivered += 1
+                    if self._enter_state(None):
+                        log.info("capwatch service at %s accepts reports again", self.options.reports_url)
                 else:
                     self._rejected += 1
-                    log.error("capwatch service at %s refused report %s/%d for good (%s); dropped",
-                              self.options.reports_url, head.report.identity.boot_id, head.report.sequence,
-                              result.detail)
+                    if self._enter_state("rejected" + _status_of(result.detail)):
+                        log.error("capwatch service at %s refused report %s/%d for good (%s); dropped (logged once "
+                                  "until a report is delivered again)", self.options.reports_url,
+                                  head.report.identity.boot_id, head.report.sequence, result.detail)
                 head.outcome.verdict = verdict
                 head.outcome.done.set()
                 self._backoff_s = self.options.backoff_initial_s
                 self._retry_at = 0.0
-                if self._failing is not None:
-                    log.info("capwatch service at %s accepts reports again", self.options.reports_url)
-                    self._failing = None
+
+    def _enter_state(self, state: str | None) -> bool:
+        """(Caller holds ``_wake``.) Move to ``state`` (None: delivering); True when it changed, i.e. when the
+        caller logs: each failure is counted, and logged once per change of state, never once per send."""
+        if state == self._failing:
+            return False
+        self._failing = state
+        return True
 
     def _log_failure(self, verdict: Delivery, detail: str) -> None:
         """(Caller holds ``_wake``.) Once per kind of failure in a streak, saying what the service answered."""
-        kind = verdict.value + (detail.split(" ", 2)[1] if detail.startswith("HTTP ") else "")
-        if kind == self._failing:
+        if not self._enter_state(verdict.value + _status_of(detail)):
             return
-        self._failing = kind
         if verdict is Delivery.UNAUTHORIZED:
             log.error("capwatch service at %s refuses this rank's bearer token (%s); retrying, reports buffered. "
                       "Set the rank's token to the service's", self.options.reports_url, detail)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from capwatch.arguments import checked, positive_seconds
+from capwatch.arguments import checked, wait_seconds
 from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
     parser.add_argument("--role", default="target", choices=ROLES, help="which dispatcher")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    parser.add_argument("--timeout", type=positive_seconds, default=10.0, help="seconds to wait for the service")
+    parser.add_argument("--timeout", type=wait_seconds, default=10.0,
+                        help="seconds to wait for the service, 0.1..3600 (default 10)")
     parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",
                         help="instead of the advice, price these caps: predicted overflowing windows per day (with "
                              "its band), workspace bytes, KV-cache tokens (the /whatif curve)")
@@ -70,38 +71,69 @@ def service_error(base: str, error: Exception) -> Exception:
                         "`capwatch serve` or pass --url")
 
 
+def service_client(url: str, timeout: float):
+    """An httpx client for the service at ``url``, with the bearer token from ``CAPWATCH_TOKEN`` when it is set
+    (a service with CAPWATCH_READS_NEED_TOKEN needs it on reads)."""
+    import httpx
+
+    from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
+
+    base = url.rstrip("/")
+    problem = http_url_problem(base)
+    if problem is not None:
+        raise CommandError(f"--url {url[:200]!r}: {problem}")
+    token = os.environ.get("CAPWATCH_TOKEN") or None
+    if token is not None and bearer_token_problem(token) is not None:
+        raise CommandError(f"CAPWATCH_TOKEN: {bearer_token_problem(token)}")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=base, timeout=timeout, headers=headers)
+
+
+def _detail(response) -> str:
+    try:
+        return str(response.json().get("detail", response.text))[:300]
+    except ValueError:
+        return response.text[:300]
+
+
 def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
+    """The advice of one cluster, or of every cluster with ranks of ``role``: a cluster that cannot be advised is
+    an entry with its ``error``, one without such ranks an entry that says so (``skipped``); neither stops the
+    others."""
     import httpx
 
     base = url.rstrip("/")
-    parts = httpx.URL(base) if base.startswith(("http://", "https://")) else None
-    if parts is None or not parts.host:
-        raise CommandError(f"--url {url!r} is not an http(s) URL with a host, like http://127.0.0.1:8321")
     try:
-        with httpx.Client(base_url=base, timeout=timeout) as client:
-            if cluster is None:
-                listing = client.get("/v1/clusters")
-                listing.raise_for_status()
-                names = [summary["cluster"] for summary in listing.json()]
-                if not names:
-                    raise CommandError(f"the service at {base} knows no cluster yet: no rank has reported")
-            else:
-                names = [cluster]
-            results = []
-            for name in names:
-                response = client.get(f"/v1/clusters/{name}/advice", params={"role": role})
-                if response.status_code == 404:
-                    raise CommandError(response.json().get("detail", f"unknown cluster {name!r}"))
+        with service_client(url, timeout) as client:
+            if cluster is not None:
+                response = client.get(f"/v1/clusters/{cluster}/advice", params={"role": role})
+                if response.status_code in (404, 409):  # unknown cluster or role; a group that cannot be advised
+                    raise CommandError(_detail(response))
                 if response.status_code == 422:
-                    raise CommandError(f"{name!r} is not a valid cluster name (letters, digits, _ . : -)")
-                if response.status_code == 409:  # this group cannot be advised; the others still can
-                    detail = str(response.json().get("detail", response.text))[:300]
-                    if cluster is not None:
-                        raise CommandError(detail)
-                    results.append({"cluster": name, "role": role, "error": detail})
+                    raise CommandError(f"{cluster!r} is not a valid cluster name (letters, digits, _ . : -)")
+                response.raise_for_status()
+                return [response.json()]
+            listing = client.get("/v1/clusters")
+            listing.raise_for_status()
+            summaries = listing.json()
+            if not summaries:
+                raise CommandError(f"the service at {base} knows no cluster yet: no rank has reported")
+            results = []
+            for summary in summaries:
+                name, roles = summary["cluster"], summary.get("roles", [])
+                if role not in roles:  # nothing to advise for this role: said, not an error
+                    results.append({"cluster": name, "role": role,
+                                    "skipped": f"no {role!r} ranks (roles: {', '.join(roles)})"})
+                    continue
+                response = client.get(f"/v1/clusters/{name}/advice", params={"role": role})
+                if response.status_code in (404, 409):  # gone since the listing; cannot be advised
+                    results.append({"cluster": name, "role": role, "error": _detail(response)})
                     continue
                 response.raise_for_status()
                 results.append(response.json())
+            if all("skipped" in result for result in results):
+                raise CommandError(f"no cluster has {role!r} ranks (clusters: "
+                                   f"{', '.join(result['cluster'] for result in results)[:300]})")
             return results
     except httpx.HTTPError as error:
         raise service_error(base, error) from None
@@ -152,10 +184,10 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
         raise CommandError("--whatif asks about one EP group: pass --cluster NAME")
     base = url.rstrip("/")
     try:
-        with httpx.Client(base_url=base, timeout=timeout) as client:
+        with service_client(url, timeout) as client:
             response = client.get(f"/v1/clusters/{cluster}/whatif", params={"role": role, "cap": caps})
             if response.status_code in (404, 409, 422):
-                raise CommandError(str(response.json().get("detail", response.text))[:300])
+                raise CommandError(_detail(response))
             response.raise_for_status()
             return response.json()
     except httpx.HTTPError as error:

@@ -352,4 +352,8 @@ def _print_table(plans, geometry, title_note: str = "", budget: int | None = Non
         table.add_row(*row)
     console.print(table)
     if budget is not None:
-        console.print(f"largest 128-aligned cap within budget: {first.cap}")
+        from capwatch.sizing.backends import FLASHINFER
+
+        at_limit = first.cap == FLASHINFER.max_cap_tokens
+        console.print(f"largest 128-aligned cap within budget: {first.cap}" +
+                      (" (the largest cap capwatch sizes; the budget holds more)" if at_limit else ""))

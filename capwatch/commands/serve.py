@@ -21,7 +21,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "serve", help="run the service that aggregates rank reports and advises on the cap",
         description=("Run the capwatch service: POST /v1/reports from every rank, one view per EP group, and "
                      "raise/lower/hold advice on the per-rank cap. Every flag can also be set as a CAPWATCH_* "
-                     "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."))
+                     "environment variable (CAPWATCH_TOKEN, CAPWATCH_DB_PATH, ...); flags win."),
+        epilog=SETTINGS_EPILOG, formatter_class=HelpWithSettings)
     parser.add_argument("--host", help="address to bind (default 127.0.0.1: loopback only)")
     parser.add_argument("--port", type=port_number, help="port to bind, 1..65535 (default 8321)")
     parser.add_argument("--db", dest="db_path", help="SQLite database file (default ./capwatch.db); checked at start: "
@@ -33,9 +34,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run)
 
 
+SETTINGS_EPILOG = "\0settings"  # replaced by settings_help() when --help is printed, not on every start of the CLI
+
+
+class HelpWithSettings(argparse.HelpFormatter):
+    def add_text(self, text):
+        if text == SETTINGS_EPILOG:  # laid out already: kept as is
+            self._add_item(lambda table: table + "\n", [settings_help()])
+        else:
+            super().add_text(text)
+
+
+def settings_help() -> str:
+    """Every CAPWATCH_* setting with its default and range, from the Settings model (its one place)."""
+    import textwrap
+
+    try:
+        from capwatch.service.config import settings_reference
+    except ImportError:  # a plain install without the service extra: serve says so when run
+        return "settings: install a2a-capwatch[service] to list them"
+    lines = ["settings (environment variables; a value outside its range is refused at start):"]
+    for name, default, bounds, what in settings_reference():
+        head = f"  {name}={default}" + (f"  range {bounds}" if bounds else "")
+        lines.append(head)
+        lines.extend(textwrap.wrap(what, 100, initial_indent="      ", subsequent_indent="      "))
+    return "\n".join(lines)
+
+
 def setting_name(location: tuple, from_flags: set[str]) -> str:
     """How the user set a setting: its flag if given, else its CAPWATCH_* variable."""
-    field = str(location[0]) if location else ""
+    if not location:  # a rule over several settings: its message names them
+        return "settings"
+    field = str(location[0])
     if field in from_flags:
         return FLAGS[field]
     return "CAPWATCH_" + "__".join(str(part) for part in location).upper()
@@ -72,7 +102,16 @@ def _check_db_path(path, name: str) -> None:
         if not path.is_file():
             raise CommandError(f"{name} {path} is not a regular file; give a SQLite database file")
         if not os.access(path, os.R_OK | os.W_OK):
-            raise CommandError(f"{name} {path} is not readable and writable by this user; pick another path")
+            raise CommandError(f"{name} {path} is not readable and writable by this user (its permissions, or an "
+                               "immutable flag: see ls -l and lsattr); the file was not touched: make it writable")
+        folder = path.parent
+        missing = [f"{path.name}{suffix}" for suffix in ("-wal", "-shm")
+                   if not (folder / f"{path.name}{suffix}").exists()]
+        if missing and not os.access(folder, os.W_OK | os.X_OK):
+            # Not damage: SQLite's WAL mode keeps two files beside the database and cannot create them.
+            raise CommandError(f"{name} {path}: its folder {folder} is not writable by this user, and SQLite needs to "
+                               f"create {' and '.join(missing)} there (write-ahead log); the database was not touched: "
+                               "make the folder writable")
         return
     parent = path.parent
     if not parent.is_dir():
@@ -107,6 +146,25 @@ def bind_listener(host: str, port: int, host_name: str, port_name: str):
     return listener
 
 
+# Descriptors beyond the connections: the listener, SQLite's files and connections, logs, the threads' pipes.
+SPARE_FILES = 256
+
+
+def raise_open_files_limit(max_connections: int) -> None:
+    """Every connection is a file descriptor: raise this process's soft limit to hold them (up to the hard
+    limit, as servers do), or refuse to start, saying so, instead of failing accept() under load."""
+    import resource
+
+    needed = max_connections + SPARE_FILES
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            raise CommandError(f"CAPWATCH_MAX_CONNECTIONS {max_connections} needs {needed} open files, and this "
+                               f"process may open at most {hard} (ulimit -Hn); lower CAPWATCH_MAX_CONNECTIONS to "
+                               f"{max(hard - SPARE_FILES, 0)} or raise the limit")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
 def run(args: argparse.Namespace) -> int:
     import sqlite3
     import sys
@@ -116,8 +174,9 @@ def run(args: argparse.Namespace) -> int:
     from pydantic_settings import SettingsError
 
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
+    from capwatch.service.http_server import ConnectionLimits, protocol_factory
     from capwatch.service.main import create_app
-    from capwatch.service.store.errors import StoreDamaged
+    from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
     try:
@@ -127,6 +186,7 @@ def run(args: argparse.Namespace) -> int:
     except SettingsError as error:  # a CAPWATCH_* variable that is not even parseable (bad JSON)
         raise CommandError(f"{error}; check the CAPWATCH_* environment variables") from None
     db_name = setting_name(("db_path",), set(overrides))
+    raise_open_files_limit(settings.max_connections)
     if not settings.prometheus_url:
         check_db_path(settings.db_path, db_name)
     listener = bind_listener(settings.host, settings.port, setting_name(("host",), set(overrides)),
@@ -141,13 +201,19 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             app = create_app(settings)
+        except StoreInaccessible as error:
+            raise CommandError(f"{db_name} {settings.db_path}: {error}; check the permissions of the file and of "
+                               "its folder, where SQLite keeps its -wal and -shm files; the database was not "
+                               "touched") from None
         except StoreDamaged as error:
             raise CommandError(f"{db_name} {settings.db_path} is damaged: {error}; restore it from a backup, or move "
                                "it aside to start with an empty database") from None
         except sqlite3.Error as error:
             raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
                                "pick another path") from None
-        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False))
+        limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
+        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
+                                               http=protocol_factory(limits), ws="none"))
         server.run(sockets=[listener])
     finally:
         listener.close()

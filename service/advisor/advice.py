@@ -41,6 +41,10 @@ class Deployment(BaseModel):
     floor_binds: str | None = None  # which term of the floor sets it
     budget_cap: int | None
     kv_bytes_per_token: int | None = None
+    # The range every cap for this group lies in, advised or asked about (the page's what-if reads it):
+    # 1..max_cap_tokens, the backend's largest (sizing/backends.py); advised caps are multiples of cap_alignment.
+    max_cap_tokens: int | None = None
+    cap_alignment: int | None = None
 
 
 class Coverage(BaseModel):

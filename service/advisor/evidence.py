@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
+from capwatch.service.advisor.alignment import cap_ceiling
 from capwatch.service.advisor.budget import largest_cap_within
 from capwatch.service.advisor.floor import Floor, deployment_floor
 from capwatch.service.advisor.history import SampleHistory
@@ -73,11 +74,17 @@ class Evidence:
         return None if self.floor is None else self.floor.tokens
 
     @cached_property
+    def cap_ceiling(self) -> int:
+        """The largest cap the advisor produces for the group (``alignment.py``); SizingError when none fits."""
+        return cap_ceiling(self)
+
+    @cached_property
     def budget_cap(self) -> int | None:
         policy = self.policy
         if policy.budget_bytes_per_rank is None:
             return None
-        return largest_cap_within(policy.budget_bytes_per_rank, self.group.pricing, policy.alignment, policy.max_cap)
+        return largest_cap_within(policy.budget_bytes_per_rank, self.group.pricing, policy.alignment,
+                                  min(policy.max_cap, self.group.backend.max_cap_tokens))
 
     # --- read off the history --------------------------------------------------------------------
 

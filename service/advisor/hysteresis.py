@@ -32,10 +32,10 @@ def worth_changing(current_cap: int, recommended_cap: int, lower_bound: int, upp
 
 def bounds(given: Evidence, target_cap: int) -> tuple[int, int]:
     """[lower, upper] the current cap may sit in without a change: the peaks estimate's bounds, aligned, never
-    below the floor, and around the target."""
+    below the floor nor above the advisor's ceiling (``alignment.cap_ceiling``), and around the target."""
     found, alignment, floor_cap = given.peaks, given.policy.alignment, given.floor_cap
-    lower = align_down(found.lower_tokens, alignment) or alignment
-    upper = min(align_up(found.upper_tokens, alignment), align_down(given.rules.max_cap_tokens, alignment))
+    lower = min(align_down(found.lower_tokens, alignment) or alignment, given.cap_ceiling)
+    upper = min(align_up(found.upper_tokens, alignment), given.cap_ceiling)
     if floor_cap is not None:
         lower = max(lower, floor_cap)
     return min(lower, target_cap), max(upper, target_cap)

@@ -4,6 +4,7 @@ DeepEP's buffer (``capwatch.sizing.deepep_plan.DeepEPPricing``). ``pricing_of`` 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from capwatch.sizing.backends import DEEPEP
@@ -48,13 +49,7 @@ class WorkspacePricing:
                               bytes_per_token=(self.dispatch_bytes_per_token, self.combine_bytes_per_token))
 
     def bytes_per_rank(self, cap: int) -> int:
-        if self.dispatch_bytes_per_token is None or self.combine_bytes_per_token is None:
-            raise SizingError("the payload bytes per token are not known, so no workspace can be priced")
-        if self.geometry is None:  # moe_a2a's own inputs: the bytes per token
-            return workspace_bytes_per_rank(
-                self.ep_size, cap, self.dispatch_bytes_per_token, self.combine_bytes_per_token,
-                self.eplb_stats_num_experts, self.flashinfer_version)
-        return self.plan(cap).workspace_bytes_per_rank
+        return _bytes_per_rank(self, cap)
 
     def known_bytes_per_rank(self, cap: int) -> int | None:
         """``bytes_per_rank``, or None where this configuration cannot be priced (e.g. an unknown flashinfer
@@ -75,3 +70,16 @@ def pricing_of(config, ep_size: int) -> Pricing:
     if config.a2a_backend == DEEPEP.name:
         return DeepEPPricing.of_config(config, ep_size)
     return WorkspacePricing.of_config(config, ep_size)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bytes_per_rank(pricing: WorkspacePricing, cap: int) -> int:
+    # Cached by value (the pricing is frozen): every view prices each rank's cap and the advisor the same caps
+    # again on each recompute; thousands of groups made pricing half the list's work.
+    if pricing.dispatch_bytes_per_token is None or pricing.combine_bytes_per_token is None:
+        raise SizingError("the payload bytes per token are not known, so no workspace can be priced")
+    if pricing.geometry is None:  # moe_a2a's own inputs: the bytes per token
+        return workspace_bytes_per_rank(
+            pricing.ep_size, cap, pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token,
+            pricing.eplb_stats_num_experts, pricing.flashinfer_version)
+    return pricing.plan(cap).workspace_bytes_per_rank

@@ -50,8 +50,10 @@ def gate(given: Evidence) -> str | None:
 
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
-    """Raises ValueError where the policy leaves no cap within the backend's rules (``for_backend``)."""
+    """Raises ValueError where the policy leaves no cap within the backend's rules (``for_backend``), and
+    SizingError where the group's floor is above the most its backend takes (``alignment.cap_ceiling``)."""
     given = Evidence(history, group, policy.for_backend(group.backend))
+    given.cap_ceiling  # noqa: B018 - a group whose floor no cap meets cannot be advised, with or without history
     deployment, coverage = deployment_of(given), coverage_of(history)
     why_not = gate(given)
     if why_not is not None:
@@ -77,7 +79,8 @@ def deployment_of(given: Evidence) -> Deployment:
         current_cap=given.current_cap, ep_size=pricing.ep_size, workspace_bytes_per_rank_current=current_bytes,
         workspace_bytes_group_current=current_bytes * pricing.ep_size, floor_cap=given.floor_cap,
         floor_binds=None if given.floor is None else given.floor.binds, budget_cap=given.budget_cap,
-        kv_bytes_per_token=given.group.kv_bytes_per_token)
+        kv_bytes_per_token=given.group.kv_bytes_per_token, max_cap_tokens=given.rules.max_cap_tokens,
+        cap_alignment=given.policy.alignment)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:

@@ -6,8 +6,9 @@ ways in read them: the ASGI fast path (``ReportFastPath``) and the router's ``po
 2. ``Content-Type: application/json`` (415: a cross-origin page can post ``text/plain`` without
    a preflight, never ``application/json``);
 3. the declared size (413), then the body itself: at most ``max_body_bytes`` (413), received within
-   ``body_timeout_s`` (408), and at most ``max_concurrent_bodies`` being received at once (503), so
-   slow clients cannot hold the service;
+   ``body_timeout_s`` (408), and at most ``max_concurrent_bodies`` waited for at once, at most
+   ``max_bodies_per_client`` of them from one address (503; a body that came with its headers waits for
+   nothing and takes no slot), so slow clients cannot hold the service or keep a rank's report out;
 4. the schema, strictly, with its cross-field and pricing checks (``telemetry.report``; 422);
 5. the times, against the service's clock (422).
 
@@ -19,15 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
-
-from pydantic import BaseModel, ValidationError
-from starlette.types import Message, Receive
+from urllib.parse import urlsplit
 
 from capwatch.service.api.deps import bearer_token_accepted
 from capwatch.service.config import Settings
 from capwatch.telemetry.report import RankReport
+from pydantic import BaseModel, ValidationError
+from starlette.types import Message, Receive
 
 
 class FieldError(BaseModel):
@@ -96,34 +96,65 @@ def too_large(settings: Settings) -> Refusal:
 
 
 class BodyGate:
-    """Receives request bodies: bounded in size and time, and in how many are received at once.
-    One per app, used from its event loop only."""
+    """Receives request bodies: bounded in size and time, and in how many are waited for at once, overall and per
+    client address. One per app, used from its event loop only.
+
+    A slot is what a body that has not arrived costs: the wait, and what has come of it so far. A body that came
+    with its headers (a rank's report, on any network that delivers it in one read) is read at once and takes
+    none, so clients that declare a body and trickle it can hold slots, and are cut off at ``body_timeout_s``,
+    but never keep an honest rank's report out. Each address holds at most ``max_bodies_per_client`` slots, so one
+    host's slow clients leave the rest to others."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
         self.receiving = 0
+        self._by_client: dict[str | None, int] = {}
 
-    async def read(self, receive: Receive) -> tuple[bytes, bool] | Refusal:
-        """The body and whether the client is still there (False: it disconnected), or a refusal."""
+    def _take_slot(self, client: str | None) -> Refusal | None:
         settings = self.settings
         if self.receiving >= settings.max_concurrent_bodies:
             return Refusal(503, "too_slow",
                            f"{self.receiving} request bodies are being received already (CAPWATCH_MAX_CONCURRENT_BODIES); "
                            "retry shortly", headers={"Retry-After": "1", "Connection": "close"})
+        held = self._by_client.get(client, 0)
+        if held >= settings.max_bodies_per_client:
+            return Refusal(503, "too_slow",
+                           f"{held} request bodies from {client or 'this client'} are being received already, its "
+                           "share (CAPWATCH_MAX_BODIES_PER_CLIENT); retry shortly",
+                           headers={"Retry-After": "1", "Connection": "close"})
         self.receiving += 1
+        self._by_client[client] = held + 1
+        return None
+
+    def _release_slot(self, client: str | None) -> None:
+        self.receiving -= 1
+        held = self._by_client.pop(client) - 1
+        if held:
+            self._by_client[client] = held
+
+    async def read(self, receive: Receive, client: str | None = None) -> tuple[bytes, bool] | Refusal:
+        """The body and whether the client is still there (False: it disconnected), or a refusal."""
+        first = asyncio.ensure_future(receive())
+        await asyncio.sleep(0)  # one turn of the loop: a body that came with its headers is here already
+        if first.done() and not first.cancelled() and first.exception() is None and not _more(first.result()):
+            return await self._read(first, receive)  # nothing to wait for: no slot
+        refusal = self._take_slot(client)
+        if refusal is not None:
+            first.cancel()
+            return refusal
         try:
-            return await asyncio.wait_for(self._read(receive), settings.body_timeout_s)
+            return await asyncio.wait_for(self._read(first, receive), self.settings.body_timeout_s)
         except TimeoutError:
-            return Refusal(408, "too_slow", f"the request body did not arrive within {settings.body_timeout_s:g} s "
+            return Refusal(408, "too_slow", f"the request body did not arrive within {self.settings.body_timeout_s:g} s "
                                             "(CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
         finally:
-            self.receiving -= 1
+            self._release_slot(client)
 
-    async def _read(self, receive: Receive) -> tuple[bytes, bool] | Refusal:
+    async def _read(self, first: asyncio.Future, receive: Receive) -> tuple[bytes, bool] | Refusal:
         limit = self.settings.max_body_bytes
-        chunks, size, more = [], 0, True
-        while more:
-            message: Message = await receive()
+        chunks, size = [], 0
+        message: Message = await first
+        while True:
             if message["type"] != "http.request":
                 return b"".join(chunks), False  # the client went away
             chunk = message.get("body", b"")
@@ -131,8 +162,13 @@ class BodyGate:
             if size > limit:
                 return too_large(self.settings)
             chunks.append(chunk)
-            more = message.get("more_body", False)
-        return b"".join(chunks), True
+            if not _more(message):
+                return b"".join(chunks), True
+            message = await receive()
+
+
+def _more(message: Message) -> bool:
+    return message["type"] == "http.request" and message.get("more_body", False)
 
 
 # A rank's clock may drift this far from the service's before its reports are refused: well above

@@ -9,6 +9,7 @@ or from series no rank could have reported together, no model geometry (an ``Unp
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -96,9 +97,32 @@ class IntervalRow:
     max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
 
 
+# What ``interval_pages`` gives: whether ``limit`` left rows out, and an iterator of pages per order asked for.
+IntervalPages = tuple[bool, list[Iterator[list[IntervalRow]]]]
+# How the history orders a group's rows: each rank's series (by rank, then time), or the group's windows (by time).
+ROW_ORDERS = {"rank": lambda row: (row.ep_rank, row.interval_end_unix_s),
+              "time": lambda row: (row.interval_end_unix_s, row.ep_rank)}
+
+
+def pages_of(rows: list[IntervalRow], limit: int, orders: tuple[str, ...], page_rows: int) -> IntervalPages:
+    """``interval_pages`` for a source that reads its (bounded) rows at once: the list, ordered and cut."""
+    def pages(order: str) -> Iterator[list[IntervalRow]]:
+        ordered = sorted(rows, key=ROW_ORDERS[order])
+        for start in range(0, len(ordered), page_rows):
+            yield ordered[start:start + page_rows]
+
+    return len(rows) >= limit, [pages(order) for order in orders]
+
+
 class ClusterSource(Protocol):
     def clusters(self) -> list[str]: ...
     def rank_states(self, cluster: str) -> list[RankState]: ...
     def sample_history(self, cluster: str, role: str) -> SampleHistory: ...
     def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
                       limit: int) -> list[IntervalRow]: ...
+
+    def interval_pages(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float, limit: int,
+                       orders: tuple[str, ...], page_rows: int = 2000) -> IntervalPages:
+        """The rows ``interval_rows`` gives, in pages, once per order of ``ROW_ORDERS`` asked for; and whether
+        ``limit`` left some out. What ``GET /history`` streams: a request holds a page, never the whole range."""
+        ...

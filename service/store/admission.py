@@ -16,6 +16,11 @@ from capwatch.service.store.messages import StopWriter, WriterMessage
 CLOSED = "the store is closed"
 
 
+def lost_message(why: str) -> str:
+    return (f"the report was not stored: {why}; reports are refused so that none is acknowledged into a file that "
+            "is gone or cannot be kept; restore the file, or restart the service (a deleted database starts empty)")
+
+
 class Admission:
     def __init__(self, max_pending_reports: int):
         self.max_pending_reports = max_pending_reports
@@ -23,6 +28,16 @@ class Admission:
         self._lock = threading.Lock()
         self._pending = 0
         self._closed = False
+        self._lost: str | None = None  # what happened to the database file (file_watch.py): nothing is taken
+
+    @property
+    def lost(self) -> str | None:
+        return self._lost
+
+    def lose(self, why: str) -> None:
+        """Take no report from now on: the database file is not the one opened, or cannot be written."""
+        with self._lock:
+            self._lost = why
 
     @property
     def pending(self) -> int:
@@ -32,6 +47,8 @@ class Admission:
     def _admit(self) -> StoreUnavailable | None:
         if self._closed:
             return StoreUnavailable(CLOSED)
+        if self._lost is not None:
+            return StoreUnavailable(lost_message(self._lost), retry_after_s=60)
         if self._pending >= self.max_pending_reports:
             return StoreUnavailable(f"the store has {self._pending} reports waiting to be written "
                                     f"(its bound, max_pending_reports); the service is overloaded")

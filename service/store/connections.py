@@ -8,20 +8,33 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+from pathlib import Path
 
-from capwatch.service.store.errors import StoreDamaged
+from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
 
 
-def connect(path: str) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False, timeout=30.0)
+def connect(path: str, create: bool = False) -> sqlite3.Connection:
+    """A connection to the database at ``path``; only the store's first (``create``) may create the file: any
+    later one opening a path where the file is gone would make a new, empty database there (file_watch.py)."""
+    uri = f"{Path(path).absolute().as_uri()}?mode={'rwc' if create else 'rw'}"
+    try:
+        connection = sqlite3.connect(uri, uri=True, isolation_level=None, check_same_thread=False, timeout=30.0)
+    except sqlite3.OperationalError as error:
+        raise StoreInaccessible(f"SQLite cannot open it ({error})") from None
     try:
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute("PRAGMA synchronous=FULL")  # durable at COMMIT, not just crash-consistent
         connection.execute("PRAGMA busy_timeout=30000")
+    except sqlite3.OperationalError as error:  # the file or its folder cannot be written: not damage
+        connection.close()
+        raise StoreInaccessible(f"SQLite cannot open it for writing ({error})") from None
     except sqlite3.DatabaseError as error:
         connection.close()
         raise StoreDamaged(f"SQLite cannot read it ({error})") from None
     return connection
+
+
+READER_CACHE_KIB = 512
 
 
 class ReaderConnections:
@@ -38,6 +51,9 @@ class ReaderConnections:
         if connection is None:
             connection = connect(self.path)
             connection.execute("PRAGMA query_only=ON")
+            # Up to one connection per pool thread (40): SQLite's default 2 MiB page cache each was 80 MB once a
+            # flood of reads had touched them all; the OS caches the file's pages for all of them anyway.
+            connection.execute(f"PRAGMA cache_size = -{READER_CACHE_KIB}")
             self._local.connection = connection
             with self._lock:
                 self._opened.append(connection)

@@ -19,4 +19,6 @@ class StoreOptions:
     # ~21k in flight).
     max_pending_reports: int = 32 * 1024
     checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
+    max_clusters: int = 10_000  # clusters and ranks held at once (capacity.py)
+    max_ranks: int = 100_000
     policy: AdvisorPolicy = AdvisorPolicy()  # handed to the advisor's folding (advisor/folding.py)

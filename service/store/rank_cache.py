@@ -62,6 +62,17 @@ class RankCache:
         with self._lock:
             return [key for key, state in self._ranks.items() if state.received_unix_s < before_unix_s]
 
+    def counts(self) -> tuple[int, int]:
+        """How many clusters and ranks are held."""
+        with self._lock:
+            return len(self._by_cluster), len(self._ranks)
+
+    def holds(self, key: RankKey) -> bool:
+        return key in self._ranks
+
+    def holds_cluster(self, cluster: str) -> bool:
+        return cluster in self._by_cluster
+
     def clusters(self) -> list[str]:
         with self._lock:
             return sorted(self._by_cluster)

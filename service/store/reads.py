@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable, Iterator
 
 from capwatch.service.advisor.folding import history_of
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.sources.contract import IntervalRow
+from capwatch.service.sources.contract import IntervalPages, IntervalRow
 from capwatch.service.store.windows import FoldedHistories, read_windows
 
 
@@ -33,6 +34,47 @@ def interval_rows(connection: sqlite3.Connection, cluster: str, role: str, since
         "AND interval_end_unix_s <= ? ORDER BY interval_end_unix_s DESC LIMIT ?",
         (cluster, role, since_unix_s, until_unix_s, limit)).fetchall()
     return [IntervalRow(*row) for row in reversed(rows)]
+
+
+_ROW = ("ep_rank, interval_end_unix_s, peak_runtime_tokens, cap, forward_steps, overflow_events, max_local_tokens, "
+        "id")
+_IN_RANGE = "cluster = ? AND role = ? AND interval_end_unix_s >= ? AND interval_end_unix_s <= ? AND id <= ?"
+# After each page, the next starts past the last row: by rank, time and id, or by time and id.
+_NEXT = {"rank": ("(ep_rank, interval_end_unix_s, id) > (?, ?, ?)", "ep_rank, interval_end_unix_s, id"),
+         "time": ("(interval_end_unix_s, id) > (?, ?)", "interval_end_unix_s, id")}
+
+
+def interval_pages(reader: Callable[[], sqlite3.Connection], cluster: str, role: str, since_unix_s: float,
+                   until_unix_s: float, limit: int, orders: tuple[str, ...], page_rows: int) -> IntervalPages:
+    """The rows ``interval_rows`` gives, once per order asked for, in pages of at most ``page_rows``, ordered by
+    rank then time (``"rank"``) or by time (``"time"``): a reader that streams them holds one page. Each page is
+    its own short query on the calling thread's connection (``reader``), so a slow consumer holds no transaction
+    open; which rows (the newest ``limit``, up to the newest id) is fixed now. Also whether ``limit`` left some
+    out."""
+    connection = reader()
+    (newest_id,) = connection.execute("SELECT coalesce(max(id), 0) FROM reports").fetchone()
+    bounds = (cluster, role, since_unix_s, until_unix_s, newest_id)
+    oldest_kept = connection.execute(  # the limit-th newest row: where the kept rows begin
+        f"SELECT interval_end_unix_s, id FROM reports WHERE {_IN_RANGE} ORDER BY interval_end_unix_s DESC, id DESC "
+        "LIMIT 1 OFFSET ?", (*bounds, limit - 1)).fetchone()
+    kept, kept_parameters = ("", ()) if oldest_kept is None else (" AND (interval_end_unix_s, id) >= (?, ?)",
+                                                                   tuple(oldest_kept))
+
+    def pages(order: str) -> Iterator[list[IntervalRow]]:
+        after, columns = _NEXT[order]
+        last: tuple = ()
+        while True:
+            query = (f"SELECT {_ROW} FROM reports WHERE {_IN_RANGE}{kept}" + (f" AND {after}" if last else "") +
+                     f" ORDER BY {columns} LIMIT ?")
+            rows = reader().execute(query, (*bounds, *kept_parameters, *last, page_rows)).fetchall()
+            if rows:
+                yield [IntervalRow(*row[:-1]) for row in rows]
+            if len(rows) < page_rows:
+                return
+            end = rows[-1]
+            last = (end[0], end[1], end[-1]) if order == "rank" else (end[1], end[-1])
+
+    return oldest_kept is not None, [pages(order) for order in orders]
 
 
 def report_count(connection: sqlite3.Connection) -> int:

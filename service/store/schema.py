@@ -83,7 +83,13 @@ UPDATE ranks SET received_unix_s = coalesce(json_extract(state, '$.received_unix
 CREATE INDEX IF NOT EXISTS ranks_by_received ON ranks (received_unix_s);
 """
 
-MIGRATIONS: tuple[str, ...] = (SCHEMA_V1, SCHEMA_V2)
+# Version 3: the reports of a group by rank then time, so the history streams each rank's series a page at a
+# time (reads.interval_pages) instead of sorting the whole range for every page.
+SCHEMA_V3 = """
+CREATE INDEX IF NOT EXISTS reports_by_rank ON reports (cluster, role, ep_rank, interval_end_unix_s);
+"""
+
+MIGRATIONS: tuple[str, ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Each batch is written with a few statements of many rows each: the sqlite3 module releases the

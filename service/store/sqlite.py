@@ -21,12 +21,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.sources.contract import IntervalRow
+from capwatch.service.sources.contract import IntervalPages, IntervalRow, SourceUnavailable
 from capwatch.service.store import reads
 from capwatch.service.store.admission import CLOSED, Admission
 from capwatch.service.store.checkpoints import Checkpoints, load_ranks
 from capwatch.service.store.connections import ReaderConnections, connect
 from capwatch.service.store.errors import StoreUnavailable
+from capwatch.service.store.file_watch import DatabaseFile
 from capwatch.service.store.ingest import IngestResult
 from capwatch.service.store.loop_bridge import LoopGathering
 from capwatch.service.store.maintenance import Maintenance, load_folded_before
@@ -50,7 +51,7 @@ class Store:
         self._gathering = LoopGathering(self._hand_over)
         self._readers = ReaderConnections(self.path)
         self._folded = FoldedHistories(self.path)
-        connection = connect(self.path)
+        connection = connect(self.path, create=True)
         try:
             check_integrity(connection)
             migrate(connection, self.path)
@@ -62,7 +63,8 @@ class Store:
         self._ranks = RankCache(ranks)
         checkpoints = Checkpoints(last_report_id)
         maintenance = Maintenance(self.options, clock, self._ranks, checkpoints, self._folded, folded_before_s)
-        self._writer = Writer(connection, self._admission, self._ranks, checkpoints, maintenance, self.options, clock)
+        self._writer = Writer(connection, self._admission, self._ranks, checkpoints, maintenance, self.options, clock,
+                              DatabaseFile(self.path))
         self._writer.start()
 
     # --- writes -------------------------------------------------------------------------------
@@ -121,6 +123,10 @@ class Store:
     def clusters(self) -> list[str]:
         return self._ranks.clusters()
 
+    def held(self) -> tuple[int, int]:
+        """How many clusters and ranks the store holds (bounded by ``max_clusters`` and ``max_ranks``)."""
+        return self._ranks.counts()
+
     def generation(self, cluster: str) -> int:
         """Changes whenever the cluster's committed data does (reports, folds, pruning)."""
         return self._ranks.generation(cluster)
@@ -129,13 +135,31 @@ class Store:
         """Committed states (published only after COMMIT; never mutated once published)."""
         return self._ranks.cluster_states(cluster)
 
+    @property
+    def lost(self) -> str | None:
+        """What happened to the database file under the service (``file_watch.py``); None while it is intact."""
+        return self._admission.lost
+
+    def _intact(self) -> None:
+        """Reads that need the file: refused (503) once it is lost, rather than read from another file."""
+        if self._admission.lost is not None:
+            raise SourceUnavailable(f"the database cannot be read: {self._admission.lost}; restore it or restart "
+                                    "the service")
+
     def sample_history(self, cluster: str, role: str) -> SampleHistory:
+        self._intact()
         return reads.sample_history(self._reader(), self._folded, cluster, role, self.options.policy,
                                     self.options.window_s)
 
     def interval_rows(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float,
                       limit: int) -> list[IntervalRow]:
+        self._intact()
         return reads.interval_rows(self._reader(), cluster, role, since_unix_s, until_unix_s, limit)
+
+    def interval_pages(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float, limit: int,
+                       orders: tuple[str, ...], page_rows: int = 2000) -> IntervalPages:
+        self._intact()
+        return reads.interval_pages(self._reader, cluster, role, since_unix_s, until_unix_s, limit, orders, page_rows)
 
     def report_count(self) -> int:
         return reads.report_count(self._reader())

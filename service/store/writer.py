@@ -16,9 +16,11 @@ import threading
 import time
 from collections.abc import Callable
 
-from capwatch.service.store.admission import CLOSED, Admission
+from capwatch.service.store.admission import CLOSED, Admission, lost_message
+from capwatch.service.store.capacity import within_bounds
 from capwatch.service.store.checkpoints import Checkpoints
 from capwatch.service.store.errors import ReportNotStorable, StoreUnavailable
+from capwatch.service.store.file_watch import DatabaseFile
 from capwatch.service.store.ingest import commit_batch
 from capwatch.service.store.loop_bridge import settle
 from capwatch.service.store.maintenance import Maintenance
@@ -27,6 +29,7 @@ from capwatch.service.store.options import StoreOptions
 from capwatch.service.store.rank_cache import RankCache
 
 log = logging.getLogger(__name__)
+FILE_CHECK_S = 1.0  # how often the idle writer looks at its database file (before every commit too)
 
 
 def refuse(admission: Admission, batch: list[PendingReport]) -> None:
@@ -38,8 +41,9 @@ def refuse(admission: Admission, batch: list[PendingReport]) -> None:
 class Writer:
     def __init__(self, connection: sqlite3.Connection, admission: Admission, ranks: RankCache,
                  checkpoints: Checkpoints, maintenance: Maintenance, options: StoreOptions,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], database_file: DatabaseFile):
         self.connection = connection
+        self.database_file = database_file
         self.admission = admission
         self.ranks = ranks
         self.checkpoints = checkpoints
@@ -47,6 +51,7 @@ class Writer:
         self.options = options
         self.clock = clock
         self._thread = threading.Thread(target=self._run, name="capwatch-store-writer", daemon=True)
+        self._full_logged_at, self._refused_full = float("-inf"), 0
 
     def start(self) -> None:
         self._thread.start()
@@ -64,7 +69,7 @@ class Writer:
         else:
             try:
                 message = self.admission.queue.get(timeout=min(options.maintenance_interval_s,
-                                                               options.checkpoint_interval_s))
+                                                               options.checkpoint_interval_s, FILE_CHECK_S))
             except queue.Empty:
                 message = None
         batch: list[PendingReport] = []
@@ -96,6 +101,11 @@ class Writer:
         carried: list[PendingReport] = []  # reports that did not fit in the previous batch
         while not stopping:
             batch, calls, carried, stopping = self._next_batch(carried)
+            if self._file_lost():  # every report, this batch's included, is refused: none goes to a lost file
+                self._refuse_lost(batch + carried)
+                batch, carried = [], []
+            if batch:
+                batch = self._within_bounds(batch)
             if batch:
                 self._commit(batch)
             for call in calls:
@@ -103,6 +113,8 @@ class Writer:
                     call.future.set_result(call.function(connection))
                 except Exception as error:  # surfaced to the caller, the writer keeps going
                     call.future.set_exception(error)
+            if self.admission.lost is not None:
+                continue  # nothing more is written to a file that is not the one opened
             if stopping or time.monotonic() >= next_checkpoint:
                 try:
                     self.checkpoints.write(connection, self.ranks)
@@ -134,6 +146,37 @@ class Writer:
                     future.set_exception(StoreUnavailable(CLOSED))
         if leftovers:
             refuse(self.admission, leftovers)
+
+    def _file_lost(self) -> bool:
+        """Whether the database file was lost (``file_watch.py``); said in the log once, when noticed."""
+        if self.admission.lost is not None:
+            return True
+        problem = self.database_file.problem()
+        if problem is None:
+            return False
+        self.admission.lose(problem)
+        log.error("the database %s: %s. Reports are refused from now on (503) so that none is acknowledged into a "
+                  "file that is gone or cannot be kept, and reads that need the file answer 503; every report "
+                  "acknowledged before this is in that file. Restore it, or restart the service (a deleted database "
+                  "starts empty)", self.database_file.path, problem)
+        return True
+
+    def _refuse_lost(self, reports: list[PendingReport]) -> None:
+        if reports:
+            self.admission.settled(len(reports))
+            settle(reports, None, StoreUnavailable(lost_message(self.admission.lost), retry_after_s=60))
+
+    def _within_bounds(self, batch: list[PendingReport]) -> list[PendingReport]:
+        """The reports there is room for (``capacity.py``); the others refused now, logged at most once a minute."""
+        taken, refused = within_bounds(batch, self.ranks, self.options.max_clusters, self.options.max_ranks)
+        if refused:
+            self.admission.settled(len(refused))
+            settle([pending for pending, _ in refused], None, [error for _, error in refused])
+            self._refused_full += len(refused)
+            if time.monotonic() - self._full_logged_at >= 60.0:
+                log.warning("%s (%d report(s) refused since the last line)", refused[0][1], self._refused_full)
+                self._full_logged_at, self._refused_full = time.monotonic(), 0
+        return taken
 
     def _commit(self, batch: list[PendingReport]) -> None:
         """Commit the batch; if that fails for a reason other than the disk, find the reports that cannot

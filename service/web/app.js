@@ -8,8 +8,17 @@
   const REFRESH_MS = 3000;
   const state = { cluster: null, timer: null };
 
+  // A service started with CAPWATCH_READS_NEED_TOKEN answers reads 401 without its token: the page asks for it
+  // once (the token form), keeps it for this tab only (sessionStorage) and sends it as a bearer token.
+  const TOKEN_KEY = "capwatch-token";
+  class NeedsToken extends Error {}
+
   async function getJSON(path) {
-    const response = await fetch(path, { headers: { Accept: "application/json" } });
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const response = await fetch(path, { headers });
+    if (response.status === 401) throw new NeedsToken(path);
     if (!response.ok) {
       let detail = "";
       try { detail = JSON.stringify((await response.json()).detail); } catch (error) { /* not JSON */ }
@@ -226,16 +235,19 @@
     return events.reduce((total, g) => total + g.overflows, 0);
   }
 
+  // The caps the what-if chart prices: within the one range the service states (1..max_cap_tokens, the
+  // backend's largest; sizing/backends.py), so the page never asks for a cap the service refuses.
   function whatIfCaps(advice, peak) {
-    const alignment = 128;
+    const alignment = numberOrNull(advice.cap_alignment) || 128;
+    const largest = numberOrNull(advice.max_cap_tokens) || 1048576;
     const anchor = Math.max(first(advice, ["current_cap"], 0), first(advice, ["recommended_cap"], 0), peak || 0, alignment);
-    const top = Math.ceil((anchor * 1.25) / alignment) * alignment;
+    const top = Math.min(Math.ceil((anchor * 1.25) / alignment) * alignment, largest);
     const step = Math.max(alignment, Math.ceil(top / 16 / alignment) * alignment);
     const caps = new Set();
     for (let cap = step; cap <= top; cap += step) caps.add(cap);
     for (const extra of [advice.current_cap, advice.recommended_cap]) if (extra) caps.add(extra);
-    if (peak) caps.add(Math.max(1, Math.floor(peak * 0.8)));
-    return [...caps].sort((a, b) => a - b);
+    if (peak) caps.add(Math.max(1, Math.floor(Math.min(peak, largest) * 0.8)));
+    return [...caps].filter((cap) => Number.isInteger(cap) && cap >= 1 && cap <= largest).sort((a, b) => a - b);
   }
 
   function renderWhatIf(rows, advice) {
@@ -387,6 +399,15 @@
       });
       $("updated").textContent = `updated ${new Date().toTimeString().slice(0, 8)}`;
     } catch (error) {
+      if (error instanceof NeedsToken) {
+        const stored = sessionStorage.getItem(TOKEN_KEY);
+        sessionStorage.removeItem(TOKEN_KEY);
+        $("token-form").hidden = false;
+        showMessage(stored ? "The service refused that token: enter the service's token (CAPWATCH_TOKEN)."
+          : "This service needs its token to show its data (CAPWATCH_READS_NEED_TOKEN): enter it above.");
+        document.body.dataset.ready = "token";
+        return;
+      }
       showMessage(`Cannot reach the capwatch API: ${error.message || error}`);
       document.body.dataset.ready = "error";
     }
@@ -404,6 +425,16 @@
     refresh();
   });
   $("autorefresh").addEventListener("change", schedule);
+  $("token-form").addEventListener("submit", (event) => {
+    event.preventDefault();  // no navigation: the token goes in headers, never in a URL
+    const token = $("token").value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    $("token").value = "";
+    $("token-form").hidden = true;
+    showMessage("");
+    refresh();
+  });
   $("copy-env").addEventListener("click", async () => {
     const text = $("env-line").textContent;
     try { await navigator.clipboard.writeText(text); $("copy-env").textContent = "Copied"; } catch (error) {

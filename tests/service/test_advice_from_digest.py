@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tests.service.conftest import JSON, FakeClock
 from tests.support.simulate import SimulatedRank
+from tests.support.waiting import wait_for
 
 WINDOW_S = 60.0
 GROUPS = ("g0", "g1")
@@ -30,7 +31,8 @@ GROUPS = ("g0", "g1")
 @contextmanager
 def service(directory: Path, recompute_budget_s: float | None = None, source=None):
     """The app on a real store; ``recompute_budget_s`` 0: the list view serves every changed group as last
-    computed, the most staleness it allows."""
+    computed, the most staleness it allows (and the background refresher is stopped, so the test alone says
+    when a digest is computed)."""
     settings = Settings(db_path=directory / "capwatch.db", maintenance_interval_s=3600.0, fold_after_s=1800.0,
                         advisor={"full_confidence_history_s": 1800.0})
     clock = FakeClock()
@@ -40,6 +42,8 @@ def service(directory: Path, recompute_budget_s: float | None = None, source=Non
         if recompute_budget_s is not None:
             app.state.digests.recompute_budget_s = recompute_budget_s
         with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            if recompute_budget_s is not None:
+                app.state.digests.stop_refresher()
             yield client, store, clock, settings
     finally:
         store.close()
@@ -126,8 +130,12 @@ def test_a_changed_group_answers_fresh_advice_while_the_list_may_still_show_its_
         group = Group("g0")
         for _ in range(40):
             group.window(store, clock, 300)
-        assert listed(client)["g0"]["action"] == "lower"  # computed: nothing was cached yet
+        assert "g0" not in listed(client)  # no budget, and no refresher pass since it arrived: not yet listed
+        client.app.state.digests.refresh(0.0)  # a refresher pass with no time to compute: listed at once...
+        quick = listed(client)["g0"]
+        assert quick["pending"] and quick["action"] is None and quick["cap"] == 4096  # ...from its ranks' states
         assert client.get("/v1/clusters/g0/advice").json()["action"] == "lower"
+        assert listed(client)["g0"]["action"] == "lower"  # the advice request computed it
 
         group.window(store, clock, 5000)  # above the 4096 cap: an overflow
         assert listed(client)["g0"]["action"] == "lower"  # past its budget (0 s), the list shows the last digest
@@ -183,11 +191,162 @@ def test_a_report_committed_while_the_advice_is_computed_is_in_the_next_answer(t
         for _ in range(30):
             group.window(store, clock, 300)
         assert client.get("/v1/clusters/g0/advice").json()["current_cap"] == 4096
+        group.window(store, clock, 300, ranks=1)  # a new generation: the next read takes the states anew...
         rank = group.ranks[1]
         rank.restart()
         rank.cap = 8192  # the group's cap is the largest its live ranks run
         body = rank.report(clock.now - WINDOW_S, clock.now - 1, [300])
+        # ...and this report commits right after it took them (an unchanged generation reuses the states read)
         client.app.state.source.pending = (RankReport.model_validate(body, strict=False), clock.now)
         client.get("/v1/clusters/g0/advice")  # computed from the states read before the commit
         advice = client.get("/v1/clusters/g0/advice").json()
         assert advice["current_cap"] == 8192 and advice == fresh(store, settings, "g0", clock.now)
+
+
+def test_what_the_list_needs_is_computed_ahead_at_start_and_by_the_refresher(tmp_path):
+    """Issue #20, finding 6: the first list after 5,000 new clusters took 3.8 s, 6.6 s after a restart. At start
+    every group is computed before the first read; later groups are listed (pending) and then computed by the
+    background refresher, not by the reads (their budget is 0 here)."""
+    settings = Settings(db_path=tmp_path / "capwatch.db", maintenance_interval_s=3600.0)
+    clock = FakeClock()
+    store = Store(settings.db_path, store_options(settings), clock)
+    try:
+        early = [Group(f"early{index}") for index in range(20)]
+        for group in early:
+            group.window(store, clock, 300)
+        app = create_app(settings, store=store, clock=clock)
+        app.state.digests.recompute_budget_s = 0.0
+        with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            assert app.state.digests.refresh(0.0) == 0  # computed at start, before any read
+            assert all(not entry["pending"] and entry["error"] is None for entry in listed(client).values())
+            late = Group("late")
+            late.window(store, clock, 300)
+            wait_for(lambda: "late" in listed(client), 10, "the refresher to list the new group", poll_s=0.05)
+            wait_for(lambda: not listed(client)["late"]["pending"], 10, "the refresher to compute it", poll_s=0.05)
+            assert listed(client)["late"]["action"] == fresh(store, settings, "late", clock.now)["action"]
+    finally:
+        store.close()
+
+
+class ComputedBy:
+    """Which threads computed a digest (``digests._compute``): the background refresher, or a request."""
+
+    def __init__(self, monkeypatch):
+        import threading
+
+        from capwatch.service import digests
+
+        self.threads: list[str] = []
+        original = digests._compute
+
+        def counting(*args, **kwargs):
+            self.threads.append(threading.current_thread().name)
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(digests, "_compute", counting)
+
+    def by_requests(self) -> int:
+        return sum(name != "capwatch-digests" for name in self.threads)
+
+
+def test_after_a_restart_the_first_list_computes_nothing(tmp_path, monkeypatch):
+    """Issue #20, finding 6: the first list after a restart took 6.6 s, every group computed in that read. Every
+    group's digest is computed at start, before the first read (the lifespan), so the read only serves them."""
+    settings = Settings(db_path=tmp_path / "capwatch.db", maintenance_interval_s=3600.0)
+    clock = FakeClock()
+    store = Store(settings.db_path, store_options(settings), clock)
+    groups = [Group(f"r{index:03d}") for index in range(100)]
+    try:
+        for group in groups:
+            group.window(store, clock, 300)
+    finally:
+        store.close()
+    computed = ComputedBy(monkeypatch)
+    store = Store(settings.db_path, store_options(settings), clock)  # the restart: the same file, a new process
+    try:
+        app = create_app(settings, store=store, clock=clock)
+        with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+            app.state.digests.stop_refresher()
+            at_start = len(computed.threads)
+            assert at_start == len(groups)  # every group, once, before the first read
+            entries = listed(client)
+            assert sorted(entries) == [f"r{index:03d}" for index in range(100)]
+            assert all(not entry["pending"] and entry["action"] is not None for entry in entries.values())
+            assert len(computed.threads) == at_start  # the read computed none
+    finally:
+        store.close()
+
+
+def test_many_changed_groups_are_left_to_the_refresher_and_listed_from_their_states(tmp_path, monkeypatch):
+    """Issue #20, finding 6: under a steady write load a changed cap took 15 to 30 s to show, each read competing
+    to compute the changed groups. A read computes changed groups itself only when they are few (a deployment that
+    changes little reads what it just wrote); many are the refresher's: it lists every changed group at once from
+    its ranks' states (the new cap, ``pending``), then computes them."""
+    from capwatch.service import digests
+
+    monkeypatch.setattr(digests, "REFRESH_IDLE_S", 3600.0)  # the refresher runs, and waits for the test's word
+    computed = ComputedBy(monkeypatch)
+    with service(tmp_path) as (client, store, clock, settings):
+        refresher = client.app.state.digests
+        many = [Group(f"m{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS + 8)]
+        for group in many:
+            group.window(store, clock, 300)
+        refresher.refresh(float("inf"))  # a pass with time to compute every one
+        assert {entry["cap"] for entry in listed(client).values()} == {4096}
+        before = computed.by_requests()
+
+        for group in many:  # every group's ranks come back with another cap
+            for rank in group.ranks:
+                rank.restart()
+                rank.cap = 8192
+            group.window(store, clock, 300)
+        entries = listed(client)
+        assert computed.by_requests() == before  # too many for a read: it computed none...
+        assert {entry["cap"] for entry in entries.values()} == {4096}  # ...and served them as last computed
+        refresher.refresh(0.0)  # a refresher pass with no time to compute: every change listed at once
+        entries = listed(client)
+        assert {(entry["cap"], entry["pending"]) for entry in entries.values()} == {(8192, True)}
+        assert all(entry["action"] is not None for entry in entries.values())  # the advice as last computed
+        assert refresher.refresh(float("inf")) == 0
+        assert not any(entry["pending"] for entry in listed(client).values())
+        before = computed.by_requests()  # the test's own refresh passes computed them (on its thread)
+
+        few = many[:3]  # a few changed groups: the read computes them itself, and lists them fresh
+        for group in few:
+            group.window(store, clock, 5000)  # above the cap: an overflow
+        entries = listed(client)
+        # those, and the few whose ranks turned stale as the clock moved (a changed status is a change too)
+        assert len(few) <= computed.by_requests() - before <= digests.READ_RECOMPUTE_MAX_GROUPS
+        assert not any(entry["pending"] for entry in entries.values())
+        for group in few:
+            cluster = group.ranks[0].cluster
+            assert not entries[cluster]["pending"]
+            assert entries[cluster]["action"] == fresh(store, settings, cluster, clock.now)["action"]
+
+
+def test_a_changed_cap_shows_in_the_list_while_every_group_keeps_changing(tmp_path):
+    """Under a write load across many groups, a rank's changed cap shows in the list through the running
+    refresher alone (how soon, under the issue's 1,800 writes a second: ``python -m benchmarks many_clusters``)."""
+    from capwatch.service import digests
+
+    with service(tmp_path) as (client, store, clock, settings):
+        groups = [Group(f"w{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS * 3)]
+        for group in groups:
+            group.window(store, clock, 300)
+        # Too many new groups for a read to compute: each is listed once the refresher has passed (not before).
+        wait_for(lambda: len(listed(client)) == len(groups), 30, "the refresher to list every group", poll_s=0.05)
+        changed = groups[7]
+        assert listed(client)[changed.ranks[0].cluster]["cap"] == 4096
+        for rank in changed.ranks:
+            rank.restart()
+            rank.cap = 8192
+        rounds = 0
+
+        def shown() -> bool:
+            nonlocal rounds
+            rounds += 1
+            for group in groups:  # every group changes again before each read
+                group.window(store, clock, 300 + rounds % 7)
+            return listed(client)[changed.ranks[0].cluster]["cap"] == 8192
+
+        wait_for(shown, 30, "the changed cap to show in the list", poll_s=0.05)

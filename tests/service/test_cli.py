@@ -40,3 +40,28 @@ def test_advise_table_json_and_errors(tmp_path):
     assert "Traceback" not in down.stderr
     bad_port = capwatch("serve", "--port", "99999")
     assert bad_port.returncode == 2 and "port" in bad_port.stderr
+
+
+def test_advise_advises_every_cluster_it_can_and_names_the_others(tmp_path):
+    """Issue #20, finding 4: one draft-only report made `capwatch advise` fail for every cluster (exit 2), and
+    `--role draft` failed whenever a cluster had no draft ranks. A role a cluster lacks is not an error."""
+    with ServiceProcess(tmp_path / "capwatch.db") as server, httpx.Client(base_url=server.url, headers=JSON) as client:
+        start = time.time() - 3600
+        target = SimulatedRank("prod", 0, 1, cap=256)
+        draft_only = SimulatedRank("zz", 0, 1, cap=256, role="draft")
+        for window in range(25):
+            for rank in (target, draft_only):
+                body = rank.report(start + 60 * window, start + 60 * window + 59, [150, 200])
+                assert client.post("/v1/reports", content=json.dumps(body)).status_code == 202
+        table = capwatch("advise", "--url", server.url)
+        assert table.returncode == 0, table.stderr
+        assert "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=" in table.stdout
+        assert "zz: no 'target' ranks (roles: draft)" in table.stdout
+        drafts = json.loads(capwatch("advise", "--url", server.url, "--role", "draft", "--json").stdout)
+        by_cluster = {entry["cluster"]: entry for entry in drafts}
+        assert by_cluster["zz"]["role"] == "draft" and by_cluster["zz"]["current_cap"] == 256
+        assert by_cluster["prod"] == {"cluster": "prod", "role": "draft", "skipped": "no 'draft' ranks (roles: target)"}
+        nobody = capwatch("advise", "--url", server.url, "--role", "sp_prefill")
+        assert nobody.returncode == 2 and "no cluster has 'sp_prefill' ranks (clusters: prod, zz)" in nobody.stderr
+        explicit = capwatch("advise", "--url", server.url, "--cluster", "zz")  # asked for by name: said why not
+        assert explicit.returncode == 2 and "has no 'target' ranks; roles: draft" in explicit.stderr

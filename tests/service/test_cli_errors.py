@@ -48,6 +48,19 @@ def assert_one_line_usage_error(result: subprocess.CompletedProcess, command: st
     (["serve", "--prometheus-url", "notaurl"], {}, ["--prometheus-url", "'notaurl'"]),
     (["serve"], {"CAPWATCH_PROMETHEUS_URL": "ftp://x"}, ["CAPWATCH_PROMETHEUS_URL"]),
     (["serve", "--host", "no.such.host.invalid"], {}, ["--host"]),
+    # Issue #20, finding 5: finite but harmful settings, and a URL or token no request can carry.
+    (["serve"], {"CAPWATCH_WINDOW_S": "1e-300"}, ["CAPWATCH_WINDOW_S", "greater than or equal to 1"]),
+    (["serve"], {"CAPWATCH_BODY_TIMEOUT_S": "1e-300"}, ["CAPWATCH_BODY_TIMEOUT_S"]),
+    (["serve"], {"CAPWATCH_SEND_TIMEOUT_S": "1e9"}, ["CAPWATCH_SEND_TIMEOUT_S", "300"]),
+    (["serve"], {"CAPWATCH_HEADER_TIMEOUT_S": "0"}, ["CAPWATCH_HEADER_TIMEOUT_S"]),
+    (["serve"], {"CAPWATCH_MAX_CONNECTIONS": "2"}, ["CAPWATCH_MAX_CONNECTIONS", "16"]),
+    (["serve"], {"CAPWATCH_ADVISOR__HALF_LIFE_S": "1e-300"}, ["CAPWATCH_ADVISOR__HALF_LIFE_S"]),
+    (["serve"], {"CAPWATCH_ADVISOR__MAX_CAP": "2000000"}, ["CAPWATCH_ADVISOR__MAX_CAP", "1048576"]),
+    (["serve"], {"CAPWATCH_STALE_AFTER_S": "600", "CAPWATCH_MISSING_AFTER_S": "60"},
+     ["settings: CAPWATCH_MISSING_AFTER_S 60 is below CAPWATCH_STALE_AFTER_S 600"]),
+    (["serve"], {"CAPWATCH_READS_NEED_TOKEN": "true"}, ["CAPWATCH_READS_NEED_TOKEN needs a token"]),
+    (["serve", "--token", "s3cret\r\nX-Evil: 1"], {}, ["--token", "Authorization header"]),
+    (["serve"], {"CAPWATCH_PROMETHEUS_URL": "http://prometheus:abc"}, ["CAPWATCH_PROMETHEUS_URL", "port 'abc'"]),
 ])
 def test_serve_mistakes_are_one_line_and_create_nothing(tmp_path, args, env, names):
     before = set(tmp_path.iterdir())
@@ -67,7 +80,8 @@ def test_serve_on_a_port_in_use_fails_before_creating_the_database(tmp_path):
 
 def test_advise_mistakes_name_the_flag(tmp_path):
     line = assert_one_line_usage_error(capwatch(tmp_path, "advise", "--timeout", "-1"), "advise", "--timeout")
-    assert "positive" in line
+    assert "0.1..3600" in line
+    assert_one_line_usage_error(capwatch(tmp_path, "advise", "--timeout", "1e300"), "advise", "--timeout", "0.1..3600")
     assert_one_line_usage_error(capwatch(tmp_path, "advise", "--timeout", "soon"), "advise", "--timeout")
     assert_one_line_usage_error(capwatch(tmp_path, "advise", "--url", "localhost:8321"), "advise", "--url")
     down = capwatch(tmp_path, "advise", "--url", f"http://127.0.0.1:{free_port()}", "--timeout", "2")
@@ -124,3 +138,49 @@ def test_the_commands_import_their_error_at_the_top_and_never_the_cli():
                 assert node in top_level, f"{where} imports CommandError inside a function"
     own = ast.parse((package / "usage_errors.py").read_text())
     assert not [node for node in ast.walk(own) if isinstance(node, ast.ImportFrom) and "capwatch" in (node.module or "")]
+
+
+def _read_only(folder) -> None:
+    """A folder this user cannot create files in: chattr +i as root (root writes through 0555), else 0555."""
+    import os
+
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("root here cannot make a folder read-only (no chattr +i on this file system)")
+    else:
+        folder.chmod(0o555)
+
+
+def _writable(folder) -> None:
+    import os
+
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True)
+    folder.chmod(0o755)
+
+
+def test_a_database_in_a_read_only_folder_is_said_to_be_that_not_damaged(tmp_path):
+    """Issue #20, finding 8: an intact database in a read-only folder was reported as damaged, with the advice to
+    move it aside (to start with an empty one): data thrown away for a permission."""
+    import hashlib
+    import sqlite3
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    database = folder / "capwatch.db"
+    connection = sqlite3.connect(database, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("CREATE TABLE kept (value)")
+    connection.execute("INSERT INTO kept VALUES (1)")
+    connection.close()  # the last connection: the WAL is checkpointed and its two files removed
+    before = hashlib.sha256(database.read_bytes()).hexdigest()
+    _read_only(folder)
+    try:
+        result = capwatch(tmp_path, "serve", "--db", str(database), "--port", str(free_port()))
+    finally:
+        _writable(folder)
+    line = assert_one_line_usage_error(result, "serve", "--db", f"its folder {folder} is not writable",
+                                       "capwatch.db-wal", "the database was not touched")
+    assert "damaged" not in line and "move it aside" not in line
+    assert hashlib.sha256(database.read_bytes()).hexdigest() == before
+    assert sorted(path.name for path in folder.iterdir()) == ["capwatch.db"]

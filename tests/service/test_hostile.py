@@ -220,3 +220,79 @@ def _mutated(path: tuple, value) -> bytes:
         node = node[key]
     node[path[-1]] = value
     return json.dumps(body).encode()
+
+
+# --- issue #20's minor points: one header of each kind, a Host that is a host, headers on a 500 ---------------
+
+
+@pytest.mark.parametrize("name, values", [
+    ("Origin", ["http://evil.example", "http://localhost"]),  # was last-wins on the fast path: 202
+    ("Content-Type", ["text/plain", "application/json"]),
+    ("Host", ["localhost", "localhost"]),
+])
+@pytest.mark.parametrize("way", [DECLARED, CHUNKED])
+def test_a_header_a_rule_reads_is_given_once_or_refused(client, store, name, values, way):
+    body = json.dumps(report("dup")).encode()
+    headers = [("Content-Type", "application/json")] if name != "Content-Type" else []
+    headers += [(name, value) for value in values]
+    content = body if way == DECLARED else iter([body])
+    response = client.post("/v1/reports", content=content, headers=headers)
+    assert response.status_code == 400 and f"one {name} header" in response.json()["detail"], response.text
+    assert store.report_count() == 0
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:8321@evil.example", "localhost/evil", "localhost:80:80", "[::1",
+                                  "local host", ""])
+def test_a_host_header_that_is_not_a_host_is_refused(client, host):
+    response = client.get("/v1/clusters", headers={"Host": host})
+    assert response.status_code == 400 and "is not a host name or address" in response.json()["detail"]
+    assert response.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.parametrize("host", ["localhost", "localhost:8321", "127.0.0.1:1", "[::1]:8321", "LOCALHOST"])
+def test_a_loopback_host_with_or_without_port_is_served(client, host):
+    assert client.get("/healthz", headers={"Host": host}).status_code == 200
+
+
+def test_a_500_answer_carries_the_security_headers(tmp_path):
+    from capwatch.service.config import Settings
+    from capwatch.service.main import create_app
+    from fastapi.testclient import TestClient
+
+    class BrokenSource:  # a read that fails in a way no handler expects: Starlette's own 500
+        def clusters(self):
+            return ["x"]
+
+        def rank_states(self, cluster):
+            raise RuntimeError("the disk went away")
+
+    app = create_app(Settings(db_path=tmp_path / "t.db"), source=BrokenSource())
+    with TestClient(app, base_url="http://localhost", raise_server_exceptions=False) as client:
+        response = client.get("/v1/clusters/x")
+    assert response.status_code == 500
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+
+
+def test_reads_need_the_token_when_the_service_says_so(tmp_path):
+    from capwatch.service.config import Settings
+    from capwatch.service.main import create_app
+    from fastapi.testclient import TestClient
+
+    settings = Settings(db_path=tmp_path / "t.db", token="s3cret", reads_need_token=True)
+    bearer = {"Authorization": "Bearer s3cret"}
+    with TestClient(create_app(settings), base_url="http://localhost") as client:
+        body = json.dumps(SimulatedRank("r", 0, 1, cap=1024).report(T0, T0 + 10, [100])).encode()
+        client.app.state.clock = lambda: T0 + 20
+        assert client.post("/v1/reports", content=body, headers={**JSON, **bearer}).status_code == 202
+        for path in ("/v1/clusters", "/v1/clusters/r", "/v1/clusters/r/advice", "/v1/clusters/r/history",
+                     "/v1/clusters/r/whatif?cap=1024", "/metrics"):
+            refused = client.get(path)
+            assert refused.status_code == 401 and "CAPWATCH_READS_NEED_TOKEN" in refused.json()["detail"], path
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert client.get(path, headers={"Authorization": "Bearer nope"}).status_code == 401
+            assert client.get(path, headers=bearer).status_code == 200, path
+        for path in ("/healthz", "/", "/web/app.js", "/openapi.json"):  # no data in them: open
+            assert client.get(path).status_code == 200, path
+    with pytest.raises(ValueError, match="needs a token"):
+        Settings(db_path=tmp_path / "t.db", reads_need_token=True)

@@ -31,7 +31,8 @@ def _status(connection: socket.socket) -> int:
 
 def test_trickled_bodies_are_bounded_in_number_and_time(tmp_path):
     port = free_port()
-    settings = Settings(db_path=tmp_path / "slow.db", port=port, body_timeout_s=1.0, max_concurrent_bodies=HELD)
+    settings = Settings(db_path=tmp_path / "slow.db", port=port, body_timeout_s=1.0, max_concurrent_bodies=HELD,
+                        max_bodies_per_client=HELD)
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -54,7 +54,9 @@ def feed(client: TestClient, clock: FakeClock, cluster: str, caps: dict[str, int
 @pytest.fixture
 def counting(settings, store, clock):
     source = CountingSource(store)
-    with TestClient(create_app(settings, store=store, clock=clock, source=source), base_url="http://localhost", headers=JSON) as client:
+    app = create_app(settings, store=store, clock=clock, source=source)
+    with TestClient(app, base_url="http://localhost", headers=JSON) as client:
+        app.state.digests.stop_refresher()  # the counts are a request's own reads, not the background's
         yield client, source
 
 
@@ -66,10 +68,17 @@ def test_a_scrape_or_a_request_reads_each_clusters_ranks_once(counting, clock):
     assert client.get("/metrics").status_code == 200
     assert source.calls["rank_states"] == 2  # one per cluster, shared by both roles' view and advice
     assert source.calls["sample_history"] == 3  # one per (cluster, role)
-    for path, reads in (("/v1/clusters", 2), ("/v1/clusters/a", 1), ("/v1/clusters/a/advice", 1)):
+    # Unchanged since the scrape read them (same generation, no rank's status due to change): reused.
+    for path, reads in (("/v1/clusters", 0), ("/v1/clusters/a", 1), ("/v1/clusters/a/advice", 0)):
         source.calls.clear()
         assert client.get(path).status_code == 200
         assert source.calls["rank_states"] == reads, path
+    now = clock.now
+    feed(client, clock, "a", {"target": 256}, windows=1)  # cluster a changed: only its ranks are read again
+    clock.now = now  # (feed dates its reports from T0)
+    source.calls.clear()
+    assert client.get("/v1/clusters").status_code == 200
+    assert source.calls["rank_states"] == 1
 
 
 def test_every_cluster_gauge_carries_the_dispatcher(counting, clock):

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily
-
 from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.hooks import flashinfer as flashinfer_hooks
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 
 def test_defaults_export_on_loopback_and_report_nowhere():
@@ -39,12 +38,22 @@ def test_every_variable_is_read():
     ({"CAPWATCH_FINAL_REPORT_TIMEOUT_S": "-1"}, "CAPWATCH_FINAL_REPORT_TIMEOUT_S"),
     ({"CAPWATCH_FINAL_REPORT_TIMEOUT_S": "inf"}, "CAPWATCH_FINAL_REPORT_TIMEOUT_S"),
     ({"CAPWATCH_SERVICE_URL": "http://m:1", "CAPWATCH_REPORT_INTERVAL_S": "nan"}, "CAPWATCH_REPORT_INTERVAL_S"),
+    # Issue #20, finding 5: finite but harmful values, and a URL or token every send would fail with.
+    ({"CAPWATCH_REPORT_INTERVAL_S": "1e10"}, "CAPWATCH_REPORT_INTERVAL_S='1e10' is outside 0.5..3600 seconds"),
+    ({"CAPWATCH_REPORT_INTERVAL_S": "1e-300"}, "CAPWATCH_REPORT_INTERVAL_S='1e-300' is outside 0.5..3600 seconds"),
+    ({"CAPWATCH_FINAL_REPORT_TIMEOUT_S": "1e9"}, "CAPWATCH_FINAL_REPORT_TIMEOUT_S='1e9' is outside 0.1..60 seconds"),
+    ({"CAPWATCH_SERVICE_URL": "http://monitor:abc"}, "CAPWATCH_SERVICE_URL='http://monitor:abc': its port 'abc'"),
+    ({"CAPWATCH_SERVICE_URL": "http://monitor:8321/\r\nX: y"}, "CAPWATCH_SERVICE_URL"),
+    ({"CAPWATCH_SERVICE_URL": "http://monitor\x00:8321"}, "CAPWATCH_SERVICE_URL"),
+    ({"CAPWATCH_SERVICE_URL": "http://m:1", "CAPWATCH_TOKEN": "s3cret\r\nX-Evil: 1"}, "CAPWATCH_TOKEN: it contains"),
+    ({"CAPWATCH_SERVICE_URL": "http://m:1", "CAPWATCH_TOKEN": "s3cr\u00e9t\u2603"}, "CAPWATCH_TOKEN: it contains non-ASCII"),
 ])
 def test_a_bad_variable_is_one_clear_line_naming_it(environ, names):
     with pytest.raises(SettingsError) as error:
         load(environ)
     message = str(error.value)
-    assert names in message and "\n" not in message
+    assert names in message and "\n" not in message and "\r" not in message
+    assert "s3cr" not in message  # a token's value is never echoed
 
 
 @pytest.mark.parametrize("raw, allowed", [("1", True), ("true", True), ("0", False), ("", False)])

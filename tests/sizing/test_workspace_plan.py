@@ -1,5 +1,5 @@
 import pytest
-from capwatch.sizing.caps import align_up
+from capwatch.sizing.caps import MAX_CAP_TOKENS, align_up
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import MODEL_PRESETS, custom_geometry, model_geometry
@@ -85,8 +85,9 @@ def test_version_0_7_4_plans_nvlink_one_sided():
         (dict(ep_size=0), "ep_size must be positive"),
         (dict(ep_size=65), "limit of 64 ranks"),
         (dict(ep_size=512, flashinfer_version="0.7.4"), "limit of 256 ranks"),
-        (dict(cap=0), "cap must be positive"),
-        (dict(cap=-5), "cap must be positive"),
+        (dict(cap=0), r"cap 0 is outside 1\.\.1048576"),
+        (dict(cap=-5), r"cap -5 is outside 1\.\.1048576"),
+        (dict(cap=(1 << 20) + 1), r"outside 1\.\.1048576 tokens per rank"),  # the one range (sizing/backends.py)
         (dict(geometry=custom_geometry(4096, 23, 64)), "top_k 23 exceeds .*kMaxTopK of 22"),
         (dict(geometry=custom_geometry(4096, 10, 64), flashinfer_version="0.6.7"), "kMaxTopK of 8"),
         (dict(geometry=custom_geometry(4096, 5, 64), flashinfer_version="0.7.4"), "supports top_k in"),
@@ -98,7 +99,7 @@ def test_version_0_7_4_plans_nvlink_one_sided():
         (dict(mode="vllm"), "unknown mode"),
         (dict(geometry=model_geometry("gpt-oss-120b"), payload_format="nvfp4", flashinfer_version="0.7.4",
               lamport_max_tokens=128), "hidden_size % 256"),
-        (dict(cap=1 << 30, mode="sglang-legacy"), "int32"),
+        (dict(cap=1 << 30, mode="sglang-legacy"), "outside 1..1048576"),
         (dict(eplb_stats_num_experts=256, mode="sglang"), "no EPLB stats region"),
     ],
 )
@@ -129,8 +130,10 @@ def test_budget_answer_is_the_largest_fitting_aligned_cap(name, ep_size, budget,
         assert "no cap fits" in str(error)
         assert plan_workspace(cap=128, **options).workspace_bytes_per_rank > budget
         return
-    assert best.cap % 128 == 0
+    assert best.cap % 128 == 0 and 1 <= best.cap <= MAX_CAP_TOKENS  # never outside the one range
     assert best.workspace_bytes_per_rank <= budget
+    if best.cap == MAX_CAP_TOKENS:  # the budget holds more than any cap capwatch sizes
+        return
     assert plan_workspace(cap=best.cap + 128, **options).workspace_bytes_per_rank > budget
 
 

@@ -5,22 +5,21 @@ import time
 
 import pytest
 import torch
-
-from prometheus_client.parser import text_string_to_metric_families
-
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import RankExporter
-from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import (
     Delivery,
     HttpReportSender,
     RankReporter,
     ReporterOptions,
+    SendResult,
     classify_status,
     new_boot_id,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 from .sink import ReportSink
 
@@ -190,6 +189,33 @@ def test_an_unexpected_error_in_the_sender_never_ends_reporting_or_reaches_the_d
     assert_exactly_once(sink, reporter, counters, final_reasons=("overflow", "shutdown"))
 
 
+def test_a_failure_is_counted_every_time_and_logged_once_per_change_of_state(sink, caplog):
+    """Issue #20, finding 5: a token the HTTP library refused logged a traceback on every send. Each failed send
+    is counted; the log says when the reporter enters a failing state and when it leaves it, never per send."""
+    counters = DispatchCounters(CAP, EP_SIZE)
+    http_sender = HttpReportSender(ReporterOptions(sink.url))
+    script = ["error"] * 5 + ["busy"] * 5 + ["ok"] + ["error"] * 3  # then "ok" for ever
+
+    def sender(report):
+        kind = script.pop(0) if script else "ok"
+        if kind == "error":
+            raise ValueError("Invalid header value b'Bearer a\\r\\nb'")  # what http.client raised
+        if kind == "busy":
+            return SendResult(Delivery.RETRY, "HTTP 503 busy")
+        return http_sender(report)
+
+    with caplog.at_level(logging.INFO, logger="capwatch.telemetry.reporter"):
+        reporter = make_reporter(sink, counters, sender=sender).start()
+        dispatch(counters, 4)
+        wait_for(lambda: not script and reporter.stats().delivered >= 2)
+        assert reporter.close("shutdown", timeout_s=10)
+    assert reporter.stats().send_failures == 13
+    assert caplog.text.count("capwatch reporter error") == 2  # two streaks of errors: a traceback each
+    assert caplog.text.count("Traceback") == 2
+    assert caplog.text.count("did not take a report (HTTP 503") == 1
+    assert caplog.text.count("accepts reports again") == 2
+
+
 def test_a_hanging_service_never_holds_the_dispatch_and_flush_final_waits_only_its_timeout(sink):
     counters = DispatchCounters(CAP, EP_SIZE)
     sink.hang.set()
@@ -317,10 +343,19 @@ def test_status_classification(status, verdict):
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(service_url="127.0.0.1:8000"), "must look like http://host:port"),
-    (dict(service_url="ftp://x"), "must look like"),
-    (dict(service_url="http://x", interval_s=0), "interval_s must be > 0"),
-    (dict(service_url="http://x", interval_s=float("nan")), "interval_s must be > 0"),
+    (dict(service_url="127.0.0.1:8000"), "not an http\\(s\\) URL with a host, like http://127.0.0.1:8321"),
+    (dict(service_url="ftp://x"), "not an http\\(s\\) URL"),
+    (dict(service_url="http://x:abc"), "port 'abc' is not a number in 1..65535"),
+    (dict(service_url="http://x:8321/\r\nHost: evil"), "the character '\\\\r'"),
+    (dict(service_url="http://x\x00:8321"), "the character '\\\\x00'"),
+    (dict(service_url="http://user:pw@x:8321"), "user:password@"),
+    (dict(service_url="http://x", bearer_token="a\r\nb"), "Authorization header: it contains the character"),
+    (dict(service_url="http://x", bearer_token="caf\u00e9\u2603"), "non-ASCII"),
+    (dict(service_url="http://x", interval_s=0), "interval_s must be within 0.01..86400 s"),
+    (dict(service_url="http://x", interval_s=1e10), "interval_s must be within"),  # Event.wait overflowed: 100 % CPU
+    (dict(service_url="http://x", interval_s=1e-300), "interval_s must be within"),  # 1,100 reports a second
+    (dict(service_url="http://x", interval_s=float("nan")), "interval_s must be within"),
+    (dict(service_url="http://x", request_timeout_s=1e9), "request_timeout_s must be within"),
     (dict(service_url="http://x", max_pending_reports=2), "max_pending_reports must be >= 3"),
     (dict(service_url="http://x", backoff_initial_s=5, backoff_max_s=1), "backoff_max_s"),
 ])

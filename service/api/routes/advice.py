@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, status
-
 from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.queries import AdviceUnavailable, cluster_whatif
-from capwatch.telemetry.report import MAX_CAP_TOKENS
+from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.checks import SizingError
+from fastapi import APIRouter, HTTPException, Query, status
 
 router = APIRouter(prefix="/v1/clusters", tags=["advice"])
 
@@ -48,9 +48,10 @@ def get_whatif(
     role: RoleQuery = "target",
 ) -> list[WhatIf]:
     for value in cap:
-        if not 1 <= value <= MAX_CAP_TOKENS:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                                f"cap {value} is out of range: caps are 1..{MAX_CAP_TOKENS} tokens")
+        try:
+            FLASHINFER.check_cap(value)  # the one range of caps (sizing/backends.py), the page's too
+        except SizingError as error:
+            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     try:
         return cluster_whatif(source, cluster, role, cap, clock(), settings)
     except LookupError as error:

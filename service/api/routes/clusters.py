@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
-from pydantic import AfterValidator, BaseModel
-
-from capwatch.service.advisor.sample import RankInterval, group_samples
-from capwatch.service.cluster_view import ClusterView
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
+from capwatch.service.api.history_stream import history_json
+from capwatch.service.api.streaming import json_array
+from capwatch.service.cluster_view import ClusterView
 from capwatch.service.digests import ClusterSummary
 from capwatch.service.queries import cluster_view, role_states
 from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
+from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi.responses import StreamingResponse
+from pydantic import AfterValidator, BaseModel
 
 router = APIRouter(prefix="/v1/clusters", tags=["clusters"])
 ClusterName = Annotated[str, Path(min_length=1, max_length=128, pattern=NAME_PATTERN),
@@ -62,9 +63,10 @@ def not_found(error: LookupError) -> HTTPException:
             description=("A group whose advice cannot be computed is listed with its error (and no action); "
                          "the others are unaffected. Each group is recomputed only when it changed."))
 def list_clusters(digests: DigestsDep) -> Response:
-    # Pre-serialised per group (see capwatch.service.digests): the response is their concatenation.
-    body = b"[" + b",".join(digest.summary_json for digest in digests.every_group(all_roles=False)) + b"]"
-    return Response(body, media_type="application/json")
+    # Pre-serialised per group (see capwatch.service.digests) and streamed: the answer is their concatenation,
+    # handed out a piece at a time as the client reads, so a client that does not read holds no copy of it.
+    return StreamingResponse(json_array([digest.summary_json for digest in digests.every_group(all_roles=False)]),
+                             media_type="application/json")
 
 
 @router.get("/{cluster}", response_model=ClusterView, summary="Ranks, group peaks and consistency findings",
@@ -85,7 +87,7 @@ def get_history(
     since_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: one hour before until")] = 0.0,
     until_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: now")] = 0.0,
     limit: Annotated[int, Query(ge=1, le=100_000, description="Most rank intervals returned (newest kept)")] = 20_000,
-) -> ClusterHistory:
+) -> Response:
     try:
         role_states(source, cluster, role)  # the group exists
     except LookupError as error:
@@ -94,19 +96,6 @@ def get_history(
     since = since_s or until - 3600.0
     if since > until:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "since_s must not be after until_s")
-    rows = source.interval_rows(cluster, role, since, until, limit)
-    by_rank: dict[int, list[HistoryPoint]] = {}
-    for row in rows:
-        by_rank.setdefault(row.ep_rank, []).append(HistoryPoint(
-            interval_end_unix_s=row.interval_end_unix_s, peak_runtime_tokens=row.peak_runtime_tokens, cap=row.cap,
-            utilization=row.peak_runtime_tokens / row.cap, forward_steps=row.forward_steps,
-            overflow_events=row.overflow_events, max_local_tokens=row.max_local_tokens))
-    samples = group_samples((RankInterval(row.ep_rank, row.interval_end_unix_s, row.peak_runtime_tokens, row.cap,
-                                          row.overflow_events, row.forward_steps) for row in rows), settings.window_s)
-    return ClusterHistory(
-        cluster=cluster, role=role, since_unix_s=since, until_unix_s=until, window_s=settings.window_s,
-        truncated=len(rows) >= limit,
-        ranks=[RankSeries(ep_rank=rank, points=points) for rank, points in sorted(by_rank.items())],
-        group=[GroupPoint(window_start_unix_s=sample.window_start_s, peak_runtime_tokens=sample.peak_runtime_tokens,
-                          cap=sample.cap, utilization=sample.peak_runtime_tokens / sample.cap,
-                          overflow_events=sample.overflow_events, ranks=len(sample.ranks)) for sample in samples])
+    # Streamed a page of rows at a time (history_stream.py): a request holds a page, never the whole range.
+    return StreamingResponse(history_json(source, cluster, role, since, until, limit, settings.window_s),
+                             media_type="application/json")

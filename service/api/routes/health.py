@@ -1,4 +1,6 @@
-"""``/healthz``: liveness plus which source the service reads."""
+"""``/healthz``: liveness plus which source the service reads, and whether its database file is still the one it
+opened (``degraded``, with what happened: the process is alive, but takes no report; a restart would start an
+empty database if the file was deleted, so this says so instead of failing the probe)."""
 
 from __future__ import annotations
 
@@ -9,10 +11,16 @@ router = APIRouter(tags=["health"])
 
 
 class Health(BaseModel):
-    status: str
+    status: str  # "ok", or "degraded" when the database file was lost (see ``problem``)
     source: str  # "sqlite" or "prometheus"
+    problem: str | None = None
 
 
 @router.get("/healthz", response_model=Health, summary="Liveness")
-def healthz(request: Request) -> Health:
-    return Health(status="ok", source="sqlite" if request.app.state.store is not None else "prometheus")
+async def healthz(request: Request) -> Health:
+    # On the event loop, not in the thread pool: it answers while every pool thread is busy with reads.
+    store = request.app.state.store
+    if store is None:
+        return Health(status="ok", source="prometheus")
+    lost = store.lost
+    return Health(status="degraded" if lost else "ok", source="sqlite", problem=lost)

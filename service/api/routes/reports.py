@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from capwatch.service.api.report_rules import (BodyGate, Refusal, RejectedReport, clock_tolerance_s,  # noqa: F401
                                                header_refusal, json_detail, parse_report)
-from capwatch.service.store.errors import ReportNotStorable, StoreUnavailable
+from capwatch.service.store.errors import ReportNotStorable, StoreFull, StoreUnavailable
 from capwatch.telemetry.report import RankReport
 
 router = APIRouter(prefix="/v1", tags=["reports"])
@@ -33,13 +33,14 @@ ACCEPTED_BODY = IngestResponse(accepted=True, duplicate=False).model_dump_json()
 DUPLICATE_BODY = IngestResponse(accepted=True, duplicate=True).model_dump_json().encode()
 
 
-async def answer(state, headers: dict[str, str], receive: Receive, started: float) -> tuple[int, bytes, dict]:
+async def answer(state, headers: dict[str, str], receive: Receive, started: float,
+                 client: str | None) -> tuple[int, bytes, dict]:
     """Every rule, then the store: the status, body and extra headers of the answer. Both ways in."""
     settings, metrics = state.settings, state.metrics
     refusal = header_refusal(headers.get("authorization", ""), headers.get("content-type"),
                              headers.get("content-length"), settings, headers.get("origin"), headers.get("host"))
     if refusal is None:
-        read = await state.body_gate.read(receive)
+        read = await state.body_gate.read(receive, client)
         if isinstance(read, Refusal):
             refusal = read
         else:
@@ -66,6 +67,10 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
         metrics.reports_rejected.labels("unavailable").inc()
         return (status.HTTP_503_SERVICE_UNAVAILABLE, json_detail(f"{error}; retry later"),
                 {"Retry-After": str(error.retry_after_s)})
+    except StoreFull as error:  # a 4xx a rank retries (429): it keeps the report buffered until there is room
+        metrics.reports_rejected.labels("full").inc()
+        return (status.HTTP_429_TOO_MANY_REQUESTS, Refusal(429, "full", str(error)).body(),
+                {"Retry-After": str(error.retry_after_s)})
     except ReportNotStorable as error:
         metrics.reports_rejected.labels("invalid").inc()
         return status.HTTP_422_UNPROCESSABLE_CONTENT, Refusal(422, "invalid", str(error)).body(), {}
@@ -91,6 +96,9 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
                403: {"model": RejectedReport, "description": "Sent by a web page of another origin"},
                408: {"model": RejectedReport, "description": "The body did not arrive within body_timeout_s"},
                413: {"model": RejectedReport, "description": "Body too large"},
+               429: {"model": RejectedReport, "description": (
+                   "Not stored: the report would add a cluster or a rank past the service's bounds "
+                   "(CAPWATCH_MAX_CLUSTERS, CAPWATCH_MAX_RANKS); Retry-After says when to try again")},
                415: {"model": RejectedReport, "description": "Not application/json"},
                422: {"model": RejectedReport, "description": (
                    "Invalid report (a field, a release or layout FlashInfer would refuse), or times the service's "
@@ -106,7 +114,7 @@ async def post_report(request: Request) -> Response:
     started = time.perf_counter()
     headers = {name: request.headers.get(name) for name in _WANTED.values()}
     status_code, body, extra = await answer(request.app.state, {k: v for k, v in headers.items() if v is not None},
-                                            request.receive, started)
+                                            request.receive, started, request.client.host if request.client else None)
     return Response(body, status_code=status_code, media_type="application/json", headers=extra)
 
 
@@ -132,7 +140,9 @@ class ReportFastPath:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status_code, body, extra = await answer(scope["app"].state, headers, receive, started)
+        client = scope.get("client")
+        status_code, body, extra = await answer(scope["app"].state, headers, receive, started,
+                                                client[0] if client else None)
         response_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             *((name.lower().encode(), value.encode()) for name, value in extra.items())]
         await send({"type": "http.response.start", "status": status_code, "headers": response_headers})

@@ -24,7 +24,7 @@ from capwatch.service.advisor.folding import history_of
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.sample import WINDOW_FIELDS, GroupSample, sample_of
 from capwatch.service.config import Settings
-from capwatch.service.sources.contract import IntervalRow, RankState, overflow_key
+from capwatch.service.sources.contract import IntervalPages, IntervalRow, RankState, overflow_key, pages_of
 from capwatch.service.sources.prometheus.api import MAX_POINTS, PrometheusAPI
 from capwatch.service.sources.prometheus.promql import selector
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
@@ -185,6 +185,11 @@ class PrometheusSource:
                                                key=lambda item: (item[0][1], item[0][0]))
                 if (rank, at) in steps and caps.get((rank, at), 0) >= 1]
         return rows[-limit:]
+
+    def interval_pages(self, cluster: str, role: str, since_unix_s: float, until_unix_s: float, limit: int,
+                       orders: tuple[str, ...], page_rows: int = 2000) -> IntervalPages:
+        # Its rows are read at once, bounded by MAX_POINTS windows per rank.
+        return pages_of(self.interval_rows(cluster, role, since_unix_s, until_unix_s, limit), limit, orders, page_rows)
 
     def close(self) -> None:
         self.api.close()

@@ -1,0 +1,232 @@
+"""The HTTP server ``capwatch serve`` runs: uvicorn's httptools protocol with every connection bounded, so no
+client can hold the service's memory, file descriptors or event loop:
+
+- at most ``max_connections`` open at once: one more is answered 503 and closed at once;
+- the request line and headers must arrive within ``header_timeout_s`` of the connection opening (or of the
+  previous answer), and be at most ``MAX_HEADER_BYTES`` (408 and 431, then closed): a client that never finishes
+  its headers is closed, not kept;
+- at most ``MAX_PIPELINED`` requests may wait behind the one being answered (a client pipelining more is dropped);
+- at most ``output_buffer_bytes`` of answers are buffered for one client (in the process, and as the socket's send
+  buffer in the kernel): past it the answer waits for the client to read, and a client that takes nothing for
+  ``send_timeout_s`` is dropped with what was buffered for it. Answers reach the connection in pieces
+  (``capwatch.service.api.guard``, ``capwatch.service.api.streaming``), so one answer cannot overshoot the bound.
+
+uvicorn has none of these bounds (a connection that sends nothing is kept for ever, and an answer is buffered
+whole whether or not the client reads it); they are added to its protocol here, and ``capwatch serve`` runs it.
+Each drop is counted (``capwatch_connections_dropped_total{reason}``) and logged at most once a minute per reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httptools
+from capwatch.service.config import Settings
+from capwatch.service.vocabulary import DropReason
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+# The request line and headers of one request: a rank sends a few hundred bytes, a browser a few KiB.
+MAX_HEADER_BYTES = 32 * 1024
+# Requests parsed and waiting behind the one being answered (HTTP/1.1 pipelining): each costs memory until answered.
+MAX_PIPELINED = 16
+LOG_EVERY_S = 60.0
+
+
+
+@dataclass
+class DropLog:
+    """Counts every drop, and logs one line per reason at most every ``LOG_EVERY_S`` (a flood is one line)."""
+
+    count: Callable[[DropReason], None] = lambda reason: None
+    _logged: dict[str, float] = field(default_factory=dict)
+    _since: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self, reason: DropReason, client: tuple | None, detail: str) -> None:
+        self.count(reason)
+        self._since[reason] = self._since.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._logged.get(reason, float("-inf")) >= LOG_EVERY_S:
+            log.warning("dropped a connection from %s: %s (%d such drop(s) since the last line)",
+                        client[0] if client else "an unknown client", detail, self._since.pop(reason))
+            self._logged[reason] = now
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    header_timeout_s: float
+    send_timeout_s: float
+    output_buffer_bytes: int
+    dropped: DropLog = field(default_factory=DropLog)
+
+    @classmethod
+    def of(cls, settings: Settings, count: Callable[[DropReason], None] = lambda reason: None) -> ConnectionLimits:
+        return cls(settings.max_connections, settings.header_timeout_s, settings.send_timeout_s,
+                   settings.output_buffer_bytes, DropLog(count))
+
+
+def plain_answer(status: int, detail: str) -> bytes:
+    """A complete HTTP/1.1 answer that closes the connection (for refusals made before any ASGI app runs)."""
+    body = detail.encode()
+    return b"".join([STATUS_LINE[status], b"content-type: text/plain; charset=utf-8\r\n",
+                     b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n", body])
+
+
+class _Stop(Exception):
+    """Raised from a parser callback to stop parsing this connection's input."""
+
+
+class BoundedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol within ``ConnectionLimits`` (see the module's docstring)."""
+
+    def __init__(self, *args, limits: ConnectionLimits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._refused = False  # over max_connections: answered 503, closing
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._output_timer: asyncio.TimerHandle | None = None
+        self._header_bytes = 0
+        self._in_headers = False
+        self._stop: tuple[DropReason, int | None, str] | None = None  # why parsing stopped: reason, status (None: drop)
+
+    # --- connections ---------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= self.limits.max_connections:
+            self._refused = True
+            self.transport = transport
+            self.client = transport.get_extra_info("peername")
+            transport.write(plain_answer(503, f"the service holds {self.limits.max_connections} connections, its "
+                                              "bound (CAPWATCH_MAX_CONNECTIONS); retry later\n"))
+            transport.close()
+            self.limits.dropped("too_many_connections", self.client,
+                                f"{self.limits.max_connections} connections are open (CAPWATCH_MAX_CONNECTIONS)")
+            return
+        super().connection_made(transport)
+        transport.set_write_buffer_limits(high=self.limits.output_buffer_bytes)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # the kernel's share too: its default grows to MiBs per connection a client ignores
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.output_buffer_bytes)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._header_timer, self._output_timer):
+            if timer is not None:
+                timer.cancel()
+        self._header_timer = self._output_timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, less its log line per malformed request (a flood of them is one line a minute here)."""
+        if self._refused or self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            pass  # no WebSocket here (ws="none"): the request is answered as plain HTTP
+        except httptools.HttpParserError:
+            reason, status, detail = self._stop or ("malformed_request", 400, "the request is not valid HTTP/1.1\n")
+            if status is not None:
+                self.transport.write(plain_answer(status, detail))
+                self.transport.close()
+            else:  # answers are in flight: nothing more can be said on this connection
+                self.transport.abort()
+            self.limits.dropped(reason, self.client, detail.strip())
+
+    # --- the request line and headers: in time, and bounded ------------------------------------------
+
+    def _arm_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        self._header_timer = self.loop.call_later(self.limits.header_timeout_s, self._header_timed_out)
+
+    def _header_timed_out(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        if self._in_headers:  # a request was begun and not finished: say why it is cut
+            self.transport.write(plain_answer(408, f"the request headers did not arrive within "
+                                                   f"{self.limits.header_timeout_s:g} s (CAPWATCH_HEADER_TIMEOUT_S)\n"))
+        self.transport.close()
+        self.limits.dropped("header_timeout", self.client,
+                            f"no complete request headers within {self.limits.header_timeout_s:g} s")
+
+    def on_message_begin(self) -> None:
+        self._header_bytes = 0
+        self._in_headers = True
+        super().on_message_begin()
+
+    def _count_header_bytes(self, size: int) -> None:
+        self._header_bytes += size
+        if self._header_bytes > MAX_HEADER_BYTES:
+            self._stop = ("header_too_large", 431, f"the request line and headers exceed {MAX_HEADER_BYTES} bytes\n")
+            raise _Stop
+
+    def on_url(self, url: bytes) -> None:
+        self._count_header_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_header_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+        super().on_headers_complete()
+        if len(self.pipeline) > MAX_PIPELINED:
+            self._stop = ("pipelined", None, f"more than {MAX_PIPELINED} requests pipelined unanswered")
+            raise _Stop
+
+    def on_response_complete(self) -> None:
+        waiting = bool(self.pipeline)
+        super().on_response_complete()
+        if not waiting and not self.transport.is_closing():
+            self._arm_header_timer()  # the next request's headers: in time too
+
+    # --- answers: bounded, and dropped when the client does not read -------------------------------
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._watch_output(self.transport.get_write_buffer_size())
+
+    def resume_writing(self) -> None:
+        if self._output_timer is not None:
+            self._output_timer.cancel()
+            self._output_timer = None
+        super().resume_writing()
+
+    def _watch_output(self, buffered: int) -> None:
+        if self._output_timer is not None:
+            self._output_timer.cancel()
+        self._output_timer = self.loop.call_later(self.limits.send_timeout_s, self._output_checked, buffered)
+
+    def _output_checked(self, buffered_then: int) -> None:
+        """While writing is paused nothing more is written, so the buffer only shrinks as the client reads."""
+        self._output_timer = None
+        if self.transport.is_closing() or not self.flow.write_paused:
+            return
+        buffered = self.transport.get_write_buffer_size()
+        if buffered < buffered_then:  # it reads, slowly: wait on
+            self._watch_output(buffered)
+            return
+        self.transport.abort()  # frees what was buffered for it; the answer's sends return at once
+        self.limits.dropped("not_reading", self.client,
+                            f"it read nothing of its answer for {self.limits.send_timeout_s:g} s "
+                            f"({buffered} bytes buffered; CAPWATCH_SEND_TIMEOUT_S)")
+
+
+def protocol_factory(limits: ConnectionLimits) -> Callable[..., BoundedHttpProtocol]:
+    """What ``uvicorn.Config(http=...)`` takes: the bounded protocol with these limits."""
+    return functools.partial(BoundedHttpProtocol, limits=limits)

@@ -1,0 +1,98 @@
+"""Issue #20, finding 2: 64 connections each declaring a 1,000-byte report, sending "{" and reconnecting when dropped
+kept the service's body slots full, and 202 of one honest rank's 206 reports in 60 s got 503. Against a real
+`capwatch serve` on loopback, for a bounded time (~10 s): a body that comes with its headers takes no slot, and
+one address holds at most its share of the slots."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from capwatch.telemetry.report import RankReport
+from capwatch.telemetry.reporter import HttpReportSender, ReporterOptions
+
+from tests.support.raw_http import read_all, status_of
+from tests.support.service import ServiceProcess
+from tests.support.simulate import SimulatedRank
+
+SLOW_CLIENTS = 64
+SLOW_BODY = b"POST /v1/reports HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{"
+
+
+class SlowClients:
+    """``count`` clients from ``source`` that declare a body, send one byte of it, and reconnect when answered."""
+
+    def __init__(self, port: int, count: int, source: str = "127.0.0.1"):
+        self.port, self.source = port, source
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(count)]
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=30,
+                                              source_address=(self.source, 0)) as sock:
+                    sock.sendall(SLOW_BODY)
+                    self.statuses.append(status_of(read_all(sock, timeout_s=30)))
+            except OSError:
+                pass
+            # Reconnect, at a pace the machine's ephemeral ports last (each closed connection holds one in
+            # TIME_WAIT for a minute): without it, refused clients reconnecting at once ran this host out of them.
+            time.sleep(0.05)
+
+    def __enter__(self) -> SlowClients:
+        for thread in self.threads:
+            thread.start()
+        time.sleep(1.0)  # they hold what they can
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(timeout=40)
+
+
+def honest_reports(url: str, cluster: str, count: int) -> list[str]:
+    """Sent the way a rank sends them: the reporter's own HTTP sender."""
+    rank = SimulatedRank(cluster, 0, 1, cap=1024)
+    send = HttpReportSender(ReporterOptions(url, request_timeout_s=30.0))
+    details = []
+    for _ in range(count):
+        now = time.time()
+        details.append(send(RankReport.model_validate(rank.report(now - 1, now, [100]), strict=False)).detail)
+        time.sleep(0.1)
+    return details
+
+
+def test_an_honest_ranks_reports_are_accepted_while_64_slow_clients_try(tmp_path):
+    with ServiceProcess(tmp_path / "fair.db", env={"CAPWATCH_BODY_TIMEOUT_S": "3"}) as service:
+        with SlowClients(service.port, SLOW_CLIENTS) as slow:
+            answers = honest_reports(service.url, "honest", 40)
+        assert answers == ["HTTP 202"] * 40
+        assert 408 in slow.statuses and 503 in slow.statuses  # they were there, held and refused
+
+
+def test_one_address_holds_at_most_its_share_and_a_body_that_trickles_in_from_another_gets_a_slot(tmp_path):
+    """A rank whose report arrives in two pieces needs a slot: 64 slow clients from one address hold at most
+    CAPWATCH_MAX_BODIES_PER_CLIENT of them, and the rank, from another address, gets one."""
+    env = {"CAPWATCH_BODY_TIMEOUT_S": "5", "CAPWATCH_MAX_CONCURRENT_BODIES": "16", "CAPWATCH_MAX_BODIES_PER_CLIENT": "4"}
+    with ServiceProcess(tmp_path / "share.db", env=env) as service:
+        with SlowClients(service.port, SLOW_CLIENTS, source="127.0.0.2") as slow:
+            rank = SimulatedRank("split", 0, 1, cap=1024)
+            accepted = []
+            for _ in range(5):
+                now = time.time()
+                body = json.dumps(rank.report(now - 1, now, [100])).encode()
+                with socket.create_connection(("127.0.0.1", service.port), timeout=30,
+                                              source_address=("127.0.0.3", 0)) as sock:
+                    sock.sendall(b"POST /v1/reports HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                                 b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
+                    time.sleep(0.2)  # the rest comes later: this body waits, in a slot
+                    sock.sendall(body[10:])
+                    accepted.append(status_of(read_all(sock)))
+        assert accepted == [202] * 5
+        held = [status for status in slow.statuses if status == 408]
+        assert held and slow.statuses.count(503) > len(held)  # most were refused their share at once

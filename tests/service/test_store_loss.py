@@ -1,0 +1,103 @@
+"""Issue #20, finding 7: a database file deleted under the service went unnoticed: reports kept getting 202, /advice
+and /history answered 500, and after a restart all 150 acknowledged reports were gone. And a `chattr +i` on the
+database while running ended the service with SIGBUS. Against a real `capwatch serve`: the loss is noticed, no
+report is acknowledged into a lost file (503, which ranks retry), reads that need the file answer 503, /healthz
+says degraded, and the log says what happened, once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from tests.service.conftest import JSON
+from tests.support.service import ServiceProcess
+from tests.support.simulate import SimulatedRank
+from tests.support.waiting import wait_for
+
+
+def post(client: httpx.Client, rank: SimulatedRank) -> httpx.Response:
+    now = time.time()
+    return client.post("/v1/reports", content=json.dumps(rank.report(now - 5, now, [100, 200])))
+
+
+def noticed(client: httpx.Client, rank: SimulatedRank, words: str) -> httpx.Response:
+    """The first report after the change (the writer looks before every commit): refused, saying what happened."""
+    response = post(client, rank)
+    assert response.status_code == 503, response.text
+    assert words in response.json()["detail"] and response.headers["retry-after"] == "60"
+    return response
+
+
+def assert_lost_everywhere(service: ServiceProcess, client: httpx.Client, rank: SimulatedRank, words: str) -> None:
+    assert all(post(client, rank).status_code == 503 for _ in range(5))  # and every one after it
+    for path in ("/v1/clusters/loss/advice", "/v1/clusters/loss/history"):
+        response = client.get(path)
+        assert response.status_code == 503 and words in response.json()["detail"], (path, response.text)
+    health = client.get("/healthz").json()
+    assert health["status"] == "degraded" and words in health["problem"]
+    assert "capwatch_store_database_lost 1.0" in client.get("/metrics").text
+    log = service.log_path.read_text()
+    assert log.count("Reports are refused from now on") == 1 and words in log
+    assert service.running  # alive, and saying so: no SIGBUS, no crash
+
+
+@pytest.fixture
+def service(tmp_path):
+    folder = tmp_path / "state"
+    folder.mkdir()
+    with ServiceProcess(folder / "capwatch.db", log_path=tmp_path / "service.log") as process:
+        yield process
+
+
+@pytest.fixture
+def client(service):
+    with httpx.Client(base_url=service.url, headers=JSON, timeout=30) as client:
+        yield client
+
+
+def test_a_deleted_database_is_noticed_and_nothing_is_acknowledged_into_it(service, client):
+    rank = SimulatedRank("loss", 0, 1, cap=1024)
+    assert all(post(client, rank).status_code == 202 for _ in range(20))
+    for name in ("capwatch.db", "capwatch.db-wal", "capwatch.db-shm"):
+        (service.db_path.parent / name).unlink(missing_ok=True)
+    noticed(client, rank, "was deleted while the service ran")
+    assert_lost_everywhere(service, client, rank, "was deleted while the service ran")
+    assert not service.db_path.exists()  # no reader made a new, empty file in its place
+
+
+def test_a_database_replaced_by_another_file_is_noticed(service, client, tmp_path):
+    rank = SimulatedRank("loss", 0, 1, cap=1024)
+    assert all(post(client, rank).status_code == 202 for _ in range(20))
+    moved = tmp_path / "moved.db"
+    shutil.copy(service.db_path, moved)
+    os.replace(moved, service.db_path)  # another file under the same name (a restore from backup, say)
+    noticed(client, rank, "was replaced by another file while the service ran")
+    assert_lost_everywhere(service, client, rank, "was replaced by another file")
+
+
+def test_a_deleted_write_ahead_log_is_noticed(service, client):
+    rank = SimulatedRank("loss", 0, 1, cap=1024)
+    assert all(post(client, rank).status_code == 202 for _ in range(20))
+    (service.db_path.parent / "capwatch.db-wal").unlink()  # where every acknowledged report is, until checkpointed
+    noticed(client, rank, "write-ahead log")
+    assert_lost_everywhere(service, client, rank, "write-ahead log")
+
+
+def test_an_immutable_database_is_noticed_and_the_service_lives_on(service, client):
+    rank = SimulatedRank("loss", 0, 1, cap=1024)
+    assert all(post(client, rank).status_code == 202 for _ in range(20))
+    if subprocess.run(["chattr", "+i", str(service.db_path)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not possible here (needs root and a file system with the immutable flag); the "
+                    "same check is the permission test of the database file (os.access), covered by the others")
+    try:
+        noticed(client, rank, "can no longer be written")
+        assert_lost_everywhere(service, client, rank, "can no longer be written")
+        wait_for(lambda: service.running, 1, "the service to be alive")
+    finally:
+        subprocess.run(["chattr", "-i", str(service.db_path)], capture_output=True)
