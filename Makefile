@@ -41,7 +41,10 @@ $(SERVICE_VENV)/.deps: pyproject.toml constraints.txt | $(VENV)/.test-deps
 	$(SERVICE_VENV)/bin/python -m pip install -q -c constraints.txt ".[service]"
 	touch $@
 
+# build/ goes first: setuptools builds the wheel there and keeps what it held, so a module deleted from the
+# checkout would still be installed (and the tests' stale-install check would refuse the venv).
 service-venv: $(SERVICE_VENV)/.deps
+	rm -rf build
 	$(SERVICE_VENV)/bin/python -m pip install -q --no-deps --force-reinstall .
 
 # The SGLang plugin's tests run each verified release's released code (0.5.19 - 0.5.23) on CPU.
