@@ -8,14 +8,13 @@ from __future__ import annotations
 import re
 import urllib.error
 import urllib.request
-from html.parser import HTMLParser
 
 import pytest
 
 from capwatch.demo.session import DEMO_ADVISOR_SETTINGS
 from tests.demo.conftest import free_port_block, get_json, write_timed_trace
 from tests.support.checkout import REPO_ROOT
-from tests.support.chromium import chromium, needs_chromium
+from tests.support.chromium import PageElements, chromium, needs_chromium
 from tests.support.launcher import run_capwatch
 from tests.support.service import INSTALLED_PYTHON, ServiceProcess, needs_service_venv
 
@@ -35,32 +34,6 @@ def service(tmp_path_factory):
     """The installed service's URL (this module's own, not the demo tests' editable one)."""
     with installed_service(tmp_path_factory.mktemp("installed-service")).start(timeout_s=60) as process:
         yield process.url
-
-
-class PageElements(HTMLParser):
-    """The attributes of the elements the test looks at."""
-
-    def __init__(self):
-        super().__init__()
-        self.body: dict[str, str] = {}
-        self.series: list[dict[str, str]] = []  # elements carrying data-series
-        self.text_by_id: dict[str, str] = {}
-        self._open_id: str | None = None
-
-    def handle_starttag(self, tag, attrs):
-        attributes = {name: value or "" for name, value in attrs}
-        if tag == "body":
-            self.body = attributes
-        if "data-series" in attributes:
-            self.series.append(dict(attributes, tag=tag))
-        self._open_id = attributes.get("id")
-
-    def handle_data(self, data):
-        if self._open_id:
-            self.text_by_id[self._open_id] = self.text_by_id.get(self._open_id, "") + data
-
-    def handle_endtag(self, tag):
-        self._open_id = None
 
 
 @pytest.fixture(scope="module")

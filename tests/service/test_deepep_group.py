@@ -18,8 +18,11 @@ from capwatch.telemetry.rank import rank_config
 from capwatch.telemetry.report import DeepEPBuffer, RankIdentity, SGLangLimits
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 
+from tests.support.chromium import PageElements, chromium, needs_chromium
 from tests.support.launcher import run_capwatch
-from tests.support.service import ServiceProcess
+from tests.support.service import INSTALLED_PYTHON, ServiceProcess, needs_service_venv
+
+pytestmark = needs_service_venv
 
 CLUSTER = "deepep-decode"
 EP_SIZE = 4
@@ -41,7 +44,9 @@ def _get(url: str):
 def service(tmp_path_factory):
     env = {"CAPWATCH_WINDOW_S": "1", "CAPWATCH_ADVISOR__MIN_SAMPLES": "3", "CAPWATCH_ADVISOR__MIN_HISTORY_S": "2",
            "CAPWATCH_ADVISOR__CHANGE_MIN_HISTORY_S": "2"}
-    service = ServiceProcess(tmp_path_factory.mktemp("deepep") / "capwatch.db", env=env).start(timeout_s=120)
+    # The installed product, started outside the checkout, as the page tests run it (the page is one of the views).
+    folder = tmp_path_factory.mktemp("deepep")
+    service = ServiceProcess(folder / "capwatch.db", env=env, python=INSTALLED_PYTHON, cwd=folder).start(timeout_s=120)
     yield service
     service.stop()
 
@@ -104,3 +109,18 @@ def test_capwatch_advise_prints_deepeps_export_line(service, reported):
     export = [line for line in result.stdout.splitlines() if line.startswith("export ")]
     assert len(export) == 1 and export[0].startswith(f"export {DEEPEP.cap_env_var}=")
     assert "deepep" in result.stdout
+
+
+@needs_chromium
+def test_the_page_shows_deepeps_variable(service, reported, tmp_path):
+    """The built-in page in real headless Chromium: the group's cap is DeepEP's, and the line to export sets it."""
+    advice = _get(f"{service.url}/v1/clusters/{CLUSTER}/advice")
+    dom = chromium(tmp_path, "--dump-dom", f"{service.url}/?cluster={CLUSTER}")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    page = PageElements()
+    page.feed(dom.stdout)
+    assert page.body.get("data-ready") == "1" and page.body["data-cluster"] == CLUSTER, page.body
+    assert DEEPEP.cap_env_var in dom.stdout  # the facts' "cap variable"
+    assert "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK" not in dom.stdout
+    if advice["env"] is not None:
+        assert page.text_by_id["env-line"] == f"export {DEEPEP.cap_env_var}={advice['recommended_cap']}"

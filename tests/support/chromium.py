@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
@@ -20,3 +21,29 @@ def chromium(folder: Path, *arguments: str, virtual_time_ms: int = 15_000) -> su
     return subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={folder / 'chromium-profile'}",
                            f"--virtual-time-budget={virtual_time_ms}", *arguments],
                           capture_output=True, text=True, timeout=120)
+
+
+class PageElements(HTMLParser):
+    """The attributes of the elements the test looks at."""
+
+    def __init__(self):
+        super().__init__()
+        self.body: dict[str, str] = {}
+        self.series: list[dict[str, str]] = []  # elements carrying data-series
+        self.text_by_id: dict[str, str] = {}
+        self._open_id: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = {name: value or "" for name, value in attrs}
+        if tag == "body":
+            self.body = attributes
+        if "data-series" in attributes:
+            self.series.append(dict(attributes, tag=tag))
+        self._open_id = attributes.get("id")
+
+    def handle_data(self, data):
+        if self._open_id:
+            self.text_by_id[self._open_id] = self.text_by_id.get(self._open_id, "") + data
+
+    def handle_endtag(self, tag):
+        self._open_id = None
