@@ -71,11 +71,11 @@ def test_low_latency_mode_dispatches_prefill_too_so_its_chunk_binds():
 
 
 def test_a_floor_above_1024_cannot_be_met_and_the_advice_says_what_to_change():
+    """No cap both passes DeepEP's start-up assertion (<= 1024) and holds the CUDA graph's batch: no advice, but
+    one error that says what to change (the service answers it as a 409 for this group alone)."""
     limits = SGLangLimits(decode_cuda_graph_max_batch_size=512, tokens_per_request=4)
-    advice = recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", sglang=limits), POLICY)
-    assert advice.floor_cap == 2048 and advice.recommended_cap in (None, 1024) and advice.target_cap == 1024
-    assert any("the floor 2048" in reason and "is above 1024" in reason and "--cuda-graph-max-bs" in reason
-               for reason in advice.reasons)
+    with pytest.raises(SizingError, match=r"the floor is 2048 tokens .*above 1024.*lower --cuda-graph-max-bs"):
+        recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", sglang=limits), POLICY)
 
 
 def test_a_buffer_past_sglangs_reserve_is_warned_about():
@@ -113,11 +113,15 @@ def test_advice_stays_within_deepeps_rules(low, spread, cap, decode_graph, per_r
     limits = SGLangLimits(disaggregation_mode="decode", decode_cuda_graph_max_batch_size=decode_graph,
                           tokens_per_request=per_request)
     history = history_from([[low + (window * 7919) % (spread + 1) for window in range(40)]], cap=cap)
+    floor = decode_graph * per_request
+    if floor > 1024:  # no cap both starts and holds the graph's batch: said, never advised
+        with pytest.raises(SizingError, match="no cap both starts these ranks and fits"):
+            recommend(history, deepep_group(cap, mode, sglang=limits), POLICY)
+        return
     advice = recommend(history, deepep_group(cap, mode, sglang=limits), POLICY)
     if advice.recommended_cap is None:
         return
     assert advice.recommended_cap % 128 == 0 and advice.recommended_cap <= 1024
-    floor = decode_graph * per_request
     if advice.action != "hold":
         assert advice.recommended_cap >= min(floor, 1024)
     assert advice.env == f"{DEEPEP.cap_env_var}={advice.recommended_cap}"
