@@ -10,9 +10,11 @@ are shadowed by instance attributes that count; SGLang's class is left alone. Th
 - ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
   (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
   leader (both micro-batches of the lowest layer) one ``index_add_`` (the batch's bin); the (token, expert) pairs
-  sent to each rank from the ``topk_ids`` SGLang dispatches (a ``zero_`` and a ``scatter_add_``, no host read);
+  sent to each rank from the ``topk_ids`` SGLang dispatches (into scratch made at adoption: a ``clamp``, a
+  ``div_``, a ``ge``, a ``zero_`` and a ``scatter_add_``; no host read, nothing allocated per call);
 - ``dispatch_b``, after DeepEP's receive (its hook or event): the pairs received from each rank, from DeepEP's
-  ``packed_recv_layout_range`` in the handle (``>> 32``, a sum), and one ``add_`` of the ``[2, ranks]`` counts;
+  ``packed_recv_layout_range`` in the handle (``>> 32`` and a sum, into scratch), and one ``add_`` of the
+  ``[2, ranks]`` counts;
 - a batch above the cap is counted, announced and the final report shipped (bounded wait:
   ``CAPWATCH_FINAL_REPORT_TIMEOUT_S``) *before* the call reaches DeepEP, whose assertion then ends the rank as it
   would without capwatch (``x.size(0) <= num_max_dispatch_tokens_per_rank``);
@@ -137,9 +139,27 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, place, role, layer_id, geometry, device, DEEPEP,
                                 lead_per_micro_batch=True)
-    # A dispatch's pairs sent to (row 0) and received from (row 1) each rank: made here, before any graph capture.
-    traffic = torch.zeros(2, place.ep_size, dtype=torch.int64, device=device)
-    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, traffic)
+    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, place, device))
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A dispatch's (token, expert) pairs sent to (``counts[0]``) and received from (``counts[1]``) each rank, and
+    the scratch that computes them: all made at adoption, before any graph capture, so no call allocates."""
+
+    counts: torch.Tensor  # [2, ranks]
+    destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
+    sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
+    received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
+
+    @classmethod
+    def made(cls, dispatcher, place: RankPlace, device) -> "Traffic":
+        pairs = dispatcher.num_max_dispatch_tokens_per_rank * dispatcher.router_topk
+        local_experts = dispatcher.num_experts // place.ep_size
+        return cls(torch.zeros(2, place.ep_size, dtype=torch.int64, device=device),
+                   torch.empty(pairs, dtype=torch.int64, device=device),
+                   torch.empty(pairs, dtype=torch.int64, device=device),
+                   torch.empty(local_experts, place.ep_size, dtype=torch.int64, device=device))
 
 
 def unadopt(dispatcher) -> None:
@@ -190,7 +210,7 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
     """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted: the batch and what it sends."""
     counters = layer.counters
     record_step, cap = counters.record_step, layer.cap
-    sent = traffic[0]
+    sent = traffic.counts[0]
     experts_per_rank = dispatcher.num_experts // counters.ep_size
 
     def counted(hidden_states, topk_output):
@@ -201,10 +221,12 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
         state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
         if layer.step_leader:
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what DeepEP checks
-        topk_ids = state[1]  # int64; -1: no expert (DeepEP sends nothing for it)
+        pairs = state[1].flatten()  # topk_ids, int64; -1: no expert (DeepEP sends nothing for it)
+        destination, weight = traffic.destination[:pairs.numel()], traffic.sent[:pairs.numel()]
+        torch.clamp(pairs, min=0, out=destination).div_(experts_per_rank, rounding_mode="floor")
+        torch.ge(pairs, 0, out=weight)
         sent.zero_()
-        sent.scatter_add_(0, topk_ids.clamp(min=0).div(experts_per_rank, rounding_mode="floor").flatten(),
-                          topk_ids.ge(0).flatten().to(torch.int64))
+        sent.scatter_add_(0, destination, weight)
         return state
 
     return counted
@@ -212,12 +234,13 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
 
 def counted_dispatch_b(dispatch_b, dispatcher, layer, traffic):
     """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)."""
-    record_traffic, received = layer.counters.record_traffic, traffic[1]
+    record_traffic, received = layer.counters.record_traffic, traffic.counts[1]
 
     def counted(*state):
         output = dispatch_b(*state)
-        torch.sum(dispatcher.handle[1].bitwise_right_shift(32), dim=0, out=received)
-        record_traffic(traffic)
+        torch.bitwise_right_shift(dispatcher.handle[1], 32, out=traffic.received_per_expert)
+        torch.sum(traffic.received_per_expert, dim=0, out=received)
+        record_traffic(traffic.counts)
         return output
 
     return counted
