@@ -34,9 +34,12 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(4 << 20, ge=1024, le=1 << 30, description="Larger request bodies get 413.")
     body_timeout_s: float = Field(10.0, ge=0.1, le=3600,
                                   description="A request body not received in full by then gets 408.")
+    body_grace_s: float = Field(0.5, ge=0, le=60, description=(
+        "A body (of at most 64 KiB) that follows its headers within this needs no slot: clients that write the two "
+        "apart (Python's http.client does) across a busy server or a real network are not refused as slow."))
     max_concurrent_bodies: int = Field(
-        64, ge=1, le=100_000, description="Request bodies still arriving at once (a body that came with its headers "
-                                          "takes none); more get 503 at once.")
+        64, ge=1, le=100_000, description="Request bodies still arriving at once, past their grace (a body that "
+                                          "arrives within it takes none); more get 503.")
     max_bodies_per_client: int | None = Field(
         None, ge=1, le=100_000, description=("Of those, the most that one client address may hold (its fair share; "
                                              "unset: an eighth of them, at least 1)."))
@@ -83,6 +86,9 @@ class Settings(BaseSettings):
             if getattr(self, name) < self.window_s:
                 raise ValueError(f"CAPWATCH_{name.upper()} {getattr(self, name):g} is below CAPWATCH_WINDOW_S "
                                  f"{self.window_s:g}: a window would be dropped before it is complete")
+        if self.body_grace_s >= self.body_timeout_s:
+            raise ValueError(f"CAPWATCH_BODY_GRACE_S {self.body_grace_s:g} is not below CAPWATCH_BODY_TIMEOUT_S "
+                             f"{self.body_timeout_s:g}: a body would time out before its grace ends")
         if self.max_bodies_per_client is None:
             self.max_bodies_per_client = max(1, self.max_concurrent_bodies // 8)
         elif self.max_bodies_per_client > self.max_concurrent_bodies:

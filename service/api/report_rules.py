@@ -7,8 +7,8 @@ ways in read them: the ASGI fast path (``ReportFastPath``) and the router's ``po
    a preflight, never ``application/json``);
 3. the declared size (413), then the body itself: at most ``max_body_bytes`` (413), received within
    ``body_timeout_s`` (408), and at most ``max_concurrent_bodies`` waited for at once, at most
-   ``max_bodies_per_client`` of them from one address (503; a body that came with its headers waits for
-   nothing and takes no slot), so slow clients cannot hold the service or keep a rank's report out;
+   ``max_bodies_per_client`` of them from one address (503; a body that follows its headers within
+   ``body_grace_s`` takes no slot), so slow clients cannot hold the service or keep a rank's report out;
 4. the schema, strictly, with its cross-field and pricing checks (``telemetry.report``; 422);
 5. the times, against the service's clock (422).
 
@@ -95,15 +95,31 @@ def too_large(settings: Settings) -> Refusal:
                                      "report shorter intervals")
 
 
+# What a body may bring before it needs a slot: uvicorn's own read buffer (its flow-control high-water mark), so a
+# body in its grace holds no more than the connection would hold anyway.
+SLOTLESS_BODY_BYTES = 64 << 10
+
+
+@dataclass
+class _Body:
+    """What has arrived of one request body; kept outside the reading coroutine so a read cut off at the grace
+    continues where it stopped (uvicorn's ``receive`` consumes nothing when cancelled while it waits)."""
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+    complete: bool = False
+    connected: bool = True
+
+
 class BodyGate:
     """Receives request bodies: bounded in size and time, and in how many are waited for at once, overall and per
     client address. One per app, used from its event loop only.
 
-    A slot is what a body that has not arrived costs: the wait, and what has come of it so far. A body that came
-    with its headers (a rank's report, on any network that delivers it in one read) is read at once and takes
-    none, so clients that declare a body and trickle it can hold slots, and are cut off at ``body_timeout_s``,
-    but never keep an honest rank's report out. Each address holds at most ``max_bodies_per_client`` slots, so one
-    host's slow clients leave the rest to others."""
+    A slot is what a body that has not arrived costs: the wait, and what has come of it so far. A body that
+    follows its headers within ``body_grace_s`` (a rank's report: Python's http.client writes the headers and the
+    body in two sends, which a busy server or a real network can read apart) and brings at most
+    ``SLOTLESS_BODY_BYTES`` takes none. So clients that declare a body and trickle it hold slots, and are cut off
+    at ``body_timeout_s``, but never keep an honest rank's report out; each address holds at most
+    ``max_bodies_per_client`` slots, so one host's slow clients leave the rest to others."""
 
     def __init__(self, settings: Settings):
         self.settings = settings
@@ -134,41 +150,41 @@ class BodyGate:
 
     async def read(self, receive: Receive, client: str | None = None) -> tuple[bytes, bool] | Refusal:
         """The body and whether the client is still there (False: it disconnected), or a refusal."""
-        first = asyncio.ensure_future(receive())
-        await asyncio.sleep(0)  # one turn of the loop: a body that came with its headers is here already
-        if first.done() and not first.cancelled() and first.exception() is None and not _more(first.result()):
-            return await self._read(first, receive)  # nothing to wait for: no slot
+        settings, body = self.settings, _Body()
+        started = asyncio.get_running_loop().time()
+        try:
+            refusal = await asyncio.wait_for(self._receive(body, receive, SLOTLESS_BODY_BYTES), settings.body_grace_s)
+        except TimeoutError:
+            refusal = None  # not all here within the grace: what is missing needs a slot
+        if refusal is not None or body.complete:
+            return refusal or (b"".join(body.chunks), body.connected)
         refusal = self._take_slot(client)
         if refusal is not None:
-            first.cancel()
             return refusal
         try:
-            return await asyncio.wait_for(self._read(first, receive), self.settings.body_timeout_s)
+            left_s = settings.body_timeout_s - (asyncio.get_running_loop().time() - started)
+            refusal = await asyncio.wait_for(self._receive(body, receive, settings.max_body_bytes), max(left_s, 0.0))
         except TimeoutError:
-            return Refusal(408, "too_slow", f"the request body did not arrive within {self.settings.body_timeout_s:g} s "
+            return Refusal(408, "too_slow", f"the request body did not arrive within {settings.body_timeout_s:g} s "
                                             "(CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
         finally:
             self._release_slot(client)
+        return refusal or (b"".join(body.chunks), body.connected)
 
-    async def _read(self, first: asyncio.Future, receive: Receive) -> tuple[bytes, bool] | Refusal:
-        limit = self.settings.max_body_bytes
-        chunks, size = [], 0
-        message: Message = await first
-        while True:
+    async def _receive(self, body: _Body, receive: Receive, until_bytes: int) -> Refusal | None:
+        """Adds to ``body`` until it is complete or holds more than ``until_bytes``; a refusal if it is too large."""
+        while not body.complete and body.size <= until_bytes:
+            message: Message = await receive()
             if message["type"] != "http.request":
-                return b"".join(chunks), False  # the client went away
+                body.complete, body.connected = True, False  # the client went away
+                return None
             chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
+            body.size += len(chunk)
+            if body.size > self.settings.max_body_bytes:
                 return too_large(self.settings)
-            chunks.append(chunk)
-            if not _more(message):
-                return b"".join(chunks), True
-            message = await receive()
-
-
-def _more(message: Message) -> bool:
-    return message["type"] == "http.request" and message.get("more_body", False)
+            body.chunks.append(chunk)
+            body.complete = not message.get("more_body", False)
+        return None
 
 
 # A rank's clock may drift this far from the service's before its reports are refused: well above

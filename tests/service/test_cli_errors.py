@@ -51,6 +51,8 @@ def assert_one_line_usage_error(result: subprocess.CompletedProcess, command: st
     # Issue #20, finding 5: finite but harmful settings, and a URL or token no request can carry.
     (["serve"], {"CAPWATCH_WINDOW_S": "1e-300"}, ["CAPWATCH_WINDOW_S", "greater than or equal to 1"]),
     (["serve"], {"CAPWATCH_BODY_TIMEOUT_S": "1e-300"}, ["CAPWATCH_BODY_TIMEOUT_S"]),
+    (["serve"], {"CAPWATCH_BODY_TIMEOUT_S": "1", "CAPWATCH_BODY_GRACE_S": "2"},
+     ["settings: CAPWATCH_BODY_GRACE_S 2 is not below CAPWATCH_BODY_TIMEOUT_S 1"]),
     (["serve"], {"CAPWATCH_SEND_TIMEOUT_S": "1e9"}, ["CAPWATCH_SEND_TIMEOUT_S", "300"]),
     (["serve"], {"CAPWATCH_HEADER_TIMEOUT_S": "0"}, ["CAPWATCH_HEADER_TIMEOUT_S"]),
     (["serve"], {"CAPWATCH_MAX_CONNECTIONS": "2"}, ["CAPWATCH_MAX_CONNECTIONS", "16"]),
