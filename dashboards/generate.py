@@ -18,6 +18,9 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from capwatch.dashboards import overview, rank_detail
 
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
+# Only a checkout (pyproject.toml beside the dashboards/ folder) writes there by default: in an installed capwatch
+# that folder is inside site-packages, where regenerated JSON would be lost or refused.
+IN_CHECKOUT = (GRAFANA_DIR.parents[1] / "pyproject.toml").is_file()
 DASHBOARDS: dict[str, Callable[[], dashboard_models.Dashboard]] = {
     "ep-group-overview.json": overview.build,
     "ep-rank-detail.json": rank_detail.build,
@@ -43,9 +46,14 @@ def stale_files(directory: Path = GRAFANA_DIR) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m capwatch.dashboards.generate", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=GRAFANA_DIR, help="directory to write (default: %(default)s)")
+    parser.add_argument("--out", type=Path, help=f"directory to write (default, in a checkout: {GRAFANA_DIR}; "
+                                                 "needed with an installed capwatch)")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the JSON there is stale")
     args = parser.parse_args(argv)
+    if args.out is None and not args.check and not IN_CHECKOUT:
+        parser.error(f"--out DIR is needed: this capwatch is installed, and its own {GRAFANA_DIR} is inside the "
+                     "package; write the dashboards elsewhere, e.g. --out ./grafana")
+    args.out = args.out or GRAFANA_DIR
     if args.check:
         stale = stale_files(args.out)
         for file_name in stale:

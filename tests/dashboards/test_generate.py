@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from capwatch.dashboards import generate
 
 from tests.dashboards.conftest import GRAFANA_DIR
@@ -86,3 +88,15 @@ def test_committed_json_loads_into_the_grafana_schema_models(committed_dashboard
     misspelled = json.loads(json.dumps(next(iter(committed_dashboards.values()))))
     misspelled["panels"][1]["fieldconfig"] = misspelled["panels"][1].pop("fieldConfig")
     assert unknown_fields(misspelled) == ["/panels/1/fieldconfig"]
+
+
+def test_an_installed_capwatch_writes_only_where_it_is_told(tmp_path, monkeypatch, capsys):
+    """Outside a checkout the default folder is inside the package: writing needs --out, and nothing is written."""
+    monkeypatch.setattr(generate, "IN_CHECKOUT", False)
+    before = {path: path.read_text() for path in GRAFANA_DIR.glob("*.json")}
+    with pytest.raises(SystemExit) as exit_info:
+        generate.main([])
+    assert exit_info.value.code == 2 and "--out DIR is needed" in capsys.readouterr().err
+    assert {path: path.read_text() for path in GRAFANA_DIR.glob("*.json")} == before
+    assert generate.main(["--out", str(tmp_path)]) == 0 and generate.stale_files(tmp_path) == []
+    assert generate.main(["--check"]) == 0  # reading the shipped JSON needs no --out
