@@ -375,7 +375,10 @@ class GroupDigests:
     def warm(self) -> None:
         """Compute every group's digests (at start, so the first read finds them)."""
         try:
-            self.refresh(float("inf"))
+            now = self.clock()
+            self._take_changes(now)
+            self._read_again(now)
+            self._compute_unfinished(now, float("inf"))  # every group, none listed quickly first: all computed now
             self._answer(all_roles=False)  # and the list itself, ready for the first read
         except Exception:
             log.exception("cannot compute the groups' digests at start; reads and the refresher will")
