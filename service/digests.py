@@ -17,15 +17,18 @@ kept as current with the states from before the commit).
 
 How stale each reader may be:
 
-- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): what the list needs is computed ahead, in the
-  background (``start_refresher``: every changed group listed at once from its ranks' states — ``pending``,
-  its findings and advice as last computed, none yet for a new group — at most each second, and the changed
-  groups computed, those never computed first, then the stalest, in slices that leave the readers most of the
-  time), and at start before the first read. A read recomputes changed groups itself only when they are few
-  (``READ_RECOMPUTE_MAX_GROUPS``: a deployment that changes little reads what it just wrote) and within its
-  budget (``RECOMPUTE_BUDGET_S``, stalest first); otherwise a group is served as the refresher listed it, and one
-  that arrived since its last pass (under a second ago) is left out of that read. Reads stay fast after
-  thousands of new clusters, a restart or under a steady write load, and a change shows within a second or two.
+- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): the list is kept as a ready answer, and only the
+  clusters that changed are looked at again: those the store's log of changes names (``changed_since``: every
+  commit, fold and prune) and those with a rank due to turn stale or missing by now (``_expiries``, the clock's
+  only way in). A read over thousands of unchanged clusters costs no more than serving the kept answer. What the
+  list needs is computed ahead, in the background (``start_refresher``: each pass, every changed group listed at
+  once from its ranks' states — ``pending``, its findings and advice as last computed, none yet for a new group —
+  then the changed groups computed, those never computed first, then the stalest, in slices that leave the
+  readers most of the time), and at start before the first read. A read recomputes changed groups itself only
+  when they are few (``READ_RECOMPUTE_MAX_GROUPS``: a deployment that changes little reads what it just wrote) and
+  within its budget (``RECOMPUTE_BUDGET_S``, stalest first); otherwise a group is served as the refresher listed
+  it, and one that arrived since its last pass (under a second ago) is left out of that read. Reads stay fast
+  after thousands of new clusters, a restart or under a steady write load, and a change shows within a second.
 - ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
   generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
   clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
@@ -37,6 +40,7 @@ other group and the list keep working.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import threading
 import time
@@ -50,6 +54,7 @@ from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
 from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_view, role_states
 from capwatch.service.sources.contract import ClusterSource, RankState
+from capwatch.vocabulary import ROLES
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +143,11 @@ def _quick(cluster: str, role: str, states: list[RankState], now_s: float, setti
 # A read recomputes changed groups for at most this long, stalest first; the rest are served as listed by the
 # refresher. Bounds a read's cost when thousands of groups report all the time, not only when few change.
 RECOMPUTE_BUDGET_S = 0.05
-# The background refresher computes for this long, then leaves the readers this long (a third of its time);
-# between slices it lists every group that changed meanwhile (_quick), so a change shows within about a second.
+# The background refresher computes for this long, then leaves the readers this long (a third of its time); each
+# pass first lists every group that changed since the last one (_quick), so a change shows within about a second.
 REFRESH_SLICE_S = 0.2
 REFRESH_PAUSE_S = 0.1
 REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is current
-REFRESH_LIST_EVERY_S = 1.0  # how often, at most, it lists the changed groups
 # A read computes changed groups only when they are this few (a deployment that changes little, and tests that
 # read what they just wrote); more than this, and the reads would only compete with the refresher for the CPU.
 READ_RECOMPUTE_MAX_GROUPS = 32
@@ -172,7 +176,13 @@ class _ClusterRead:
 
 
 class GroupDigests:
-    """The digests of every group, reused while the group's data and rank states are unchanged."""
+    """The digests of every group, reused while the group's data and rank states are unchanged.
+
+    With a source that versions its clusters (the store: ``generation`` and ``changed_since``) the list is kept
+    as a ready answer: a read or a refresher pass looks only at the clusters that changed since the last one
+    (the store's log of changes) or whose ranks are due to turn stale or missing (``_expiries``), so its cost
+    follows what changed, not how many clusters are held (a read over 5,000 unchanged clusters read every one's
+    generation: 40 ms)."""
 
     def __init__(self, source: ClusterSource, settings: Settings, clock: Callable[[], float],
                  recompute_budget_s: float = RECOMPUTE_BUDGET_S):
@@ -181,9 +191,19 @@ class GroupDigests:
         self.clock = clock
         self.recompute_budget_s = recompute_budget_s
         self._generation = getattr(source, "generation", None)
+        self._changes = getattr(source, "changed_since", None)
+        if self._changes is None:
+            self._generation = None  # without the log of changes, every read computes every group
         self._cache: dict[tuple[str, str], _Cached] = {}
-        self._reads: dict[str, _ClusterRead] = {}
-        self._lock = threading.Lock()
+        self._reads: dict[str, _ClusterRead] = {}  # clusters with ranks, as last read
+        self._mark: int | None = None  # how far the store's log of changes was taken (None: not yet)
+        self._last_now = float("-inf")
+        self._dirty: set[str] = set()  # clusters to read again: changed, or a rank's status due to change
+        self._expiries: list[tuple[float, str]] = []  # heap: when a cluster's rank statuses change next
+        self._unfinished: set[tuple[str, str]] = set()  # groups without a full digest for their current key
+        self._answers: dict[bool, list[GroupDigest]] = {}  # the list, per all_roles, until anything changes
+        self._order: list[str] | None = None  # sorted(self._reads), until a cluster comes or goes
+        self._lock = threading.RLock()
         self._refresher: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -206,7 +226,16 @@ class GroupDigests:
                 threshold = settings.stale_after_s if status == "reporting" else settings.missing_after_s
                 valid_until = min(valid_until, state.received_unix_s + threshold)
         read = _ClusterRead(generation, (generation, tuple(statuses)), states, roles, now_s, valid_until)
-        self._reads[cluster] = read
+        with self._lock:
+            if states:
+                if cluster not in self._reads:
+                    self._order = None
+                self._reads[cluster] = read
+                if valid_until != float("inf"):
+                    heapq.heappush(self._expiries, (valid_until, cluster))
+            elif self._reads.pop(cluster, None) is not None:  # pruned: kept no longer (nor an unknown name)
+                self._order = None
+            self._answers.clear()
         return read
 
     def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
@@ -216,9 +245,16 @@ class GroupDigests:
         return cached.digest
 
     def _keep(self, cluster: str, role: str, key: tuple | None, digest: GroupDigest, full: bool = True) -> None:
-        if key is not None:
-            with self._lock:
-                self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter(), full)
+        if key is None:
+            return
+        with self._lock:
+            self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter(), full)
+            self._answers.clear()
+            current = self._reads.get(cluster)
+            if current is None or current.key != key:
+                self._dirty.add(cluster)  # computed from an older read than the one kept: look again
+            elif full:
+                self._unfinished.discard((cluster, role))
 
     def _computed(self, cluster: str, role: str, states: list[RankState], now_s: float,
                   key: tuple | None) -> GroupDigest:
@@ -245,64 +281,105 @@ class GroupDigests:
         role_states(self.source, cluster, role, read.states)
         return self._cached(cluster, role, read.key) or self._computed(cluster, role, read.states, now_s, read.key)
 
-    # --- every group: computed ahead -------------------------------------------------------------
+    # --- every group: kept as a ready answer, computed ahead -------------------------------------
 
-    def _entries(self, now_s: float, all_roles: bool) -> tuple[list[str], list[tuple]]:
-        """Every group as (cluster, role, states, key, cached), in the list's order."""
-        entries = []
-        clusters = self.source.clusters()
+    def _take_changes(self, now_s: float) -> None:
+        """Mark for reading again every cluster changed since the last look, and every one with a rank whose
+        status has changed since (stale, missing) by ``now_s``."""
+        with self._lock:
+            self._mark, changed = self._changes(self._mark or 0)
+            self._dirty.update(changed)
+            if now_s < self._last_now:  # the clock went back: every status may be another
+                self._dirty.update(self._reads)
+            self._last_now = now_s
+            while self._expiries and self._expiries[0][0] <= now_s:
+                self._dirty.add(heapq.heappop(self._expiries)[1])
+
+    def _read_again(self, now_s: float) -> None:
+        """Read every marked cluster: its groups whose key changed are unfinished; a pruned cluster's go."""
+        with self._lock:
+            clusters, self._dirty = self._dirty, set()
         for cluster in clusters:
             try:
                 read = self._read(cluster, now_s)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
-            for role in read.roles if all_roles else read.roles[:1]:
-                entries.append((cluster, role, read.states, read.key, self._cache.get((cluster, role))))
-        return clusters, entries
+            with self._lock:
+                for gone in [(cluster, role) for role in ROLES if role not in read.roles]:
+                    self._cache.pop(gone, None)  # the cluster pruned, or this role's ranks
+                    self._unfinished.discard(gone)
+                for role in read.roles:
+                    cached = self._cache.get((cluster, role))
+                    if cached is None or cached.key != read.key or not cached.full:
+                        self._unfinished.add((cluster, role))
 
-    @staticmethod
-    def _current(entry: tuple) -> bool:
-        _, _, _, key, cached = entry
-        return key is not None and cached is not None and cached.key == key and cached.full
-
-    @staticmethod
-    def _staleness(entry: tuple) -> tuple:
-        """Never computed first, then the stalest."""
-        cached = entry[4]
-        return (cached is not None and cached.digest.view is not None, cached.computed if cached else 0.0)
-
-    def _list_changed(self, entries: list[tuple], now_s: float) -> None:
-        """List every group whose states changed since it was last listed (``_quick``), at once."""
-        for cluster, role, states, key, cached in entries:
-            if key is not None and (cached is None or cached.key != key):
-                digest = _quick(cluster, role, states, now_s, self.settings,
+    def _list_unfinished(self, now_s: float) -> None:
+        """List at once every unfinished group not yet listed under its current key (``_quick``)."""
+        with self._lock:
+            unfinished = list(self._unfinished)
+        for cluster, role in unfinished:
+            read, cached = self._reads.get(cluster), self._cache.get((cluster, role))
+            if read is not None and (cached is None or cached.key != read.key):
+                digest = _quick(cluster, role, read.states, now_s, self.settings,
                                 cached.digest if cached is not None else None)
                 if digest is not None:
-                    self._keep(cluster, role, key, digest, full=False)
+                    self._keep(cluster, role, read.key, digest, full=False)
 
-    def refresh(self, budget_s: float, all_roles: bool = True, list_changed: bool = True) -> int:
-        """One pass of the refresher: list every changed group at once (``list_changed``), then compute the changed
-        groups for at most ``budget_s`` (the never computed first, then the stalest); how many are still to
-        compute."""
-        now = self.clock()
-        clusters, entries = self._entries(now, all_roles)
-        if list_changed:
-            self._list_changed(entries, now)
-            _, entries = self._entries(now, all_roles)
-        changed = sorted((entry for entry in entries if not self._current(entry)), key=self._staleness)
+    def _staleness(self, group: tuple[str, str]) -> tuple:
+        """Never computed first, then the stalest."""
+        cached = self._cache.get(group)
+        return (cached is not None and cached.digest.view is not None, cached.computed if cached else 0.0)
+
+    def _compute_unfinished(self, now_s: float, budget_s: float, stoppable: bool = False) -> int:
+        """Compute unfinished groups, never computed first then the stalest, for at most ``budget_s`` (and, for
+        the refresher, until it is stopped); how many are still to compute."""
+        with self._lock:
+            todo = sorted(self._unfinished, key=self._staleness)
         deadline = time.perf_counter() + budget_s
-        for done, (cluster, role, states, key, _) in enumerate(changed):
-            if time.perf_counter() > deadline or self._stop.is_set():
-                return len(changed) - done
-            self._computed_or_left_out(cluster, role, states, now, key)
-        self._forget_pruned(clusters, len(entries))
+        for done, (cluster, role) in enumerate(todo):
+            if time.perf_counter() > deadline or (stoppable and self._stop.is_set()):
+                return len(todo) - done
+            read = self._reads.get(cluster)
+            if read is None or self._computed_or_left_out(cluster, role, read.states, now_s, read.key) is None:
+                with self._lock:  # pruned meanwhile, or nothing to list (an error is logged, once)
+                    self._unfinished.discard((cluster, role))
         return 0
+
+    def _answer(self, all_roles: bool) -> list[GroupDigest]:
+        """The list as kept: each cluster's groups (or its first, target first) in the clusters' order."""
+        with self._lock:
+            answer = self._answers.get(all_roles)
+            if answer is None:
+                if self._order is None:
+                    self._order = sorted(self._reads)
+                answer = []
+                for cluster in self._order:
+                    roles = self._reads[cluster].roles
+                    for role in roles if all_roles else roles[:1]:
+                        cached = self._cache.get((cluster, role))
+                        if cached is not None:  # a group newer than the refresher's last pass: not yet
+                            answer.append(cached.digest)
+                self._answers[all_roles] = answer
+            return answer
+
+    def refresh(self, budget_s: float) -> int:
+        """One pass of the refresher: list every changed group at once, then compute the changed groups for at
+        most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
+        now = self.clock()
+        self._take_changes(now)
+        self._read_again(now)
+        self._list_unfinished(now)
+        return self._compute_unfinished(now, budget_s, stoppable=True)
 
     def warm(self) -> None:
         """Compute every group's digests (at start, so the first read finds them)."""
         try:
-            self.refresh(float("inf"))
+            now = self.clock()
+            self._take_changes(now)
+            self._read_again(now)
+            self._compute_unfinished(now, float("inf"))  # every group, none listed quickly first: all computed now
+            self._answer(all_roles=False)  # and the list itself, ready for the first read
         except Exception:
             log.exception("cannot compute the groups' digests at start; reads and the refresher will")
 
@@ -322,41 +399,43 @@ class GroupDigests:
             self._refresher = None
 
     def _refresh_forever(self) -> None:
-        pause, next_listing = REFRESH_IDLE_S, 0.0
+        pause = REFRESH_IDLE_S
         while not self._stop.wait(pause):
-            listing = time.monotonic() >= next_listing  # under churn, listing every group is itself work: each second
             try:
-                remaining = self.refresh(REFRESH_SLICE_S, list_changed=listing)
+                remaining = self.refresh(REFRESH_SLICE_S)
             except Exception:  # the source briefly unreadable: the next pass retries
                 log.exception("cannot refresh the groups' digests; retrying")
                 remaining = 0
-            if listing:
-                next_listing = time.monotonic() + REFRESH_LIST_EVERY_S
             pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
 
-    def _forget_pruned(self, clusters: list[str], groups: int) -> None:
-        if len(self._cache) > 2 * groups + 16 or len(self._reads) > 2 * len(clusters) + 16:
-            known = set(clusters)
-            with self._lock:
-                self._cache = {key: value for key, value in self._cache.items() if key[0] in known}
-                self._reads = {key: value for key, value in self._reads.items() if key in known}
-
     def every_group(self, all_roles: bool) -> list[GroupDigest]:
-        """One digest per group (its first role, target first), or per group and role: as the refresher listed
-        them, the changed ones recomputed within the read's budget, stalest first (see the module's docstring)."""
+        """One digest per group (its first role, target first), or per group and role: as kept, the changed ones
+        recomputed first within the read's budget, stalest first, when they are few or no refresher runs (see
+        the module's docstring)."""
+        if self._generation is None:
+            return self._every_group_computed(all_roles)
+        now = self.clock()
+        self._take_changes(now)
+        if self._refresher is None or len(self._dirty) + len(self._unfinished) <= READ_RECOMPUTE_MAX_GROUPS:
+            self._read_again(now)
+            self._compute_unfinished(now, self.recompute_budget_s)
+        return self._answer(all_roles)
+
+    def _every_group_computed(self, all_roles: bool) -> list[GroupDigest]:
+        """A source without generations (Prometheus, which caches its own queries): every group computed in the
+        read, for at most its budget (the rest left out of this answer)."""
         now = self.clock()
         deadline = time.perf_counter() + self.recompute_budget_s
-        clusters, entries = self._entries(now, all_roles)
-        digests: dict[tuple[str, str], GroupDigest | None] = {
-            (entry[0], entry[1]): entry[4].digest for entry in entries if self._current(entry)}
-        changed = sorted((entry for entry in entries if (entry[0], entry[1]) not in digests),
-                         key=lambda entry: entry[4].computed if entry[4] is not None else -1.0)  # stalest first
-        if len(changed) > READ_RECOMPUTE_MAX_GROUPS and self._refresher is not None:
-            deadline = 0.0  # the refresher's work: served as it listed them
-        for cluster, role, states, key, cached in changed:
-            if time.perf_counter() <= deadline:
-                digests[(cluster, role)] = self._computed_or_left_out(cluster, role, states, now, key)
-            else:  # as the refresher listed it; a group newer than its last pass (under a second): not yet
-                digests[(cluster, role)] = cached.digest if cached is not None else None
-        self._forget_pruned(clusters, len(entries))
-        return [digest for digest in (digests[(entry[0], entry[1])] for entry in entries) if digest is not None]
+        digests = []
+        for cluster in self.source.clusters():
+            try:
+                read = self._read(cluster, now)
+            except Exception:
+                log.exception("cannot read the ranks of cluster %s", cluster)
+                continue
+            for role in read.roles if all_roles else read.roles[:1]:
+                if time.perf_counter() <= deadline:
+                    digest = self._computed_or_left_out(cluster, role, read.states, now, None)
+                    if digest is not None:
+                        digests.append(digest)
+        return digests

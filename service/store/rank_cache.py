@@ -1,6 +1,8 @@
 """The committed rank states, in memory, for readers: published only after their COMMIT and never mutated
 once published (the writer changes copies). Each cluster has a generation, bumped whenever its committed
-data changes (reports, folds, pruning): what a reader may cache the cluster's derived views under."""
+data changes (reports, folds, pruning): what a reader may cache the cluster's derived views under; and the
+changes are counted in order, so a reader that keeps derived views of thousands of clusters asks which changed
+since it last looked (``changed_since``) instead of reading every cluster's generation."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ class RankCache:
         self._ranks: dict[RankKey, ReportedRank] = {}
         self._by_cluster: dict[str, dict[RankKey, ReportedRank]] = {}
         self._generations: dict[str, int] = {}
+        self._changes = 0  # every cluster change, counted: a reader's place in them
+        self._changed_at: dict[str, int] = {}  # cluster -> the count at its last change; oldest first
         self.publish(ranks)
 
     def publish(self, ranks: dict[RankKey, ReportedRank]) -> None:
@@ -47,6 +51,20 @@ class RankCache:
     def _bump(self, clusters: Iterable[str]) -> None:
         for cluster in clusters:
             self._generations[cluster] = self._generations.get(cluster, 0) + 1
+            self._changes += 1
+            self._changed_at.pop(cluster, None)  # re-inserted last: the dict stays in order of change
+            self._changed_at[cluster] = self._changes
+
+    def changed_since(self, mark: int) -> tuple[int, list[str]]:
+        """The clusters changed after ``mark`` (a count this returned before; 0: every cluster ever held, pruned
+        ones too), and the mark to ask with next time. Costs what changed, not what is held."""
+        with self._lock:
+            changed = []
+            for cluster in reversed(self._changed_at):  # newest first, up to the first change already seen
+                if self._changed_at[cluster] <= mark:
+                    break
+                changed.append(cluster)
+            return self._changes, changed
 
     def copy_of(self, key: RankKey) -> ReportedRank | None:
         """A copy to change: the published state changes only after COMMIT (a failed batch leaves it)."""

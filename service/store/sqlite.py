@@ -131,6 +131,10 @@ class Store:
         """Changes whenever the cluster's committed data does (reports, folds, pruning)."""
         return self._ranks.generation(cluster)
 
+    def changed_since(self, mark: int) -> tuple[int, list[str]]:
+        """The clusters whose committed data changed after ``mark``, and the next mark (``RankCache``)."""
+        return self._ranks.changed_since(mark)
+
     def rank_states(self, cluster: str) -> list[ReportedRank]:
         """Committed states (published only after COMMIT; never mutated once published)."""
         return self._ranks.cluster_states(cluster)

@@ -72,6 +72,34 @@ def listed(client) -> dict[str, dict]:
     return {entry["cluster"]: entry for entry in client.get("/v1/clusters").json()}
 
 
+def changed(operation: str, arguments: list, groups: dict[str, Group], store: Store, clock: FakeClock,
+            settings: Settings) -> bool:
+    """Apply ``operation`` when it changes the data or the clock (False: it is a read, the test's own)."""
+    if operation == "window":
+        name, peak, ranks = arguments
+        groups[name].window(store, clock, peak, ranks)
+    elif operation == "restart":  # a rank comes back with another cap: the states change
+        name, cap = arguments
+        rank = groups[name].ranks[-1]
+        rank.restart()
+        rank.cap = cap
+        groups[name].window(store, clock, 200)
+    elif operation == "silence":
+        clock.now += arguments[0]
+    elif operation == "clock_back":
+        clock.now -= arguments[0]
+    elif operation == "fold":  # every window so far folds into the decaying histogram
+        clock.now += settings.fold_after_s + WINDOW_S
+        store.maintain()
+    elif operation == "prune":  # the other groups go silent past the retention and are pruned
+        clock.now += settings.retention_s + WINDOW_S
+        groups[arguments[0]].window(store, clock, 300)
+        store.maintain()
+    else:
+        return False
+    return True
+
+
 OPERATIONS = st.one_of(
     st.tuples(st.just("window"), st.sampled_from(GROUPS), st.integers(50, 6000), st.sampled_from([None, 1])),
     st.tuples(st.just("restart"), st.sampled_from(GROUPS), st.sampled_from([512, 2048, 4096, 8192])),
@@ -94,21 +122,9 @@ def test_the_advice_is_what_a_fresh_computation_gives_whatever_happened_before(b
                 clock.now -= WINDOW_S  # both groups report the same window
             clock.now += WINDOW_S
         for operation, *arguments in [*operations, ("advice", "g0"), ("advice", "g1")]:
-            if operation == "window":
-                name, peak, ranks = arguments
-                groups[name].window(store, clock, peak, ranks)
-            elif operation == "restart":  # a rank comes back with another cap: the states change
-                name, cap = arguments
-                rank = groups[name].ranks[-1]
-                rank.restart()
-                rank.cap = cap
-                groups[name].window(store, clock, 200)
-            elif operation == "silence":
-                clock.now += arguments[0]
-            elif operation == "fold":  # every window so far folds into the decaying histogram
-                clock.now += settings.fold_after_s + WINDOW_S
-                store.maintain()
-            elif operation == "list":
+            if changed(operation, arguments, groups, store, clock, settings):
+                continue
+            if operation == "list":
                 assert client.get("/v1/clusters").status_code == 200
             else:
                 cluster = arguments[0]
@@ -350,3 +366,83 @@ def test_a_changed_cap_shows_in_the_list_while_every_group_keeps_changing(tmp_pa
             return listed(client)[changed.ranks[0].cluster]["cap"] == 8192
 
         wait_for(shown, 30, "the changed cap to show in the list", poll_s=0.05)
+
+
+def fresh_list(store: Store, settings: Settings, now: float) -> list[dict]:
+    """What ``GET /v1/clusters`` must answer: every cluster's first group computed now, nothing cached."""
+    from capwatch.service.cluster_view import role_order
+    from capwatch.service.digests import _compute
+
+    answer = []
+    for cluster in store.clusters():
+        states = store.rank_states(cluster)
+        answer.append(json.loads(_compute(store, cluster, role_order(states)[0], states, now, settings).summary_json))
+    return answer
+
+
+LIST_OPERATIONS = st.one_of(
+    st.tuples(st.just("window"), st.sampled_from(GROUPS), st.integers(50, 6000), st.sampled_from([None, 1])),
+    st.tuples(st.just("restart"), st.sampled_from(GROUPS), st.sampled_from([512, 2048, 4096, 8192])),
+    st.tuples(st.just("silence"), st.sampled_from([30.0, 90.0, 400.0])),  # ranks turn stale, then missing
+    st.tuples(st.just("clock_back"), st.sampled_from([10.0, 100.0])),
+    st.tuples(st.just("fold")),
+    st.tuples(st.just("prune"), st.sampled_from(GROUPS)),  # the other group goes silent past the retention
+    st.tuples(st.just("advice"), st.sampled_from(GROUPS)),
+)
+
+
+@hypothesis_settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@given(operations=st.lists(LIST_OPERATIONS, max_size=20))
+def test_the_list_is_what_a_fresh_computation_gives_whatever_changed(operations):
+    """The list is kept and only the clusters the store says changed, or whose ranks are due to turn stale or
+    missing, are read again: whatever happened (new reports, a changed cap, silence, the clock stepping back, a
+    fold, a pruned cluster, an advice request between), a read with time to compute answers what computing every
+    group afresh answers, and lists exactly the clusters held."""
+    with tempfile.TemporaryDirectory() as directory, service(Path(directory), recompute_budget_s=float("inf")) as (
+            client, store, clock, settings):
+        groups = {name: Group(name) for name in GROUPS}
+        for group in groups.values():
+            group.window(store, clock, 300)
+        assert client.get("/v1/clusters").json() == fresh_list(store, settings, clock.now)
+        for operation, *arguments in operations:
+            if not changed(operation, arguments, groups, store, clock, settings):
+                client.get(f"/v1/clusters/{arguments[0]}/advice")
+            assert client.get("/v1/clusters").json() == fresh_list(store, settings, clock.now), operation
+
+
+def test_the_refresher_shows_ranks_turning_stale_and_missing_and_pruned_clusters_leaving(tmp_path):
+    """With too many groups for a read to compute, the refresher alone keeps the list current: ranks that stop
+    reporting turn stale, then missing, in the list with no new report (the clock alone changed them), and a
+    cluster pruned after the retention leaves the list."""
+    from capwatch.service import digests
+
+    with service(tmp_path) as (client, store, clock, settings):
+        groups = [Group(f"s{index:03d}") for index in range(digests.READ_RECOMPUTE_MAX_GROUPS + 8)]
+
+        def every_group_reports(which: list[Group]) -> None:  # the same window
+            for group in which:
+                group.window(store, clock, 300)
+                clock.now -= WINDOW_S
+            clock.now += WINDOW_S
+
+        every_group_reports(groups)
+        wait_for(lambda: len(listed(client)) == len(groups), 30, "the refresher to list every group", poll_s=0.05)
+        assert {entry["ranks_reporting"] for entry in listed(client).values()} == {2}
+
+        clock.now += settings.stale_after_s
+        wait_for(lambda: {(entry["ranks_stale"], entry["ranks_reporting"]) for entry in listed(client).values()}
+                 == {(2, 0)}, 30, "every rank to show stale", poll_s=0.05)
+        clock.now += settings.missing_after_s
+        wait_for(lambda: {entry["ranks_missing"] for entry in listed(client).values()} == {2}, 30,
+                 "every rank to show missing", poll_s=0.05)
+
+        clock.now += settings.retention_s
+        every_group_reports(groups[1:])
+        store.maintain()  # the first group, silent past the retention, is pruned
+        gone = groups[0].ranks[0].cluster
+        wait_for(lambda: gone not in listed(client), 30, "the pruned cluster to leave the list", poll_s=0.05)
+        entries = listed(client)
+        assert len(entries) == len(groups) - 1
+        wait_for(lambda: not any(entry["pending"] for entry in listed(client).values()), 30,
+                 "the refresher to compute every group")
+        assert listed(client) == {entry["cluster"]: entry for entry in fresh_list(store, settings, clock.now)}
