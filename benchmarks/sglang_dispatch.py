@@ -134,9 +134,10 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
 
 
 def _counted_parts(counted) -> tuple:
-    """(layer, traffic counts) a counting dispatch closes over, to rebuild it around another transport."""
+    """(layer, counter words, traffic record) a counting dispatch closes over, to rebuild it around another
+    transport."""
     cells = dict(zip(counted.__code__.co_freevars, (cell.cell_contents for cell in counted.__closure__)))
-    return cells["layer"], cells["traffic_counts"]
+    return cells["layer"], cells["counter_words"], cells["record"]
 
 
 def _us(seconds: float) -> float:
