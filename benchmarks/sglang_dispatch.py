@@ -74,8 +74,43 @@ def _rank(run_dir: Path, rank: int) -> None:
                 if iteration >= plan["warmup"]:
                     host[str(tokens)][side].append(time.thread_time() - started_cpu)
                     wall[str(tokens)][side].append(time.perf_counter() - started)
+    after_wait = _after_wait(vars(dispatchers["plugin"].moe_a2a)["dispatch"], plan["after_wait_calls"]) \
+        if rank == 0 else None
     hot_path = _hot_path(sglang, dispatchers, plan["hot_path_calls"]) if rank == 0 else None
-    (run_dir / f"timings-{rank}.json").write_text(json.dumps({"wall": wall, "host": host, "hot_path": hot_path}))
+    (run_dir / f"timings-{rank}.json").write_text(json.dumps({"wall": wall, "host": host, "hot_path": hot_path,
+                                                              "after_wait": after_wait}))
+
+
+def _after_wait(counted, calls: int) -> dict:
+    """Host microseconds of the plugin's per-call torch ops as the step leader (a step's ``add_``, the counts'
+    ``copy_``, the record's ``add_``, on the adopted layer's own counter words, into counters of its geometry),
+    back to back and right after the calling thread waited 1 ms on an event another thread sets, as the
+    stand-in's gloo collective makes it wait just before them. FlashInfer's dispatch is a kernel launch: on a GPU
+    the thread does not wait there."""
+    import threading
+
+    from capwatch.dispatcher.counters import DispatchCounters
+
+    layer, counter_words, _ = _counted_parts(counted)
+    counters = DispatchCounters(layer.cap, layer.counters.ep_size)
+    record = counters.traffic_record()
+
+    def ops() -> None:
+        counters.record_step(8, 8)
+        record.counts.copy_(counter_words)
+        counters.record_traffic(record)
+
+    times = {"back_to_back": [], "after_a_wait": []}
+    for _ in range(calls):
+        for name in times:
+            if name == "after_a_wait":
+                woken = threading.Event()
+                threading.Timer(0.001, woken.set).start()
+                woken.wait()
+            started = time.thread_time_ns()
+            ops()
+            times[name].append(time.thread_time_ns() - started)
+    return {f"{name}_us": round(statistics.median(values) / 1000, 2) for name, values in times.items()}
 
 
 def _hot_path(sglang, dispatchers, calls: int) -> dict:
@@ -156,7 +191,7 @@ def run(quick: bool = False) -> dict:
         group = RankRun(run_dir, WORLD_SIZE, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_METRICS_BASE_PORT": "0"},
                         program="benchmarks.sglang_dispatch")
         group.start({"model": MODEL, "sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup,
-                     "hot_path_calls": 2000 if quick else 20000})
+                     "hot_path_calls": 2000 if quick else 20000, "after_wait_calls": 200 if quick else 1000})
         codes = group.wait_exit(timeout_s=1800)
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"benchmark ranks failed: {codes}\n{group.logs()}")
@@ -192,6 +227,7 @@ def run(quick: bool = False) -> dict:
         "median_control_added_host_us": round(statistics.median(e["control_added_host_us"]
                                                                 for e in per_size.values()), 1),
         "hot_path": hot_path,
+        "plugin_ops_leader": results[0]["after_wait"],
         "added_us_per_call": added,
         "goal_ratio": GOAL_RATIO,
         "goal_added_host_us": GOAL_ADDED_US,
@@ -217,6 +253,9 @@ def render(figures: dict) -> None:
     for name, entry in figures["hot_path"].items():
         print(f"no transport, plugin as {name.replace('_', ' ')}: bare {entry['bare_us']} us, added "
               f"{entry['added_us']} us (control {entry['control_added_us']} us)")
+    ops = figures["plugin_ops_leader"]
+    print(f"the plugin's ops as step leader: {ops['back_to_back_us']} us back to back, {ops['after_a_wait_us']} us "
+          f"right after a 1 ms wait")
     print(f"host time the plugin adds per dispatch + combine: {figures['added_us_per_call']} us "
           f"(goal <= {figures['goal_added_host_us']})")
 
