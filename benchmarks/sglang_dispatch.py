@@ -12,12 +12,14 @@ torch.distributed backend), identical on every side.
 
 Per size: the median wall time of a dispatch + combine (a step ends when its slowest rank does) and
 the median CPU time of the calling thread (``time.thread_time``), each for bare, control and plugin:
-the wall ratios plugin/bare and control/bare (the noise). The end-to-end thread time still holds the
-wait for the other rank, which on a loaded 2-core machine grows with whatever the other rank did; so
-the plugin's own cost is measured apart too (``hot_path``): SGLang's real dispatch + combine with the
-transport a no-op on every side, the plugin as its role's step leader and as any other layer, beside
-the control. Goals: <= 10 us of host time added per call (the larger hot-path figure), median wall
-ratio <= 1.02.
+the wall ratios plugin/bare and control/bare (the noise). The stand-in's gloo collective puts the calling
+thread to sleep until the other rank's data arrives (no CPU time), and on a busy 2-core machine other jobs
+run meanwhile: the plugin's ops, the first torch ops after that wait, pay a cold start that FlashInfer's
+dispatch (a kernel launch: the thread does not wait) does not cause. So the benchmark also times those
+ops as the step leader back to back and right after a 1 ms wait on an event (``plugin_ops_leader``), and
+measures the plugin's own cost apart (``hot_path``): SGLang's real dispatch + combine with the transport
+a no-op on every side, the plugin as its role's step leader and as any other layer, beside the control.
+Goals: <= 10 us of host time added per call (the larger hot-path figure), median wall ratio <= 1.02.
 
     python -m benchmarks.sglang_dispatch [--quick] [--json]
 """
@@ -117,7 +119,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
     """Host microseconds per dispatch + combine of SGLang's real dispatcher code with FlashInfer's transport
     replaced by a no-op on every side (the plugin keeps its counting around it): what the plugin's own work
     costs, without the other rank's wait in the figure. The plugin side twice: as its role's step leader
-    (one index_add_ more) and as any other layer."""
+    (one add_ more) and as any other layer."""
     import torch
     from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len

@@ -150,7 +150,7 @@ def test_pausing_waits_for_a_snapshot_in_flight():
 
 
 def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
-    """The step's R bin and local-batch bin land with one index_add_ (the strided step tables): checked
+    """The step's R bin and local-batch bin land with one add_ (a strided two-element view of the state): checked
     against a plain count for every (R, local) pair of a small cap, over-cap bins included."""
     cap = 5
     counters = DispatchCounters(cap=cap, ep_size=2)
