@@ -34,16 +34,17 @@ class Field(IntEnum):
     no slots: the snapshot reads them off the R histogram (every step adds 1 to one bin), plus the
     exact R of the steps above the cap."""
 
-    DISPATCH_CALLS = 0
-    RUNTIME_TOKENS_OVER_CAP_SUM = 1  # sum of R over the steps with R > cap (the histogram's last bin is not exact)
-    MAX_RUNTIME_TOKENS = 2
-    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 3
-    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 4
-    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 5
+    RUNTIME_TOKENS_OVER_CAP_SUM = 0  # sum of R over the steps with R > cap (the histogram's last bin is not exact)
+    MAX_RUNTIME_TOKENS = 1
+    OVERFLOW_RUNTIME_OVER_CAP_RAISED = 2
+    OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 3
+    OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 4
     # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
-    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 6
-    CHUNKED_ROUNDS = 7
-    MAX_LOCAL_TOKENS = 8  # this rank's own largest local batch (tokens it dispatched in one step)
+    OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 5
+    CHUNKED_ROUNDS = 6
+    MAX_LOCAL_TOKENS = 7  # this rank's own largest local batch (tokens it dispatched in one step)
+    # Last: the per-rank sent and received counts follow it, so a dispatch's call and its traffic are one add_.
+    DISPATCH_CALLS = 8
 
 
 def overflow_field(kind: str, outcome: str) -> Field:
@@ -90,10 +91,13 @@ class DispatchCounters:
     ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
     ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
     a step pays (a few us each on CPU, a kernel launch each on GPU), so a step is **one**
-    ``index_add_``: its R bin and its local-batch bin (plus a ``clamp_`` on the rare step that sets a
-    new max, and an ``add_`` of R on a step above the cap). A dispatch is its call and one ``add_`` of
-    its ``[2, ep_size]`` send/receive counts (:meth:`record_traffic`; :meth:`record_dispatch` takes
-    them as two vectors). The snapshot's token totals are the sums of the per-rank counts."""
+    ``add_`` on a two-element view of the state: its R bin and its local-batch bin (plus a ``clamp_``
+    on the rare step that sets a new max, and an ``add_`` of R on a step above the cap). A dispatch is
+    **one** ``add_`` of a :class:`TrafficRecord`: its call and its send/receive counts
+    (:meth:`record_traffic`; :meth:`record_dispatch` takes the counts as two vectors). Every per-call
+    ``add_`` takes int64 on both sides and no index: on CPU a mixed-dtype ``add_`` first converts its
+    operand into a new tensor, and ``index_add_`` copies a strided index, each an allocation per call.
+    The snapshot's token totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -124,11 +128,14 @@ class DispatchCounters:
 
         self._one = torch.ones(1, **options)
         self._calls = self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1]
-        # sent and received are adjacent: one [2, ep_size] view takes a dispatch's traffic in one add_.
         self._traffic = self._state[sent_offset:histogram_offset].view(2, ep_size)
+        # The call count, then sent, then received: one dispatch's TrafficRecord lands in one add_.
+        if Field.DISPATCH_CALLS != num_fields - 1:
+            raise AssertionError("the dispatch call count must be the last field, before the per-rank counts")
+        self._dispatch_record = self._state[Field.DISPATCH_CALLS : histogram_offset]
         self._runtime_tokens_over_cap_sum = self.values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
                                                         Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
-        self._steps = _StepTables(cap, histogram_offset, local_offset, options)
+        self._steps = _StepBins(self._state, cap, histogram_offset, local_offset, options)
         self._host_max_runtime_tokens = 0
         self._host_max_local_tokens = 0
 
@@ -151,10 +158,9 @@ class DispatchCounters:
         cap, steps = self.cap, self._steps
         runtime_bin = runtime_tokens if runtime_tokens <= cap else cap + 1
         if local_tokens is None:
-            self._state.index_add_(0, steps.index_without_local(runtime_bin), steps.one)
+            steps.without_local(runtime_bin).add_(steps.one)
         else:
-            self._state.index_add_(0, steps.index_of(runtime_bin, local_tokens if local_tokens <= cap else cap + 1),
-                                   steps.ones)
+            steps.of(runtime_bin, local_tokens if local_tokens <= cap else cap + 1).add_(steps.ones)
         if runtime_bin > cap:  # the histogram's last bin says only "> cap": keep the exact R
             self._runtime_tokens_over_cap_sum.add_(runtime_tokens)
         if runtime_tokens > self._host_max_runtime_tokens:
@@ -174,11 +180,14 @@ class DispatchCounters:
         self._traffic[0].add_(send_counts)
         self._traffic[1].add_(recv_counts)
 
-    def record_traffic(self, counts: torch.Tensor) -> None:
-        """One dispatch call and its tokens sent to (row 0) and received from (row 1) each rank,
-        ``[2, ep_size]`` (a view of the backend's own counter words): two ``add_``."""
-        self._calls.add_(self._one)
-        self._traffic.add_(counts)
+    def traffic_record(self) -> "TrafficRecord":
+        """A dispatch's record for :meth:`record_traffic`, on the counters' device (make it before any capture)."""
+        return TrafficRecord(self.ep_size, self.device)
+
+    def record_traffic(self, record: "TrafficRecord") -> None:
+        """One dispatch call and its tokens sent to and received from each rank (``record.counts``, written
+        by the caller since its dispatch): one ``add_``."""
+        self._dispatch_record.add_(record.values)
 
     def _raise_max(self, runtime_tokens: int) -> None:
         # R is a host int, so the host knows when the max can grow: no kernel on most steps.
@@ -279,41 +288,58 @@ class DispatchCounters:
         )
 
 
-class _StepTables:
-    """What one step's single ``index_add_`` adds: 1 at its R bin and 1 at its local-batch bin, by an index
-    that is a view of one table made once (before any graph capture), and a constant ``[1, 1]``: no
-    kernel, no host -> device copy, so a step is the same one kernel eagerly and under capture.
+class TrafficRecord:
+    """What one dispatch adds to its role's counters in one ``add_`` (:meth:`DispatchCounters.record_traffic`):
+    1 call, then the tokens sent to each rank, then those received from each rank, int64 like the counters.
 
-    The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each), so the
-    table is their positions in order, and a 2-element strided view (offset ``r``, stride ``B + l - r``,
-    always >= 1) lands on R's bin and the local batch's bin; a step without its local batch takes the
-    1-element view at ``r``. The views are kept (a view is a small host object, not device memory) up to
-    ``MAX_KEPT_VIEWS`` (r, l) pairs; past that a step makes its view anew (a microsecond).
+    Made once per counted object, before any graph capture; its hook writes ``counts`` (``[2, ep_size]``: the
+    sent row, the received row) in place at every dispatch: a ``copy_`` from FlashInfer's int32 counter words
+    (which converts as it copies), DeepEP's ``scatter_add_`` and ``sum(out=)``."""
+
+    def __init__(self, ep_size: int, device: torch.device):
+        self.values = torch.zeros(1 + 2 * ep_size, dtype=torch.int64, device=device)
+        self.values[0] = 1
+        self.counts = self.values[1:].view(2, ep_size)
+
+
+class _StepBins:
+    """Where one step's single ``add_`` of a constant ``[1, 1]`` lands: 1 at its R bin and 1 at its local-batch
+    bin, a 2-element view of the state itself: no index tensor (``index_add_`` copies a strided index before it
+    adds: an allocation per step on CPU), no host -> device copy, so a step is the same one kernel eagerly and
+    under capture.
+
+    The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each), so a view at
+    offset ``r`` with stride ``B + l - r`` (always >= 1) lands on R's bin and the local batch's bin; a step
+    without its local batch takes the 1-element view at ``r``. The views are kept (a view is a small host
+    object, not device memory) up to ``MAX_KEPT_VIEWS`` (r, l) pairs; past that a step makes its view anew
+    (a microsecond).
     """
 
     MAX_KEPT_VIEWS = 1 << 16
 
-    def __init__(self, cap: int, histogram_offset: int, local_offset: int, options: dict):
+    def __init__(self, state: torch.Tensor, cap: int, histogram_offset: int, local_offset: int, options: dict):
         bins = cap + 2
         if local_offset != histogram_offset + bins:
             raise AssertionError("the local-batch histogram must follow the R histogram")
         self._bins = bins
-        self.index = torch.arange(histogram_offset, histogram_offset + 2 * bins, **options)
+        self._histogram = state[histogram_offset : histogram_offset + 2 * bins]
         self.ones = torch.ones(2, **options)
         self.one = self.ones[:1]
         self._kept: dict[int, torch.Tensor] = {}
 
-    def index_of(self, runtime_bin: int, local_bin: int) -> torch.Tensor:
+    def of(self, runtime_bin: int, local_bin: int) -> torch.Tensor:
         key = runtime_bin * self._bins + local_bin
-        index = self._kept.get(key)
-        if index is None:
-            index = self.index.as_strided((2,), (self._bins + local_bin - runtime_bin,), runtime_bin)
+        bins = self._kept.get(key)
+        if bins is None:
+            histogram = self._histogram
+            bins = histogram.as_strided((2,), (self._bins + local_bin - runtime_bin,),
+                                        histogram.storage_offset() + runtime_bin)
             if len(self._kept) < self.MAX_KEPT_VIEWS:
-                self._kept[key] = index
-        return index
+                self._kept[key] = bins
+        return bins
 
-    def index_without_local(self, runtime_bin: int) -> torch.Tensor:
-        return self.index[runtime_bin : runtime_bin + 1]
+    def without_local(self, runtime_bin: int) -> torch.Tensor:
+        return self._histogram[runtime_bin : runtime_bin + 1]
 
 
 @contextlib.contextmanager

@@ -9,12 +9,12 @@ are shadowed by instance attributes that count; SGLang's class is left alone. Th
 
 - ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
   (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
-  leader (both micro-batches of the lowest layer) one ``index_add_`` (the batch's bin); the (token, expert) pairs
+  leader (both micro-batches of the lowest layer) one ``add_`` (the batch's bin); the (token, expert) pairs
   sent to each rank from the ``topk_ids`` SGLang dispatches (into scratch made at adoption: a ``clamp``, a
   ``div_``, a ``ge``, a ``zero_`` and a ``scatter_add_``; no host read, nothing allocated per call);
 - ``dispatch_b``, after DeepEP's receive (its hook or event): the pairs received from each rank, from DeepEP's
   ``packed_recv_layout_range`` in the handle (``>> 32`` and a sum, into scratch), and one ``add_`` of the
-  ``[2, ranks]`` counts;
+  call and the ``[2, ranks]`` counts (the layer's ``TrafficRecord``);
 - a batch above the cap is counted, announced and the final report shipped (bounded wait:
   ``CAPWATCH_FINAL_REPORT_TIMEOUT_S``) *before* the call reaches DeepEP, whose assertion then ends the rank as it
   would without capwatch (``x.size(0) <= num_max_dispatch_tokens_per_rank``);
@@ -37,6 +37,7 @@ import pkgutil
 from dataclasses import dataclass
 
 import torch
+from capwatch.dispatcher.counters import DispatchCounters, TrafficRecord
 from capwatch.dispatcher.instrumented import CapOverflowError
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_plugin.session import reported_backend
@@ -139,7 +140,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, place, role, layer_id, geometry, device, DEEPEP,
                                 lead_per_micro_batch=True)
-    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, place, device))
+    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer.counters))
 
 
 @dataclass(frozen=True)
@@ -147,19 +148,21 @@ class Traffic:
     """A dispatch's (token, expert) pairs sent to (``counts[0]``) and received from (``counts[1]``) each rank, and
     the scratch that computes them: all made at adoption, before any graph capture, so no call allocates."""
 
-    counts: torch.Tensor  # [2, ranks]
+    record: TrafficRecord  # the call and the counts, as the counters add them
+    counts: torch.Tensor  # [2, ranks]: record.counts
     destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
     sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
     received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
 
     @classmethod
-    def made(cls, dispatcher, place: RankPlace, device) -> "Traffic":
+    def made(cls, dispatcher, counters: DispatchCounters) -> "Traffic":
         pairs = dispatcher.num_max_dispatch_tokens_per_rank * dispatcher.router_topk
-        local_experts = dispatcher.num_experts // place.ep_size
-        return cls(torch.zeros(2, place.ep_size, dtype=torch.int64, device=device),
+        local_experts, device = dispatcher.num_experts // counters.ep_size, counters.device
+        record = counters.traffic_record()
+        return cls(record, record.counts,
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(pairs, dtype=torch.int64, device=device),
-                   torch.empty(local_experts, place.ep_size, dtype=torch.int64, device=device))
+                   torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device))
 
 
 def unadopt(dispatcher) -> None:
@@ -240,7 +243,7 @@ def counted_dispatch_b(dispatch_b, dispatcher, layer, traffic):
         output = dispatch_b(*state)
         torch.bitwise_right_shift(dispatcher.handle[1], 32, out=traffic.received_per_expert)
         torch.sum(traffic.received_per_expert, dim=0, out=received)
-        record_traffic(traffic.counts)
+        record_traffic(traffic.record)
         return output
 
     return counted

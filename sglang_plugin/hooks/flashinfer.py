@@ -8,9 +8,10 @@ alone. That is the whole hot path:
 - it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
   sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
   (0.5.22), prefill is counted with decode;
-- per dispatch one ``add_`` of the workspace's send/receive counter words (no host read) and one for the
-  call, and per step, on the role's step leader, one ``index_add_`` (R bin, local-batch bin); no
-  allocation, no host sync, nothing else;
+- per dispatch one ``copy_`` of the workspace's int32 send/receive counter words (no host read) into the
+  layer's int64 ``TrafficRecord`` and one ``add_`` of that record (the call and its counts), and per step,
+  on the role's step leader, one ``add_`` (R bin, local-batch bin); no allocation, no host sync, nothing
+  else;
 - an overflow is caught before FlashInfer writes: SGLang's own assert, or under ``python -O``, where
   SGLang's asserts are gone, capwatch's guard on R and the local batch (``CapOverflowError``, counted and
   reported before it is raised). SGLang's assert is counted where the scheduler dies of it, at no cost per
@@ -193,11 +194,12 @@ def register(session, adapter: Adapter, source) -> None:
 
 
 def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -> None:
-    """Count each MoeAlltoAll the dispatcher holds (no second workspace)."""
+    """Count each MoeAlltoAll the dispatcher holds (no second workspace; its traffic record made now, at
+    construction, before any graph capture)."""
     for attribute, role in adapter.roles(module, dispatcher):
         alltoall = getattr(dispatcher, attribute)
         layer = session.adopt_layer(dispatcher, alltoall, role, layer_id)
-        alltoall.dispatch = _first_dispatch(session, alltoall, layer)
+        alltoall.dispatch = _first_dispatch(session, alltoall, layer, layer.counters.traffic_record())
 
 
 def unadopt(dispatcher) -> None:
@@ -208,21 +210,23 @@ def unadopt(dispatcher) -> None:
             vars(alltoall).pop("dispatch", None)
 
 
-def _first_dispatch(session, alltoall, layer):
+def _first_dispatch(session, alltoall, layer, record):
     """The role's reports and series start at its first dispatch (every layer and workspace is known
     then); after it, the MoeAlltoAll's dispatch is the counting one, with no check left per call."""
     def first(*args, **kwargs):
         session.start_role_once(layer.counters.role)
         alltoall.dispatch = counted = counted_dispatch(type(alltoall).dispatch.__get__(alltoall), layer,
-                                                       session.traffic_counts(alltoall))
+                                                       session.traffic_counts(alltoall), record)
         return counted(*args, **kwargs)
     return first
 
 
-def counted_dispatch(dispatch, layer, traffic_counts):
-    """``MoeAlltoAll.dispatch`` as SGLang calls it, counted: the hot path (see the module docstring)."""
+def counted_dispatch(dispatch, layer, counter_words, record):
+    """``MoeAlltoAll.dispatch`` as SGLang calls it, counted: the hot path (see the module docstring).
+    ``counter_words``: the workspace's int32 send/receive words (``[2, ep_size]`` view), valid from the end
+    of a dispatch until the next; ``record``: the layer's ``TrafficRecord`` they are copied into."""
     counters = layer.counters
-    record_step, record_traffic = counters.record_step, counters.record_traffic
+    record_step, record_traffic, counts = counters.record_step, counters.record_traffic, record.counts
     cap = layer.cap
 
     def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
@@ -234,7 +238,8 @@ def counted_dispatch(dispatch, layer, traffic_counts):
                             invalid_token_expert_id, expert_id_payload_index, **more)
         if layer.step_leader:
             record_step(runtime_max_tokens_per_rank, local_tokens)
-        record_traffic(traffic_counts)
+        counts.copy_(counter_words)  # int32 -> int64 as it copies: the add_ below converts nothing
+        record_traffic(record)
         return received
 
     return counted

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 import torch
-
 from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
+
 from tests.support.host_reads import HostReadError, forbid_host_reads
 
 
@@ -150,7 +150,7 @@ def test_pausing_waits_for_a_snapshot_in_flight():
 
 
 def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
-    """The step's R bin and local-batch bin land with one index_add_ (the strided step tables): checked
+    """The step's R bin and local-batch bin land with one add_ (a strided two-element view of the state): checked
     against a plain count for every (R, local) pair of a small cap, over-cap bins included."""
     cap = 5
     counters = DispatchCounters(cap=cap, ep_size=2)
@@ -173,17 +173,25 @@ def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
     assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (cap + 2, cap + 2)
 
 
-def test_traffic_is_one_add_of_a_two_row_view_and_counts_its_call():
+def _workspace_words(ep_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A FlashInfer workspace row (uint8) and its int32 send/receive counter words as one [2, ep_size] strided
+    view (send at byte 16, receive at byte 80), as ``FlashInferMoeAlltoAllBackend.traffic_counts`` makes it."""
+    workspace = torch.zeros(256, dtype=torch.uint8)
+    return workspace, workspace.view(torch.int32).as_strided((2, ep_size), (16, 1), 4)
+
+
+def test_traffic_is_one_add_of_a_record_and_counts_its_call():
     counters = DispatchCounters(cap=8, ep_size=3)
-    words = torch.zeros(64, dtype=torch.int32)  # a workspace's counter words: send at 4, receive at 20
-    traffic = words.as_strided((2, 3), (16, 1), 4)
-    words[4:7] = torch.tensor([1, 0, 2], dtype=torch.int32)
-    words[20:23] = torch.tensor([3, 1, 0], dtype=torch.int32)
-    counters.record_traffic(traffic)
-    counters.record_traffic(traffic)
+    workspace, words = _workspace_words(3)
+    words[0] = torch.tensor([1, 0, 2], dtype=torch.int32)
+    words[1] = torch.tensor([3, 1, 0], dtype=torch.int32)
+    record = counters.traffic_record()
+    for _ in range(2):
+        record.counts.copy_(words)
+        counters.record_traffic(record)
     snapshot = counters.snapshot()
     assert snapshot.tokens_sent_per_rank == (2, 0, 4) and snapshot.tokens_received_per_rank == (6, 2, 0)
-    assert snapshot.dispatch_calls == 2
+    assert snapshot.dispatch_calls == 2 and snapshot.forward_steps == 0
     counters.record_dispatch(torch.tensor([1, 1, 1]), torch.tensor([0, 0, 5]))
     snapshot = counters.snapshot()
     assert snapshot.dispatch_calls == 3 and snapshot.tokens_received_per_rank == (6, 2, 5)
@@ -191,8 +199,9 @@ def test_traffic_is_one_add_of_a_two_row_view_and_counts_its_call():
 
 def test_recording_a_step_or_its_traffic_never_reads_the_device():
     counters = DispatchCounters(cap=16, ep_size=2)
-    traffic = torch.ones(2, 2, dtype=torch.int32)
+    record = counters.traffic_record()
+    record.counts.fill_(1)
     with forbid_host_reads():
         for runtime, local in ((3, 1), (16, 16), (40, 2), (0, 0)):
             counters.record_step(runtime, local)
-            counters.record_traffic(traffic)
+            counters.record_traffic(record)

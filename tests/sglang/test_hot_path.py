@@ -1,0 +1,54 @@
+"""The FlashInfer hook's counting dispatch, per call, in the main venv: exactly the torch ops its module
+docstring promises (a ``copy_`` of the workspace's int32 counter words into the layer's int64 record and one
+``add_`` of it; one ``add_`` more on the step leader), nothing allocated, nothing read back to the host, and
+the counts land.
+
+torch's profiler lists every aten op a call runs, nested ones too: on CPU an ``add_`` of int32 words into the
+int64 counters runs ``aten::to`` (a converted copy: an allocation), and an ``index_add_`` with a strided index
+runs ``aten::contiguous`` (another) before they add; either would show here.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from capwatch.dispatcher.counters import DispatchCounters
+from capwatch.dispatcher.instrumented import InstrumentedDispatcher
+from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
+from torch.profiler import ProfilerActivity, profile
+
+from tests.support.host_reads import forbid_host_reads
+
+CAP, EP_SIZE = 16, 2
+
+
+@pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
+def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader):
+    counters = DispatchCounters(CAP, EP_SIZE)
+    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
+    # This rank's row of a FlashInfer workspace; its send and receive counter words as the backend views them.
+    workspace = torch.zeros(EP_SIZE, 256, dtype=torch.uint8)
+    words = workspace[0].view(torch.int32).as_strided((2, EP_SIZE), (16, 1), 4)
+    words.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))  # what FlashInfer's kernel writes
+    received = [torch.zeros(EP_SIZE, 8, 4)]
+
+    def transport(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id,
+                  expert_id_payload_index):  # FlashInfer's launch: no torch op on the host here
+        return received
+
+    counted = counted_dispatch(transport, layer, words, counters.traffic_record())
+    experts = torch.zeros(5, 8, dtype=torch.int32)
+    counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1)  # the step's view is kept now
+    with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        assert counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1) is received
+    ops = sorted(event.name for event in profiler.events())
+    assert ops == sorted(["aten::copy_", "aten::add_"] + (["aten::add_"] if leader else [])), ops
+    assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == 2
+    assert snapshot.tokens_sent_per_rank == (6, 4) and snapshot.tokens_received_per_rank == (2, 8)
+    assert snapshot.forward_steps == (2 if leader else 0)
+    if leader:
+        assert snapshot.runtime_tokens_histogram[8] == 2 and snapshot.local_tokens_histogram[5] == 2
