@@ -153,6 +153,7 @@ class Traffic:
     destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
     sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
     received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
+    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
 
     @classmethod
     def made(cls, dispatcher, counters: DispatchCounters) -> "Traffic":
@@ -162,7 +163,8 @@ class Traffic:
         return cls(record, record.counts,
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(pairs, dtype=torch.int64, device=device),
-                   torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device))
+                   torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device),
+                   torch.tensor(local_experts, dtype=torch.int64, device=device))
 
 
 def unadopt(dispatcher) -> None:
@@ -213,8 +215,7 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
     """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted: the batch and what it sends."""
     counters = layer.counters
     record_step, cap = counters.record_step, layer.cap
-    sent = traffic.counts[0]
-    experts_per_rank = dispatcher.num_experts // counters.ep_size
+    sent, experts_per_rank = traffic.counts[0], traffic.experts_per_rank
 
     def counted(hidden_states, topk_output):
         local_tokens = hidden_states.shape[0]

@@ -1,4 +1,4 @@
-"""The FlashInfer hook's counting dispatch, per call, in the main venv: exactly the torch ops its module
+"""The FlashInfer and DeepEP hooks' counting dispatch, per call, in the main venv: exactly the torch ops its module
 docstring promises (a ``copy_`` of the workspace's int32 counter words into the layer's int64 record and one
 ``add_`` of it; one ``add_`` more on the step leader), nothing allocated, nothing read back to the host, and
 the counts land.
@@ -52,3 +52,39 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader):
     assert snapshot.forward_steps == (2 if leader else 0)
     if leader:
         assert snapshot.runtime_tokens_histogram[8] == 2 and snapshot.local_tokens_histogram[5] == 2
+
+
+@pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
+def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(leader):
+    """The DeepEP hook's ``dispatch_a`` + ``dispatch_b`` per call: the pairs' destinations and weights into the
+    scratch made at adoption, the layout range's high words summed into the record, one ``add_``; nothing
+    allocated (a Python int divisor was wrapped into a new tensor on every call), nothing read back."""
+    from capwatch.sglang_plugin.hooks.deepep import Traffic, counted_dispatch_a, counted_dispatch_b
+
+    experts, top_k = 8, 2
+    counters = DispatchCounters(CAP, EP_SIZE)
+    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
+    # Each local expert's layout range: pairs from each rank in the high words (rank 0 sent 1 + 2, rank 1 3 + 4).
+    layout = torch.tensor([[1, 3], [2, 4]], dtype=torch.int64) << 32
+    dispatcher = SimpleNamespace(num_experts=experts, num_max_dispatch_tokens_per_rank=CAP, router_topk=top_k,
+                                 handle=(None, layout))
+    traffic = Traffic.made(dispatcher, counters)
+    topk_ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int64)  # ranks 0, 1 | 1, none | 0, 1
+
+    def dispatch_a(hidden_states, topk_output):  # DeepEP's launch: what SGLang keeps for dispatch_b
+        return hidden_states, topk_ids
+
+    def dispatch_b(*state):
+        return state[0]
+
+    counted_a = counted_dispatch_a(dispatch_a, dispatcher, layer, traffic)
+    counted_b = counted_dispatch_b(dispatch_b, dispatcher, layer, traffic)
+    hidden = torch.zeros(3, 4)
+    counted_b(*counted_a(hidden, None))
+    with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        assert counted_b(*counted_a(hidden, None)) is hidden
+    assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == 2
+    assert snapshot.tokens_sent_per_rank == (4, 6) and snapshot.tokens_received_per_rank == (6, 14)
+    assert snapshot.forward_steps == (2 if leader else 0)
