@@ -64,8 +64,9 @@ def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(lead
     experts, top_k = 8, 2
     counters = DispatchCounters(CAP, EP_SIZE)
     layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
-    # Each local expert's layout range: pairs from each rank in the high words (rank 0 sent 1 + 2, rank 1 3 + 4).
-    layout = torch.tensor([[1, 3], [2, 4]], dtype=torch.int64) << 32
+    # Each of the 4 local experts' layout range: pairs from each rank in the high words (rank 0 sent 1 + 2 + 0 + 0,
+    # rank 1 3 + 4 + 0 + 1), as DeepEP lays it out: [local experts, ranks].
+    layout = torch.tensor([[1, 3], [2, 4], [0, 0], [0, 1]], dtype=torch.int64) << 32
     dispatcher = SimpleNamespace(num_experts=experts, num_max_dispatch_tokens_per_rank=CAP, router_topk=top_k,
                                  handle=(None, layout))
     traffic = Traffic.made(dispatcher, counters)
@@ -86,5 +87,5 @@ def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(lead
     assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
     snapshot = counters.snapshot()
     assert snapshot.dispatch_calls == 2
-    assert snapshot.tokens_sent_per_rank == (4, 6) and snapshot.tokens_received_per_rank == (6, 14)
+    assert snapshot.tokens_sent_per_rank == (4, 6) and snapshot.tokens_received_per_rank == (6, 16)
     assert snapshot.forward_steps == (2 if leader else 0)
