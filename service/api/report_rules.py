@@ -109,6 +109,9 @@ class _Body:
     complete: bool = False
     connected: bool = True
 
+    def result(self) -> tuple[bytes, bool]:
+        return b"".join(self.chunks), self.connected
+
 
 class BodyGate:
     """Receives request bodies: bounded in size and time, and in how many are waited for at once, overall and per
@@ -157,7 +160,7 @@ class BodyGate:
         except TimeoutError:
             refusal = None  # not all here within the grace: what is missing needs a slot
         if refusal is not None or body.complete:
-            return refusal or (b"".join(body.chunks), body.connected)
+            return refusal or body.result()
         refusal = self._take_slot(client)
         if refusal is not None:
             return refusal
@@ -169,7 +172,7 @@ class BodyGate:
                                             "(CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
         finally:
             self._release_slot(client)
-        return refusal or (b"".join(body.chunks), body.connected)
+        return refusal or body.result()
 
     async def _receive(self, body: _Body, receive: Receive, until_bytes: int) -> Refusal | None:
         """Adds to ``body`` until it is complete or holds more than ``until_bytes``; a refusal if it is too large."""
