@@ -3,8 +3,8 @@ thousands of new clusters arrive and under a steady write load, and a change sho
 report interval (5 s).
 
 A real SQLite store holds the EP groups (two ranks each, a few windows of history); the app is served as
-``capwatch serve`` serves it (uvicorn with the service's bounded HTTP protocol, its background refresher running)
-on loopback, in this process, and read from another process over a new connection each time, as the page or
+``capwatch serve`` serves it (uvicorn with the service's bounded HTTP protocol, its background refresher running,
+full garbage collections on the service's schedule: ``capwatch.service.gc_schedule``) on loopback, in this process, and read from another process over a new connection each time, as the page or
 ``capwatch advise`` reads it. (Starlette's TestClient, used before, hands every 16 KiB piece of the answer from
 its event loop's thread to the caller's: under the write load each hop waited for the GIL, and a list that a real
 connection answered in ~130 ms took 2-3.5 s through it.)
@@ -16,15 +16,20 @@ connection answered in ~130 ms took 2-3.5 s through it.)
 - new clusters: as many new clusters again arrive at once: the first reads (the new ones listed from their
   ranks' states, ``pending``) and how long until every one is computed;
 - under load: a writer thread reports for every cluster at a steady rate while the list is read every 100 ms:
-  the reads' median and p99, and how long a rank's changed cap takes to show in the list;
-- controls, measured in the same run: ``GET /healthz`` (the floor of any request), and the first read after the
-  new clusters with the digests computed in the request (the refresher stopped: what the service did before).
+  the reads' median and p99, how long a rank's changed cap takes to show in the list, and the full collections
+  that ran meanwhile;
+- controls, measured in the same run: ``GET /healthz`` (the floor of any request), the same load again with
+  CPython's automatic full collections (what the service did before: the p99 was their pauses), and the first
+  read after the new clusters with the digests computed in the request (the refresher stopped: what the service
+  did before).
 
     python -m benchmarks.many_clusters [--quick] [--json]
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import http.client
 import json
 import multiprocessing
@@ -44,6 +49,7 @@ WINDOWS = 3
 WRITES_PER_S = 1800  # the issue's load: ~1,800 reports a second across 5,000 clusters
 GOAL_MS = 100
 REPORT_INTERVAL_S = 5.0
+DEFAULT_THRESHOLD2 = 10  # CPython's own third threshold (gc.set_threshold): a full collection as the heap grows
 
 
 def _groups(prefix: str, clusters: int, cap: int = 1024) -> list:
@@ -141,6 +147,7 @@ class Served:
 
     def __init__(self, app, settings):
         import uvicorn
+        from capwatch.service.gc_schedule import scheduled_full_collections
         from capwatch.service.http_server import ConnectionLimits, protocol_factory
 
         self.listener = socket.create_server(("127.0.0.1", 0))
@@ -149,10 +156,12 @@ class Served:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                     http=protocol_factory(limits), ws="none"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
+        self.collections = scheduled_full_collections()
 
     def start(self) -> float:
         """Seconds until it answers (its start computes every group's digest)."""
         started = time.perf_counter()
+        self.collections.__enter__()
         self.thread.start()
         if _until(lambda: self.server.started, 300, poll_s=0.01) is None:
             raise RuntimeError("the server did not start within 300 s")
@@ -162,6 +171,7 @@ class Served:
         self.server.should_exit = True
         self.thread.join(timeout=60)
         self.listener.close()
+        self.collections.__exit__(None, None, None)
 
 
 def _pending(reader: Reader) -> int:
@@ -196,6 +206,9 @@ def _under_load(reader: Reader, store, groups: list, now: float, rate: float, se
             time.sleep(0.01)
 
     thread = threading.Thread(target=writer, daemon=True)
+    pauses: list[float] = []
+    timing = _FullCollectionTimer(pauses)
+    gc.callbacks.append(timing)
     thread.start()
     reads, shown = [], []
     try:
@@ -225,6 +238,7 @@ def _under_load(reader: Reader, store, groups: list, now: float, rate: float, se
     finally:
         stop.set()
         thread.join(timeout=30)
+        gc.callbacks.remove(timing)
     reads.sort()
     visible = [value for value in shown if value is not None]
     return {"writes_per_s_asked": rate, "writes_per_s_done": round(written[0] / seconds, 1),
@@ -232,7 +246,34 @@ def _under_load(reader: Reader, store, groups: list, now: float, rate: float, se
             "list_p99_ms": round(reads[min(len(reads) - 1, int(0.99 * len(reads)))] * 1e3, 2),
             "cap_change_visible_median_s": round(statistics.median(visible), 2) if visible else None,
             "cap_change_visible_max_s": round(max(visible), 2) if visible else None,
-            "cap_changes": len(shown), "cap_changes_not_visible_in_20_s": len(shown) - len(visible)}
+            "cap_changes": len(shown), "cap_changes_not_visible_in_20_s": len(shown) - len(visible),
+            "full_collections": len(pauses), "longest_full_collection_ms": round(max(pauses, default=0.0) * 1e3, 1)}
+
+
+class _FullCollectionTimer:
+    """A ``gc.callbacks`` entry: the seconds each full (generation 2) collection took."""
+
+    def __init__(self, pauses: list[float]):
+        self.pauses = pauses
+        self.started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                self.started = time.perf_counter()
+            else:
+                self.pauses.append(time.perf_counter() - self.started)
+
+
+@contextlib.contextmanager
+def _automatic_full_collections():
+    """The control: CPython's own schedule for full collections, as a process that does not set it has."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(thresholds[0], thresholds[1], DEFAULT_THRESHOLD2)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 def run(quick: bool = False) -> dict:
@@ -288,6 +329,9 @@ def run(quick: bool = False) -> dict:
                 "first_metrics_ms": reader.ms("/metrics"),
                 "all_computed_s": _until(lambda: _pending(reader) == 0, 120)}
             figures["under_load"] = _under_load(reader, store, groups + fresh, now, rate, 10 if quick else 30)
+            with _automatic_full_collections():  # the control: as the service ran before
+                figures["control_under_load_automatic_full_collections"] = _under_load(  # reports dated after
+                    reader, store, groups + fresh, now + 1000, rate, 10 if quick else 30)  # the first load's
             # Control: as the service did before, new groups computed in the read (the refresher stopped).
             app.state.digests.stop_refresher()
             app.state.digests.recompute_budget_s = float("inf")
@@ -324,11 +368,14 @@ def render(figures: dict) -> None:
     print(f"{new['added']} new clusters: first list {new['first_clusters_ms']} ms ({new['pending_in_first_read']} "
           f"pending), all computed in {new['all_computed_s']} s; control (computed in the read): "
           f"{figures['control_first_clusters_ms_computed_in_the_read']} ms")
-    load = figures["under_load"]
-    print(f"under {load['writes_per_s_done']} writes/s: list median {load['list_median_ms']} ms, p99 "
-          f"{load['list_p99_ms']} ms; a changed cap shows in {load['cap_change_visible_median_s']} s (max "
-          f"{load['cap_change_visible_max_s']} s, {load['cap_changes_not_visible_in_20_s']} of {load['cap_changes']} "
-          "not within 20 s)")
+    for name, what in (("under_load", "full collections scheduled"),
+                       ("control_under_load_automatic_full_collections", "control: CPython's automatic ones")):
+        load = figures[name]
+        print(f"under {load['writes_per_s_done']} writes/s ({what}): list median {load['list_median_ms']} ms, p99 "
+              f"{load['list_p99_ms']} ms; a changed cap shows in {load['cap_change_visible_median_s']} s (max "
+              f"{load['cap_change_visible_max_s']} s, {load['cap_changes_not_visible_in_20_s']} of "
+              f"{load['cap_changes']} not within 20 s); {load['full_collections']} full collections, the longest "
+              f"{load['longest_full_collection_ms']} ms")
 
 
 if __name__ == "__main__":

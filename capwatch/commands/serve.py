@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
     from pydantic_settings import SettingsError
 
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
+    from capwatch.service.gc_schedule import scheduled_full_collections
     from capwatch.service.http_server import ConnectionLimits, protocol_factory
     from capwatch.service.main import create_app
     from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
@@ -214,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
         limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
         server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
                                                http=protocol_factory(limits), ws="none"))
-        server.run(sockets=[listener])
+        with scheduled_full_collections():  # no stop-the-world pause every few seconds under load
+            server.run(sockets=[listener])
     finally:
         listener.close()
     return 0
