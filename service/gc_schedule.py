@@ -2,10 +2,10 @@
 
 A full (generation 2) collection stops every thread of the process while it walks every tracked object. The
 service holds about 45 per EP group (rank states, digests: pydantic models, their dicts and sets): at 10,000
-groups one walk took 0.6-0.8 s on a 2-core machine. CPython starts one whenever the objects that survived into
+groups one walk took 0.6-1.0 s on a 2-core machine. CPython starts one whenever the objects that survived into
 the oldest generation grew by a quarter, and a service under a steady write load replaces its digests
-continuously: 45 full collections in a 3-minute benchmark, each a pause of every read (``benchmarks.many_clusters``
-under ~1,800 writes/s: list p99 0.85-1.0 s, where the median is 70 ms).
+continuously: 45 full collections in one benchmark run, each a pause of every read (``benchmarks.many_clusters``
+under ~1,800 writes/s: list p99 0.86-1.06 s, where the median is 70-120 ms).
 
 Full collections only find garbage in reference cycles; everything else is freed by reference counting the
 moment it is dropped. The service's steady state makes none worth the pause: over that benchmark the deferred
