@@ -38,11 +38,14 @@ def _full_collections_while_growing(objects: int) -> int:
 
 @pytest.fixture
 def default_thresholds():
-    before = gc.get_threshold()
+    before, enabled = gc.get_threshold(), gc.isenabled()
     gc.set_threshold(*DEFAULT_THRESHOLDS)
+    gc.enable()  # automatic collections on, whatever ran before in this process
     gc.collect()  # a clean start: the count of objects that survived into the old generation is at 0
     yield
     gc.set_threshold(*before)
+    if not enabled:
+        gc.disable()
 
 
 def test_within_the_block_no_full_collection_starts_on_its_own(default_thresholds):
