@@ -4,8 +4,9 @@ report interval (5 s).
 
 A real SQLite store holds the EP groups (two ranks each, a few windows of history); the app is served as
 ``capwatch serve`` serves it (uvicorn with the service's bounded HTTP protocol, its background refresher running,
-full garbage collections on the service's schedule: ``capwatch.service.gc_schedule``) on loopback, in this process, and read from another process over a new connection each time, as the page or
-``capwatch advise`` reads it. (Starlette's TestClient, used before, hands every 16 KiB piece of the answer from
+full garbage collections on the service's schedule: ``capwatch.service.gc_schedule``) on loopback, in this
+process, and read from another process over a new connection each time, as the page or ``capwatch advise`` reads
+it. (Starlette's TestClient, used before, hands every 16 KiB piece of the answer from
 its event loop's thread to the caller's: under the write load each hop waited for the GIL, and a list that a real
 connection answered in ~130 ms took 2-3.5 s through it.)
 
