@@ -147,22 +147,16 @@ class Served:
     this process (the benchmark writes to its store and drives its refresher)."""
 
     def __init__(self, app, settings):
-        import uvicorn
-        from capwatch.service.gc_schedule import scheduled_full_collections
-        from capwatch.service.http_server import ConnectionLimits, protocol_factory
+        from capwatch.service.http_server import bounded_server, serve
 
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                                    http=protocol_factory(limits), ws="none"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.listener]}, daemon=True)
-        self.collections = scheduled_full_collections()
+        self.server = bounded_server(app, settings, log_level="warning")
+        self.thread = threading.Thread(target=serve, args=(self.server, [self.listener]), daemon=True)
 
     def start(self) -> float:
         """Seconds until it answers (its start computes every group's digest)."""
         started = time.perf_counter()
-        self.collections.__enter__()
         self.thread.start()
         if _until(lambda: self.server.started, 300, poll_s=0.01) is None:
             raise RuntimeError("the server did not start within 300 s")
@@ -172,7 +166,6 @@ class Served:
         self.server.should_exit = True
         self.thread.join(timeout=60)
         self.listener.close()
-        self.collections.__exit__(None, None, None)
 
 
 def _pending(reader: Reader) -> int:

@@ -27,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httptools
+import uvicorn
 from capwatch.service.config import Settings
+from capwatch.service.gc_schedule import scheduled_full_collections
 from capwatch.service.vocabulary import DropReason
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
@@ -230,3 +232,18 @@ class BoundedHttpProtocol(HttpToolsProtocol):
 def protocol_factory(limits: ConnectionLimits) -> Callable[..., BoundedHttpProtocol]:
     """What ``uvicorn.Config(http=...)`` takes: the bounded protocol with these limits."""
     return functools.partial(BoundedHttpProtocol, limits=limits)
+
+
+def bounded_server(app, settings: Settings, log_level: str = "info") -> uvicorn.Server:
+    """The uvicorn server ``capwatch serve`` runs: ``app`` behind the bounded protocol, with ``settings``' limits
+    (its drops counted in the app's metrics). Run it with :func:`serve`."""
+    limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
+    return uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, http=protocol_factory(limits),
+                                         ws="none"))
+
+
+def serve(server: uvicorn.Server, sockets: list[socket.socket]) -> None:
+    """Run ``server`` on ``sockets`` until it is told to exit, with full garbage collections on the service's
+    schedule (``capwatch.service.gc_schedule``): the process is a server now."""
+    with scheduled_full_collections():  # no stop-the-world pause every few seconds under load
+        server.run(sockets=sockets)

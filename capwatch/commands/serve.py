@@ -169,13 +169,11 @@ def run(args: argparse.Namespace) -> int:
     import sqlite3
     import sys
 
-    import uvicorn
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
     from capwatch.service.config import LOOPBACK_HOSTS, Settings
-    from capwatch.service.gc_schedule import scheduled_full_collections
-    from capwatch.service.http_server import ConnectionLimits, protocol_factory
+    from capwatch.service.http_server import bounded_server, serve
     from capwatch.service.main import create_app
     from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
 
@@ -212,11 +210,7 @@ def run(args: argparse.Namespace) -> int:
         except sqlite3.Error as error:
             raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
                                "pick another path") from None
-        limits = ConnectionLimits.of(settings, app.state.metrics.count_dropped_connection)
-        server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, access_log=False,
-                                               http=protocol_factory(limits), ws="none"))
-        with scheduled_full_collections():  # no stop-the-world pause every few seconds under load
-            server.run(sockets=[listener])
+        serve(bounded_server(app, settings, args.log_level), [listener])
     finally:
         listener.close()
     return 0
