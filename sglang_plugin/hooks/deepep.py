@@ -148,19 +148,22 @@ class Traffic:
     """A dispatch's (token, expert) pairs sent to (``counts[0]``) and received from (``counts[1]``) each rank, and
     the scratch that computes them: all made at adoption, before any graph capture, so no call allocates."""
 
-    record: TrafficRecord  # the call and the counts, as the counters add them
-    counts: torch.Tensor  # [2, ranks]: record.counts
+    record: TrafficRecord  # the call and the counts ([2, ranks]: ``counts``), as the counters add them
     destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
     sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
     received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
     experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self.record.counts
 
     @classmethod
     def made(cls, dispatcher, counters: DispatchCounters) -> "Traffic":
         pairs = dispatcher.num_max_dispatch_tokens_per_rank * dispatcher.router_topk
         local_experts, device = dispatcher.num_experts // counters.ep_size, counters.device
         record = counters.traffic_record()
-        return cls(record, record.counts,
+        return cls(record,
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device),

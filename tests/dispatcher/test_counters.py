@@ -9,6 +9,7 @@ import torch
 from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
 
 from tests.support.host_reads import HostReadError, forbid_host_reads
+from tests.support.workspace import workspace_counter_words
 
 
 def test_steps_fill_an_exact_histogram_and_the_max():
@@ -173,16 +174,9 @@ def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
     assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (cap + 2, cap + 2)
 
 
-def _workspace_words(ep_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A FlashInfer workspace row (uint8) and its int32 send/receive counter words as one [2, ep_size] strided
-    view (send at byte 16, receive at byte 80), as ``FlashInferMoeAlltoAllBackend.traffic_counts`` makes it."""
-    workspace = torch.zeros(256, dtype=torch.uint8)
-    return workspace, workspace.view(torch.int32).as_strided((2, ep_size), (16, 1), 4)
-
-
 def test_traffic_is_one_add_of_a_record_and_counts_its_call():
     counters = DispatchCounters(cap=8, ep_size=3)
-    workspace, words = _workspace_words(3)
+    words = workspace_counter_words(torch.zeros(256, dtype=torch.uint8), ep_size=3)
     words[0] = torch.tensor([1, 0, 2], dtype=torch.int32)
     words[1] = torch.tensor([3, 1, 0], dtype=torch.int32)
     record = counters.traffic_record()

@@ -20,6 +20,7 @@ from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
 from torch.profiler import ProfilerActivity, profile
 
 from tests.support.host_reads import forbid_host_reads
+from tests.support.workspace import workspace_counter_words
 
 CAP, EP_SIZE = 16, 2
 
@@ -29,8 +30,7 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader):
     counters = DispatchCounters(CAP, EP_SIZE)
     layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
     # This rank's row of a FlashInfer workspace; its send and receive counter words as the backend views them.
-    workspace = torch.zeros(EP_SIZE, 256, dtype=torch.uint8)
-    words = workspace[0].view(torch.int32).as_strided((2, EP_SIZE), (16, 1), 4)
+    words = workspace_counter_words(torch.zeros(EP_SIZE, 256, dtype=torch.uint8)[0], EP_SIZE)
     words.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))  # what FlashInfer's kernel writes
     received = [torch.zeros(EP_SIZE, 8, 4)]
 
