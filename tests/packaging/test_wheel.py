@@ -126,3 +126,28 @@ def test_every_module_imports_from_the_wheel_under_its_one_name_only(wheel, tmp_
     assert not stray, f"repository folders imported as top-level packages: {stray}"
     assert not result["twice"], f"modules loaded twice under two names: {result['twice']}"
     assert result["assets"] == {name: (REPO_ROOT / "service" / "web" / name).read_text() for name in ASSETS}
+
+
+def test_the_installed_dashboard_generator_writes_only_where_it_is_told(wheel, tmp_path):
+    """``python -m capwatch.dashboards.generate`` from the wheel, outside the checkout: its default folder is inside
+    the installed package, so writing needs ``--out`` (exit 2, nothing written there); with it, the dashboards are
+    written there; ``--check`` reads the shipped JSON and finds it current."""
+    unpacked = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(unpacked)
+    shipped = unpacked / "capwatch" / "dashboards" / "grafana"
+    before = {path.name: path.read_bytes() for path in shipped.glob("*.json")}
+
+    def generate(*args: str):
+        probe = (f"import runpy, sys\nsys.path.insert(0, {str(unpacked)!r})\n"
+                 f"sys.argv = ['generate', *{list(args)!r}]\n"
+                 "runpy.run_module('capwatch.dashboards.generate', run_name='__main__')\n")
+        return launcher.run("-c", probe, cwd=tmp_path, timeout_s=120)
+
+    refused = generate()
+    assert refused.returncode == 2 and "--out DIR is needed" in refused.stderr, refused.stderr[-2000:]
+    assert {path.name: path.read_bytes() for path in shipped.glob("*.json")} == before
+    written = generate("--out", str(tmp_path / "grafana"))
+    assert written.returncode == 0, written.stderr[-2000:]
+    assert sorted(path.name for path in (tmp_path / "grafana").glob("*.json")) == sorted(before)
+    checked = generate("--check")
+    assert checked.returncode == 0, checked.stderr[-2000:]
