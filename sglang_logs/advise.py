@@ -29,7 +29,7 @@ from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
-from capwatch.sglang_logs.server_args import ServerConfig, default_cap
+from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
 from capwatch.sizing.backends import BACKENDS, DEEPEP, BackendCapRules, backend_rules
@@ -93,8 +93,8 @@ class ServerFlags:
             changes["tp_size"] = changes["ep_size"] = self.ep_size
         if self.a2a_backend is not None:
             changes["moe_a2a_backend"] = self.a2a_backend
-            if config.limits is not None:  # the default cap is the backend's
-                changes["default_cap"] = default_cap(self.a2a_backend, config.limits.max_prefill_buffer_tokens)
+            if config.default_rule is not None:  # the default cap is the backend's
+                changes["default_cap"] = config.default_rule.cap(self.a2a_backend)
         return dataclasses.replace(config, **changes) if changes else config
 
 
@@ -264,7 +264,7 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
     config = segment.config
     where = ("given with --cap" if flags.cap is not None else
              "the max_num_tokens of the log's overflow assertions" if segment.cap_seen is not None else
-             f"SGLang's default max(prefill buffer {config.limits.max_prefill_buffer_tokens}, 4096): "
+             f"{config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}: "
              "the env var is not in the log")
     interval = (f"one line per {config.decode_log_interval} decode steps" if config.decode_log_interval
                 else "decode_log_interval unknown")

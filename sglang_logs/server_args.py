@@ -8,6 +8,11 @@ SGLang logs its resolved arguments once per start, in one of two forms:
 - ``server_args={'model_path': '...', ...}``: the repr of ``ServerArgs.resolved_dict()`` (0.5.19+;
   ``entrypoints/engine.py``), nested records as dicts, secrets redacted from 0.5.22.
 
+Which rules a server ran by follows from the form: 0.5.22 added the start-up check on the cap and its dict gained
+``FROM_0_5_22_KEYS``; a dict without them is 0.5.19 - 0.5.21's (no check, eager prefill through an all-gather:
+``floor_rule="capwatch"``, as the plugin reports on those releases), and a repr is 0.5.18's or older (no check
+either, but prefill goes through the A2A there, so SGLang's full rule, prefill chunk included, is the floor).
+
 Both are read by PARSING (``ast.parse``, then a walk that accepts literals, calls with keywords, and
 ``inf``/``nan``), never by evaluating. A line is bounded (``MAX_ARGS_CHARS``) before it is parsed, and
 every number that sizes the cap is checked to be plausible, so no input can exhaust memory or end in a
@@ -21,14 +26,12 @@ SGLang's rules, read from the wheels:
   that backend is ``disabled`` or on a prefill server, at most ``max_running_requests // attn_dp_size``;
 - prefill buffer: ``chunked_prefill_size`` if > 0, grown to ``max(max_prefill_tokens, 1.25 x chunk)`` by
   PP dynamic chunking (``arg_groups/overrides.py`` ``max_prefill_buffer_tokens``);
-- the default cap (the env var unset): FlashInfer's ``max(prefill buffer, 4096)``
-  (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``); a backend with a fixed default
-  (``BackendCapRules.default_cap``: DeepEP's 128) that number;
+- the default cap (the env var unset): ``DefaultCapRule``;
 - DeepEP's buffer: ``deepep_mode`` (auto, low_latency; normal has no cap), ``ep_num_redundant_experts``, and
   the fused shared expert slots with ``enforce_shared_experts_fusion`` (DeepEP servers fuse only on request:
   ``models/deepseek_v2.py`` ``shared_experts_fusion_disable_reason``; a quantization that keeps shared experts
   at a higher precision still refuses, which the args do not show);
-- ``attn_dp_size`` is in the dict from 0.5.20; before, ``dp_size`` with ``enable_dp_attention``.
+- ``attn_dp_size`` is in the dict from 0.5.22; before, ``dp_size`` with ``enable_dp_attention``.
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ MAX_ARGS_CHARS = 1 << 20
 MAX_TOKENS_PER_REQUEST = 1024  # SGLangLimits' bound: no speculative config drafts more per step
 MAX_PARALLEL_SIZE = 1 << 16  # tp/ep/dp sizes: far beyond any cluster
 _MAX_DEPTH = 32  # nesting of records in the args (SGLang's is 3)
+# Keys of the resolved dict from 0.5.22 on that 0.5.19 - 0.5.21's lack (their own start-up lines,
+# tests/sglang/test_logs.py): either one says the server checked its cap at start-up.
+FROM_0_5_22_KEYS = ("attn_dp_size", "enable_watermark")
 
 # Values whose repr is not Python syntax (an enum's or object's <...>): read as None, so the rest of the
 # args stays readable. Applied only when the plain parse fails.
@@ -60,6 +66,29 @@ _NAMES = {"inf": math.inf, "nan": math.nan, "True": True, "False": False, "None"
 
 class UnreadableArgs(ValueError):
     pass
+
+
+@dataclass(frozen=True)
+class DefaultCapRule:
+    """How SGLang sizes the cap when the backend's variable is unset: FlashInfer's ``max(prefill, 4096)``, the
+    prefill being the prefill buffer from 0.5.22 (``overrides.py`` ``flashinfer_a2a_max_dispatch_tokens_per_rank``)
+    and the chunked-prefill size before (``FlashinferDispatcher.__init__``, 0 when chunking is off); a backend
+    with a fixed default (``BackendCapRules.default_cap``: DeepEP's 128) that number."""
+
+    prefill_tokens: int
+    prefill_name: str  # "prefill buffer" (0.5.22+) or "chunked prefill" (before)
+
+    def cap(self, backend: str | None) -> int:
+        rules = BACKENDS.get(backend or "")
+        if rules is not None and rules.default_cap is not None:
+            return rules.default_cap
+        return max(self.prefill_tokens, SGLANG_DEFAULT_MIN_CAP)
+
+    def words(self, backend: str | None) -> str:
+        rules = BACKENDS.get(backend or "")
+        if rules is not None and rules.default_cap is not None:
+            return f"SGLang's default {rules.default_cap} for {rules.name}"
+        return f"SGLang's default max({self.prefill_name} {self.prefill_tokens}, {SGLANG_DEFAULT_MIN_CAP})"
 
 
 @dataclass(frozen=True)
@@ -74,6 +103,7 @@ class ServerConfig:
     tokens_per_request: int
     limits: SGLangLimits | None  # SGLang's start-up floor inputs; None: unknown (no start-up line)
     default_cap: int | None  # the cap without the env var; None: unknown
+    default_rule: DefaultCapRule | None = None  # how SGLang computed it (None: given by flags)
     speculative_algorithm: str | None = None
     decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
     kv_cache_dtype: str | None = None
@@ -186,15 +216,13 @@ def max_prefill_buffer_tokens(args: dict) -> int:
     return tokens
 
 
-def default_cap(backend: str | None, prefill_buffer_tokens: int) -> int:
-    """The cap SGLang runs with when the backend's variable is unset."""
-    rules = BACKENDS.get(backend or "")
-    if rules is not None and rules.default_cap is not None:
-        return rules.default_cap
-    return max(prefill_buffer_tokens, SGLANG_DEFAULT_MIN_CAP)
+def checks_cap_at_startup(args: dict, resolved_dict: bool) -> bool:
+    """Whether the server ran 0.5.22's rules or later (see the module's docstring); a repr is older."""
+    return resolved_dict and any(key in args for key in FROM_0_5_22_KEYS)
 
 
-def server_config(args: dict) -> ServerConfig:
+def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
+    """``resolved_dict``: the line was a dict (0.5.19+), not a ``ServerArgs(...)`` repr."""
     if "tp_size" not in args and "ep_size" not in args:
         raise UnreadableArgs("it has neither tp_size nor ep_size: not SGLang's server args")
     mode = args.get("disaggregation_mode") or "null"
@@ -202,7 +230,7 @@ def server_config(args: dict) -> ServerConfig:
         mode = "null"
     sizes = {key: max(1, _int(args, key, 1, limit=MAX_PARALLEL_SIZE) or 1) for key in ("tp_size", "ep_size", "dp_size")}
     attn_dp_size = max(1, _int(args, "attn_dp_size", 0, limit=MAX_PARALLEL_SIZE) or 0)
-    if attn_dp_size == 1 and args.get("enable_dp_attention"):  # before attn_dp_size existed (< 0.5.20)
+    if attn_dp_size == 1 and args.get("enable_dp_attention"):  # before attn_dp_size was logged (< 0.5.22)
         attn_dp_size = sizes["dp_size"]
     decode = _phase(args, "decode")
     prefill = _phase(args, "prefill")
@@ -226,16 +254,20 @@ def server_config(args: dict) -> ServerConfig:
     draft_tokens = _int(args, "speculative_num_draft_tokens", limit=MAX_TOKENS_PER_REQUEST)
     tokens_per_request = max(1, draft_tokens or 1) if algorithm and algorithm.upper() != "NONE" else 1
     buffer = max_prefill_buffer_tokens(args)
+    checked = checks_cap_at_startup(args, resolved_dict)
     limits = SGLangLimits(
         disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
         prefill_cuda_graph_max_batch_size=max(0, prefill_bs), decode_cuda_graph_max_batch_size=max(0, decode_bs),
-        tokens_per_request=tokens_per_request, cap_source="default")
+        tokens_per_request=tokens_per_request, cap_source="default",
+        floor_rule="sglang" if checked or not resolved_dict else "capwatch")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _text(args, "moe_a2a_backend")
+    rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(
+        max(0, _int(args, "chunked_prefill_size", 0) or 0), "chunked prefill")
     return ServerConfig(
         model_path=_text(args, "model_path"), tp_size=sizes["tp_size"], ep_size=sizes["ep_size"],
         attn_dp_size=attn_dp_size, moe_a2a_backend=backend,
-        tokens_per_request=tokens_per_request, limits=limits, default_cap=default_cap(backend, buffer),
+        tokens_per_request=tokens_per_request, limits=limits, default_cap=rule.cap(backend), default_rule=rule,
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
         kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
@@ -246,4 +278,4 @@ def server_config(args: dict) -> ServerConfig:
 
 def read_server_args(text: str) -> ServerConfig:
     """The configuration of the text after ``server_args=``."""
-    return server_config(parse_args(text))
+    return server_config(parse_args(text), resolved_dict=text.lstrip().startswith("{"))

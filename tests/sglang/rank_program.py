@@ -105,18 +105,25 @@ def sglang_0_5_22_floor_terms(moe_hook, server_args) -> dict:
             "prefill_chunk": moe_hook.max_prefill_buffer_tokens(server_args)}
 
 
-def publish_and_configure(server_args, rank: int, world: int) -> None:
-    """``run_scheduler_process``'s start on this release: publish (with the spawn ranks from 0.5.21 on), then the
-    release's ``configure_scheduler_process`` (0.5.19 - 0.5.20 take every rank, later ones the GPU index alone),
-    where the plugin starts; then the MoE widths the GPU groups would stamp."""
+def publish_scheduler(server_args, rank: int) -> None:
+    """``run_scheduler_process``'s ``publish`` on this release: with the spawn ranks from 0.5.21 on."""
     from sglang.srt import runtime_context
-    from sglang.srt.managers import scheduler
 
     if "ranks" in inspect.signature(runtime_context.publish).parameters:
         runtime_context.publish(server_args, role="scheduler",
                                 ranks=runtime_context.SpawnRanks(world_rank=rank, dp_rank=None, gpu_id=rank))
     else:
         runtime_context.publish(server_args, role="scheduler")
+
+
+def publish_and_configure(server_args, rank: int, world: int) -> None:
+    """``run_scheduler_process``'s start on this release: publish, then the release's
+    ``configure_scheduler_process`` (0.5.19 - 0.5.20 take every rank, later ones the GPU index alone),
+    where the plugin starts; then the MoE widths the GPU groups would stamp."""
+    from sglang.srt import runtime_context
+    from sglang.srt.managers import scheduler
+
+    publish_scheduler(server_args, rank)
     if "tp_rank" in inspect.signature(scheduler.configure_scheduler_process).parameters:
         scheduler.configure_scheduler_process(server_args, rank, tp_rank=rank, attn_cp_rank=0, moe_dp_rank=0,
                                               moe_ep_rank=rank, pp_rank=0, dp_rank=rank)

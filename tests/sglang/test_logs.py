@@ -1,16 +1,19 @@
-"""The log reader against SGLang's own logging and rules (the released sglang 0.5.23, in .venv-sglang): a log
-written by SGLang's ``configure_logger`` and start-up line, read back to exactly what SGLang's own functions say
-sizes the cap (its floor inputs and its default cap)."""
+"""The log reader against SGLang's own logging and rules, on each verified release (its released wheel, in
+.venv-sglang with the release's folder first): a log written by SGLang's ``configure_logger`` and start-up line,
+read back to exactly what that release says sizes the cap — its floor inputs as the plugin reads them there
+(SGLang's own functions from 0.5.22; capwatch's rule before, where prefill takes an all-gather) and its default
+cap."""
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from capwatch.sglang_logs.reader import read_logs
 
 from tests.sglang.ranks import MODEL_CONFIG, START_TIMEOUT_S, sglang_python
-from tests.sglang.releases import release_path
+from tests.sglang.releases import RELEASES, release_path
 from tests.support import launcher
 
 DP_ATTENTION = {"tp_size": 2, "ep_size": 2, "dp_size": 2, "enable_dp_attention": True}
@@ -26,25 +29,37 @@ CASES = {
 RUNNING = [5, 40, 17, 33]
 
 
+# Each release's program is start-up work (importing sglang and torch), CPU-bound: two at a time.
+PARALLEL_RELEASES = 2
+
+
 @pytest.fixture(scope="module")
-def sglang_logs(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sglang-logs")
+def release_logs(tmp_path_factory) -> dict:
+    """release -> (its logs' folder, what that release says sizes each case's cap)."""
+    with ThreadPoolExecutor(PARALLEL_RELEASES) as pool:
+        return dict(zip(RELEASES, pool.map(lambda release: _write_logs(release, tmp_path_factory), RELEASES)))
+
+
+def _write_logs(release: str, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(f"sglang-{release}-logs")
     model = folder / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(MODEL_CONFIG))
     cases = {name: {**case, "decode": [[0, running] for running in RUNNING]} for name, case in CASES.items()}
-    cases["speculative"]["server_args"]["speculative_draft_model_path"] = str(model)
-    (folder / "plan.json").write_text(json.dumps({"model_dir": str(model), "cases": cases}))
+    cases["speculative"]["server_args"] = {**cases["speculative"]["server_args"],
+                                           "speculative_draft_model_path": str(model)}
+    (folder / "plan.json").write_text(json.dumps({"model_dir": str(model), "cases": cases, "release": release}))
     result = launcher.run("-m", "tests.sglang.log_program", str(folder / "plan.json"), str(folder),
-                         python=sglang_python(), path_first=release_path("0.5.23"), imports_tests=True,
+                         python=sglang_python(), path_first=release_path(release), imports_tests=True,
                          timeout_s=START_TIMEOUT_S * 3)
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 0, f"sglang {release}: {result.stderr[-3000:]}"
     return folder, json.loads(result.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_a_log_sglang_writes_reads_to_sglangs_own_rules(sglang_logs, case):
-    folder, expected = sglang_logs
+@pytest.mark.parametrize("release", RELEASES, ids=lambda release: f"sglang-{release}")
+def test_a_log_sglang_writes_reads_to_sglangs_own_rules(release_logs, release, case):
+    folder, expected = release_logs[release]
     read = read_logs([str(folder / f"{case}.log")])
     segment, = read.segments
     theirs = expected[case]

@@ -40,6 +40,21 @@ def test_cli_json_is_the_services_advice_object(tmp_path):
     assert table.returncode == 0 and "capwatch advice" in table.stdout and "lower" in table.stdout
 
 
+def test_a_0_5_21_log_is_advised_by_that_releases_rules(tmp_path):
+    """SGLang 0.5.19 - 0.5.21 have no start-up check and send eager prefill through an all-gather: their advice
+    may go below the prefill chunk, down to the decode graph; the same traffic on 0.5.23 stays at its chunk."""
+    load = decode_lines(LOG, traffic(120, lambda m, s, d: 40 + (m % 30) + d))
+    old = write(tmp_path / "old.log", LOG.record(T0 - 30, [sg.args_message(sg.server_args_0_5_21())]) + load)
+    new = write(tmp_path / "new.log", LOG.start(T0 - 30) + load)
+    old_advice, new_advice = (json.loads(run_cli("--sglang-log", path, "--json").stdout) for path in (old, new))
+    assert new_advice["floor_cap"] == 8192 and new_advice["recommended_cap"] >= 8192
+    assert "max(prefill buffer 8192, 4096)" in new_advice["reasons"][0]
+    assert old_advice["floor_cap"] == 256 and "decode CUDA-graph batch" in old_advice["floor_binds"]
+    assert old_advice["action"] == "lower" and 256 <= old_advice["recommended_cap"] < 8192
+    assert old_advice["current_cap"] == 8192 and "max(chunked prefill 8192, 4096)" in old_advice["reasons"][0]
+    assert old_advice["max_peak_runtime_tokens"] == new_advice["max_peak_runtime_tokens"]
+
+
 def test_a_log_whose_start_was_rotated_away_is_advised_from_flags(tmp_path):
     """Issue #17 item 5: decode lines only. Every flag the advice needs is named when missing; with all of them
     the advice is the same as with the start-up line (the floor, which only the args know, aside)."""

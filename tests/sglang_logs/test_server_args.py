@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.sglang_logs.server_args import UnreadableArgs, parse_args, read_server_args, server_config
@@ -40,13 +42,40 @@ def test_args_rules_max_running_requests_and_disabled_graphs():
 
 
 def test_the_repr_form_reads_like_the_dict_form():
-    """The same settings in 0.5.18's repr and 0.5.23's dict give the same configuration."""
+    """The same settings in 0.5.18's repr and 0.5.23's dict give the same configuration, but for the words of
+    the default cap's rule (the chunked-prefill size before 0.5.22, the prefill buffer since: here equal)."""
     settings_ = dict(tp_size=8, ep_size=8, chunked_prefill_size=8192, speculative_algorithm="EAGLE",
                      speculative_num_draft_tokens=4, max_running_requests=2048, disaggregation_mode="decode")
     old = config_of(sg.server_args_repr("0.5.18", **settings_, decode_max_bs=256, dp_size=8))
     new = config_of(sg.args_message(sg.server_args(**settings_, decode_max_bs=256, attn_dp_size=8)))
-    assert old == new
+    assert dataclasses.replace(old, default_rule=None) == dataclasses.replace(new, default_rule=None)
+    assert (old.default_rule.prefill_name, new.default_rule.prefill_name) == ("chunked prefill", "prefill buffer")
+    assert old.default_cap == new.default_cap == 8192
     assert old.tokens_per_request == 4 and old.limits.decode_cuda_graph_max_batch_size == 256
+
+
+@pytest.mark.parametrize("shape", ["0.5.21", "0.5.23"])
+def test_which_rules_the_args_line_says_the_server_ran_by(shape):
+    """0.5.22 added the start-up check on the cap: 0.5.23's floor is SGLang's, prefill chunk included, and
+    its default comes from the prefill buffer; 0.5.19 - 0.5.21's dict (no check, eager prefill through an
+    all-gather) has the decode graph as its floor and the chunked-prefill size in its default. 0.5.18's repr
+    (no check, but prefill through the A2A) keeps the chunk in its floor."""
+    settings_ = dict(chunked_prefill_size=8192, decode_max_bs=256, enable_dynamic_chunking=True, pp_size=2,
+                     max_prefill_tokens=32768)
+    args = sg.server_args_0_5_21(**settings_) if shape == "0.5.21" else sg.server_args(**settings_)
+    config = config_of(sg.args_message(args))
+    floor = deployment_floor(config.limits, None)
+    assert config.limits.max_prefill_buffer_tokens == 32768  # max(32768, 1.25 x 8192): PP dynamic chunking
+    if shape == "0.5.21":
+        assert config.limits.floor_rule == "capwatch" and config.default_cap == 8192
+        assert (floor.tokens, floor.binds) == (256, "the decode CUDA-graph batch 256 x 1 token per request")
+        assert "no start-up check" in floor.why
+    else:
+        assert config.limits.floor_rule == "sglang" and config.default_cap == 32768
+        assert floor.tokens == 32768 and "prefill chunk" in floor.binds and "refuses to start" in floor.why
+    assert config.attn_dp_size == 8 and config.default_rule.words("flashinfer").endswith(f"{config.default_cap}, 4096)")
+    repr_config = config_of(sg.server_args_repr("0.5.18", chunked_prefill_size=8192, decode_max_bs=256))
+    assert repr_config.limits.floor_rule == "sglang" and deployment_floor(repr_config.limits, None).tokens == 8192
 
 
 def test_the_repr_is_parsed_not_evaluated():

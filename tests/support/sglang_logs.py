@@ -206,6 +206,27 @@ def server_args(*, model_path: str = "deepseek-ai/DeepSeek-V3", tp_size: int = 8
     return args
 
 
+# Keys of 0.5.22 - 0.5.23's resolved dict that 0.5.19 - 0.5.21's lack (their own start-up lines, written by each
+# released wheel in tests/sglang/test_logs.py; the only key the other way is cuda_graph_tc_compiler).
+KEYS_FROM_0_5_22 = (
+    "attn_dp_size", "disaggregation_decode_allocation_policy", "dsa_triton_union", "enable_cp_tp_group_sharing",
+    "enable_dsa_fused_indexer", "enable_kv_cache_sharding", "enable_watermark", "qsa_indexer_dtype",
+    "speculative_enable_w4a4_mxfp4_megamoe", "speculative_use_block_verification", "watermark_config",
+    "watermark_context_window", "watermark_default_enabled", "watermark_enforce_all", "watermark_key",
+    "watermark_key_b", "watermark_max_probability", "watermark_mixing_probability")
+
+
+def server_args_0_5_21(**settings) -> dict:
+    """A resolved_dict() shaped as 0.5.19 - 0.5.21 log it: ``server_args(**settings)`` without the keys those
+    releases do not have, DP attention as ``dp_size`` with ``enable_dp_attention``."""
+    attn_dp_size = settings.pop("attn_dp_size", 8)
+    args = server_args(attn_dp_size=attn_dp_size, **settings)
+    for key in KEYS_FROM_0_5_22:
+        args.pop(key)
+    args.update(dp_size=attn_dp_size, enable_dp_attention=attn_dp_size > 1, cuda_graph_tc_compiler=None)
+    return args
+
+
 @lru_cache(maxsize=1)
 def _declared_defaults() -> dict:
     path = Path(__file__).with_name("data") / "sglang-0.5.23-server-args-defaults.json"
