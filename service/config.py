@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from capwatch.service.advisor.policy import MAX_SETTING_SECONDS, AdvisorPolicy
+from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -56,7 +57,7 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(60.0, ge=1, le=MAX_SETTING_SECONDS, description="A rank silent this long is stale.")
     missing_after_s: float = Field(300.0, ge=1, le=MAX_SETTING_SECONDS,
                                    description="A rank silent this long is missing (at least stale_after_s).")
-    window_s: float = Field(60.0, ge=1, le=86_400, description="Group sample window: one peak per window.")
+    window_s: float = Field(DEFAULT_WINDOW_S, ge=1, le=86_400, description="Group sample window: one peak per window.")
     fold_after_s: float = Field(6 * 3600.0, ge=1, le=MAX_SETTING_SECONDS,
                                 description="Windows older than this fold into the histogram (at least window_s).")
     retention_s: float = Field(2 * 86_400.0, ge=60, le=MAX_SETTING_SECONDS,

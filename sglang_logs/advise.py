@@ -121,8 +121,7 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
         flag_geometry = flags.geometry()
     except SizingError as error:
         raise LogError(str(error)) from None
-    read = read_logs(paths, window_s=settings.window_s, half_life_s=policy.half_life_s,
-                     bump_factor=policy.bump_factor, bump_min_tokens=policy.bump_min_tokens, cap=flags.cap,
+    read = read_logs(paths, window_s=settings.window_s, policy=policy, cap=flags.cap,
                      fallback=flags.fallback(), configure=flags.configure, progress=progress)
     segment = _latest_with_data(read, paths, flags)
     config = segment.config

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
+from capwatch.service.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
+from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
 from capwatch.sglang_logs.log_file import CHUNK_BYTES, UNSTAMPED, LogFile, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.timeline import Segment, Timeline
@@ -58,11 +60,12 @@ def _unchanged(config: ServerConfig) -> ServerConfig:
     return config
 
 
-def read_logs(paths: list[str], *, window_s: float = 60.0, half_life_s: float = 86_400.0, bump_factor: float = 1.2,
-              bump_min_tokens: int = 16, cap: int | None = None, fallback: ServerConfig | None = None,
+def read_logs(paths: list[str], *, window_s: float = DEFAULT_WINDOW_S, policy: AdvisorPolicy = DEFAULT_POLICY,
+              cap: int | None = None, fallback: ServerConfig | None = None,
               configure: Callable[[ServerConfig], ServerConfig] = _unchanged,
               progress: Callable[[int], None] | None = None, chunk_bytes: int | None = None) -> LogRead:
-    """Read every file into one timeline. ``cap``: the cap the server runs with (else each configuration's
+    """Read every file into one timeline, its windows folded by the advisor's ``policy`` (half-life, overflow
+    bump). ``cap``: the cap the server runs with (else each configuration's
     SGLang default, or what its overflow assertions show); ``fallback``: the configuration of lines before
     any start-up line (from flags); ``configure``: flags applied to every configuration read; ``progress``
     gets the bytes read so far (on disk: compressed bytes for .gz); ``chunk_bytes``: read at a time per file
@@ -70,7 +73,7 @@ def read_logs(paths: list[str], *, window_s: float = 60.0, half_life_s: float = 
     chunk_bytes = chunk_bytes or max(1 << 18, min(CHUNK_BYTES, _MEMORY_FOR_CHUNKS // max(1, len(paths))))
     files = [LogFile(path, index, path, window_s, identities=len(paths) > 1, chunk_bytes=chunk_bytes)
              for index, path in enumerate(paths)]
-    timeline = Timeline(window_s, half_life_s, (bump_factor, bump_min_tokens), cap=cap, fallback=fallback,
+    timeline = Timeline(window_s, policy, cap=cap, fallback=fallback,
                         configure=configure, names=paths)
     merged = heapq.merge(*(file.records() for file in files), key=itemgetter(0, 1))
     for count, record in enumerate(merged):

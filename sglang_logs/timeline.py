@@ -30,6 +30,7 @@ from functools import reduce
 from operator import itemgetter, or_
 
 from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sglang_logs.line_shapes import dp_rank
 from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
@@ -105,12 +106,11 @@ class Placement:
 
 
 class Timeline:
-    def __init__(self, window_s: float, half_life_s: float, bump: tuple[float, int], *, cap: int | None,
+    def __init__(self, window_s: float, policy: AdvisorPolicy, *, cap: int | None,
                  fallback: ServerConfig | None, configure: Callable[[ServerConfig], ServerConfig],
                  names: list[str]) -> None:
         self.window_s = window_s
-        self.half_life_s = half_life_s
-        self.bump = bump
+        self.policy = policy
         self.cap = cap
         self.configure = configure
         self.names = names
@@ -213,7 +213,7 @@ class Timeline:
         segment = self._segments.pop(config, None)  # re-inserted: the dict's order is the last use
         if segment is None:
             cap = self.cap if self.cap is not None else config.default_cap
-            segment = Segment(config, SampleHistory(self.half_life_s, window_s=self.window_s), cap, from_flags,
+            segment = Segment(config, SampleHistory(self.policy.half_life_s, window_s=self.window_s), cap, from_flags,
                               first_start_s=float("-inf") if from_flags else None)
             self.placement.segments.append(segment)
         self._segments[config] = segment
@@ -297,7 +297,8 @@ class Timeline:
         if peak == 0 and not overflows:
             return
         cap = max(segment.cap_in_use or 0, window.cap_seen)
-        segment.history.add(GroupSample(start, peak, cap, overflows), *self.bump)
+        segment.history.add(GroupSample(start, peak, cap, overflows), self.policy.bump_factor,
+                            self.policy.bump_min_tokens)
         ranks = segment.dp_peak_tokens
         if decode_peak:
             rank = dp_rank(window.tags)

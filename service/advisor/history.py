@@ -61,7 +61,8 @@ class SampleHistory:
         ``history_s`` but not this, so the advisor's history gates use it (VPA: min(days, samples/day))."""
         return min(self.history_s, self.sample_count * self.window_s)
 
-    def add(self, sample: GroupSample, bump_factor: float = 1.2, bump_min_tokens: int = 16) -> None:
+    def add(self, sample: GroupSample, bump_factor: float, bump_min_tokens: int) -> None:
+        """One window; an overflowing one also bumps (``overflow_bump``: the policy's factor and least step)."""
         self.usage.add(sample.peak_runtime_tokens, sample.window_start_s)
         if sample.overflowed:
             self.overflow_windows += 1
@@ -76,7 +77,7 @@ class SampleHistory:
         self.first_sample_s = start if self.first_sample_s is None else min(self.first_sample_s, start)
         self.last_sample_s = start if self.last_sample_s is None else max(self.last_sample_s, start)
 
-    def add_all(self, samples: Iterable[GroupSample], bump_factor: float = 1.2, bump_min_tokens: int = 16) -> "SampleHistory":
+    def add_all(self, samples: Iterable[GroupSample], bump_factor: float, bump_min_tokens: int) -> "SampleHistory":
         for sample in samples:
             self.add(sample, bump_factor, bump_min_tokens)
         return self

@@ -87,3 +87,6 @@ class AdvisorPolicy(BaseModel):
                              f"{self.alignment} and max_cap {self.max_cap} leave none within the {rules.name} rules "
                              f"(multiples of {rules.required_alignment}, at most {rules.max_cap_tokens})")
         return self.model_copy(update={"alignment": alignment, "max_cap": max_cap, "min_cap": min(self.min_cap, max_cap)})
+
+
+DEFAULT_POLICY = AdvisorPolicy()  # every default above (a policy is frozen: one shared instance)

@@ -83,6 +83,9 @@ def sample_of(window_start_s: float, values: Iterable[int], ranks: set[int] | No
                        ranks=set() if ranks is None else ranks)
 
 
+DEFAULT_WINDOW_S = 60.0  # one group sample per minute: the service's CAPWATCH_WINDOW_S and the log reader's default
+
+
 def window_start(end_unix_s: float, window_s: float) -> float:
     return (end_unix_s // window_s) * window_s
 

@@ -29,7 +29,8 @@ def gpd_sample(rng: random.Random, shape: float, scale: float) -> float:
 def history_of(peaks: list[int], start_s: float = T0, cap: int = 4096) -> SampleHistory:
     history = SampleHistory(POLICY.half_life_s, window_s=60.0)
     for index, peak in enumerate(peaks):
-        history.add(GroupSample(start_s + 60.0 * index, peak, cap, int(peak > cap)))
+        history.add(GroupSample(start_s + 60.0 * index, peak, cap, int(peak > cap)), POLICY.bump_factor,
+                    POLICY.bump_min_tokens)
     return history
 
 

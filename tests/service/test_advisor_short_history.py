@@ -70,7 +70,7 @@ def test_fewer_than_the_short_minimum_of_days_or_hours_longer_than_windows_give_
     assert hourly_trend(two_days.hourly_peaks(0.5), 0.01, 3, 0.01) is None
     hourly_windows = SampleHistory(POLICY.half_life_s, window_s=7200.0)
     for index in range(60):
-        hourly_windows.add(GroupSample(index * 7200.0, 100 + index, 4096))
+        hourly_windows.add(GroupSample(index * 7200.0, 100 + index, 4096), POLICY.bump_factor, POLICY.bump_min_tokens)
     assert hourly_windows.hourly_peaks(0.5) == []
 
 

@@ -29,10 +29,12 @@ T0 = 1_700_006_400.0
 
 def history_of(samples: int, level: int, spread: float, growth: float, seed: int, cap: int) -> SampleHistory:
     rng = random.Random(seed)
-    history = SampleHistory(86_400.0, window_s=60.0)
+    policy = AdvisorPolicy()
+    history = SampleHistory(policy.half_life_s, window_s=60.0)
     for index in range(samples):
         peak = max(1, int(level * math.exp(growth * index / 1440) * (1 + spread * rng.expovariate(1.0))))
-        history.add(GroupSample(T0 + 60.0 * index, peak, cap, int(peak > cap)))
+        history.add(GroupSample(T0 + 60.0 * index, peak, cap, int(peak > cap)), policy.bump_factor,
+                    policy.bump_min_tokens)
     return history
 
 

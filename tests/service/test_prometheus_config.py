@@ -122,6 +122,27 @@ def test_without_sglang_the_sglang_series_are_absent_and_the_config_says_none():
     assert rebuilt(text) == config and rebuilt(text).sglang is None
 
 
+def test_labels_an_older_exporter_lacks_read_as_the_reports_defaults():
+    """An exporter older than the payload-format, overflow-policy, backend, cap-source and floor-rule labels (and
+    the speculative-tokens gauge): the rank reads as the RankConfig it would have reported, its defaults filled."""
+    config = rank_config(cap=4096, ep_size=EP_SIZE, hidden_size=2048, top_k=8, num_experts=128, backend="torch",
+                         sglang=SGLangLimits(max_prefill_buffer_tokens=2048, decode_cuda_graph_max_batch_size=256))
+    older = {"payload_format", "overflow_policy", "a2a_backend", "cap_source", "floor_rule", "disaggregation_mode"}
+    values: dict[str, float] = {}
+    labels: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(exposition(config).decode()):
+        for sample in family.samples:
+            if sample.name != catalogue.SPECULATIVE_TOKENS.name:
+                values[sample.name] = sample.value
+            labels[sample.name] = {name: value for name, value in sample.labels.items() if name not in older}
+    read = rank_config_of(values, labels[catalogue.INFO.name], labels[catalogue.SGLANG_INFO.name])
+    assert isinstance(read, RankConfig) and read == config
+    assert (read.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
+        "bf16", "raise", "flashinfer", 0)
+    limits = read.sglang
+    assert (limits.cap_source, limits.floor_rule, limits.disaggregation_mode) == ("env", "sglang", "null")
+
+
 def test_an_exporter_without_the_geometry_gauges_is_priced_by_its_bytes_per_token_alone():
     """An exporter older than the geometry gauges: the config keeps no geometry (as before), not a guess."""
     config = rank_config(cap=128, ep_size=EP_SIZE, hidden_size=64, top_k=4, num_experts=8, backend="torch")

@@ -9,6 +9,7 @@ import subprocess
 from collections.abc import Callable
 
 from capwatch.service.advisor.history import SampleHistory
+from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sglang_logs.reader import read_logs
 
@@ -16,6 +17,7 @@ from tests.support import launcher
 from tests.support import sglang_logs as sg
 
 T0 = 1_764_504_000.0  # 2025-11-30 12:00:00, a window start
+POLICY = AdvisorPolicy()  # what the reader folds by unless told otherwise
 DP = 8
 
 
@@ -34,7 +36,7 @@ def write(path, lines: list[str], gz: bool = False) -> str:
 
 
 def read(paths: list[str], **options):
-    return read_logs(paths, window_s=60.0, half_life_s=86_400.0, bump_factor=1.2, bump_min_tokens=16, **options)
+    return read_logs(paths, **options)  # the service's window and the advisor's default policy
 
 
 def traffic(minutes: int, running: Callable[[int, int, int], int], start_s: float = T0, every_s: float = 2.0,
@@ -63,11 +65,12 @@ def expected_history(lines: list[tuple[float, int, int]], cap: int, tokens_per_r
         index = int(at // window_s)
         peaks[index] = max(peaks.get(index, 0), running * tokens_per_request)
     overflows = overflows or {}
-    history = SampleHistory(86_400.0, window_s=window_s)
+    history = SampleHistory(POLICY.half_life_s, window_s=window_s)
     for index in sorted(set(peaks) | set(overflows)):
         peak = max(peaks.get(index, 0), overflows.get(index, 0))
         if peak or index in overflows:
-            history.add(GroupSample(index * window_s, peak, cap, 1 if index in overflows else 0), 1.2, 16)
+            history.add(GroupSample(index * window_s, peak, cap, 1 if index in overflows else 0), POLICY.bump_factor,
+                        POLICY.bump_min_tokens)
     return history
 
 

@@ -19,9 +19,16 @@ from capwatch.telemetry.report import RankConfig, SGLangLimits
 from pydantic import ValidationError
 
 GEOMETRY = ("hidden_size", "top_k", "num_experts")
-# RankConfig's own defaults, for the gauges of fields a rank may leave unset (or an older exporter lacks).
-_REPORT_DEFAULTS = {"eplb_stats_num_experts": 0, "allocated_workspace_bytes": None, "cuda_graph_max_batch_size": None,
-                    "speculative_tokens": 0}
+
+
+def _default(model, name: str):
+    """A report field's own default: what a series or label the exporter left out stands for."""
+    return model.model_fields[name].default
+
+
+# The gauges of fields a rank may leave unset (or an older exporter lacks) stand for RankConfig's defaults.
+_REPORT_DEFAULTS = {name: _default(RankConfig, name) for name in (
+    "eplb_stats_num_experts", "allocated_workspace_bytes", "cuda_graph_max_batch_size", "speculative_tokens")}
 _UNPRICED_FIELDS = {item.name for item in dataclasses.fields(UnpricedConfig)} - set(GEOMETRY)
 
 
@@ -36,19 +43,19 @@ def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: 
 
     version = info.get("flashinfer_version")
     config: dict = {**_REPORT_DEFAULTS, "backend": info.get("backend", "unknown"),
-                    "payload_format": info.get("payload_format", "bf16"),
-                    "overflow_policy": info.get("overflow_policy", "raise"),
-                    "flashinfer_version": None if version in (None, "", "none") else version, "sglang": None,
-                    "a2a_backend": info.get("a2a_backend", "flashinfer")}
+                    **{name: info.get(name, _default(RankConfig, name))
+                       for name in ("payload_format", "overflow_policy", "a2a_backend")},
+                    "flashinfer_version": None if version in (None, "", "none") else version, "sglang": None}
     for spec, name in catalogue.RANK_CONFIG_GAUGES:
         if number(spec) is not None:
             config[name] = number(spec)
     if sglang_info is not None:
         limits = {name: number(spec) for spec, name in catalogue.SGLANG_LIMIT_GAUGES if number(spec) is not None}
         config["sglang"] = {"sglang_version": sglang_info.get("sglang_version") or None,
-                            "disaggregation_mode": sglang_info.get("disaggregation_mode", "null"),
-                            "cap_source": sglang_info.get("cap_source", "env"),
-                            "floor_rule": sglang_info.get("floor_rule") or "sglang", **limits}
+                            **{name: sglang_info.get(name, _default(SGLangLimits, name))
+                               for name in ("disaggregation_mode", "cap_source")},
+                            "floor_rule": sglang_info.get("floor_rule") or _default(SGLangLimits, "floor_rule"),
+                            **limits}
     if deepep_info is not None:
         config["deepep"] = {"mode": deepep_info.get("mode", "auto"),
                             **{name: number(spec) for spec, name in catalogue.DEEPEP_GAUGES if number(spec) is not None}}
