@@ -131,12 +131,13 @@ def build() -> dashboard_models.Dashboard:
             "none", [Query(ranks(cat.REPORTS_PENDING.name), RANK_LEGEND)], min_value=0))
         .with_panel(timeseries_panel(
             "Report delivery per rank",
-            "Reports per second each rank delivered, failed to send (retried) and had refused for good (4xx: a "
-            "bad token or schema mismatch).",
+            "Reports per second each rank delivered, failed to send (retried), had refused for good (4xx: a "
+            "bad token or schema mismatch) and merged into the next while its buffer was full.",
             "ops",
             [Query(rate(cat.REPORTS_DELIVERED.name), "rank {{ep_rank}} delivered"),
              Query(rate(cat.REPORT_SEND_FAILURES.name), "rank {{ep_rank}} failed"),
-             Query(rate(cat.REPORTS_REJECTED.name), "rank {{ep_rank}} rejected")],
+             Query(rate(cat.REPORTS_REJECTED.name), "rank {{ep_rank}} rejected"),
+             Query(rate(cat.REPORTS_MERGED.name), "rank {{ep_rank}} merged")],
             min_value=0))
         .with_row(row("Memory"))
         .with_panel(timeseries_panel(

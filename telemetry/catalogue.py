@@ -190,6 +190,10 @@ REPORTS_REJECTED = MetricSpec(
     "moe_a2a_reports_rejected_total", "counter",
     "Reports the service refused for good (4xx other than 401/403/408/425/429: an invalid report, e.g. a "
     "schema the service does not accept); they are dropped.", "reports")
+REPORTS_MERGED = MetricSpec(
+    "moe_a2a_reports_merged_total", "counter",
+    "Buffered reports merged into the next while the buffer was full (the service unreachable): their counts "
+    "arrive, their peaks at the coarser resolution of the merged interval.", "reports")
 REPORT_AUTH_FAILURES = MetricSpec(
     "moe_a2a_report_auth_failures_total", "counter",
     "Attempts to post a report that the service refused with 401/403 (wrong or missing bearer token); "
@@ -205,7 +209,7 @@ METRICS: tuple[MetricSpec, ...] = (
     SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
     DEEPEP_INFO, DEEPEP_BUFFER_EXPERTS, DEEPEP_NORMAL_NVL_BYTES, DEEPEP_NORMAL_RDMA_BYTES,
-    REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORT_AUTH_FAILURES,
+    REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:

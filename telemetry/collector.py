@@ -146,6 +146,7 @@ class DispatchCollector(Collector):
             yield self._counter(catalogue.REPORTS_DELIVERED, stats.delivered)
             yield self._counter(catalogue.REPORT_SEND_FAILURES, stats.send_failures)
             yield self._counter(catalogue.REPORTS_REJECTED, stats.rejected)
+            yield self._counter(catalogue.REPORTS_MERGED, stats.merged)
             yield self._counter(catalogue.REPORT_AUTH_FAILURES, stats.auth_failures)
 
     def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:

@@ -96,6 +96,9 @@ class ReporterStats:
     send_failures: int = 0  # attempts that will be retried: unreachable, timeout, broken response, 5xx/408/429
     rejected: int = 0  # refused for good (4xx other than auth and throttling)
     auth_failures: int = 0  # attempts the service refused with 401/403: retried, but a token must be fixed
+    # Buffered reports merged into the next one while the buffer was full: their counts arrive, but their
+    # windows' peaks land in the merged interval's window (coarser history, not lost data).
+    merged: int = 0
 
 
 class Delivery(enum.Enum):
@@ -215,7 +218,7 @@ class RankReporter:
         # (a rank dying of an overflow: the overflow's final, not a "shutdown" one, is its last word).
         self._last_final: _Pending | None = None
         self._thread: threading.Thread | None = None
-        self._delivered = self._send_failures = self._rejected = self._auth_failures = 0
+        self._delivered = self._send_failures = self._rejected = self._auth_failures = self._merged = 0
         self._failing: str | None = None  # the failure state last logged (None: delivering); see _enter_state
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -290,7 +293,7 @@ class RankReporter:
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
                              send_failures=self._send_failures, rejected=self._rejected,
-                             auth_failures=self._auth_failures)
+                             auth_failures=self._auth_failures, merged=self._merged)
 
     @property
     def next_sequence(self) -> int:
@@ -348,6 +351,7 @@ class RankReporter:
                               outcome=later.outcome)
             del self._pending[index]
             self._pending[index] = merged
+            self._merged += 1
 
     def _drain(self, deadline: float | None) -> None:
         """Send pending reports in order until one fails (then back off) or none are left."""

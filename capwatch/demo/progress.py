@@ -24,6 +24,7 @@ class RankProgress(ctypes.Structure):
         ("overflow_events", ctypes.c_int64),  # every 25 steps, and at the end
         ("raised", ctypes.c_int64),  # 1 once the dispatcher raised (overflow policy "raise")
         ("reports_lost", ctypes.c_int64),  # once REPORTED: reports the service refused or never acknowledged
+        ("reports_merged", ctypes.c_int64),  # once REPORTED: reports merged into the next (the service was slow)
     ]
 
 

@@ -170,6 +170,7 @@ def run_rank(rank: int, world_size: int, plan: RankPlan, progress=None) -> dict:
     stats = telemetry.reporter.stats()
     record.overflow_events = snapshot.overflow_events_total
     record.reports_lost = stats.pending + stats.rejected
+    record.reports_merged = stats.merged
     record.phase = Phase.REPORTED
     if plan.hold_s > 0 and "overflow" not in outcome:
         time.sleep(plan.hold_s)  # keep /metrics up for a look or a scrape

@@ -243,6 +243,10 @@ class RankGroup:
         return sum(record.reports_lost for record in self.progress)
 
     @property
+    def reports_merged(self) -> int:
+        return sum(record.reports_merged for record in self.progress)
+
+    @property
     def all_reported(self) -> bool:
         return all(record.phase >= Phase.REPORTED for record in self.progress)
 
@@ -334,6 +338,11 @@ def run_demo(options: DemoOptions) -> int:
             err.quiet = False
             err.print(f"capwatch demo: warning: {group.reports_lost} reports of the ranks did not reach the service "
                       "(refused, or not acknowledged in time: see the service's log); the advice below lacks them",
+                      markup=False, style="yellow")
+        if group.reports_merged:  # counted, but at a coarser time resolution than the ranks reported
+            err.quiet = False
+            err.print(f"capwatch demo: warning: {group.reports_merged} reports of the ranks were merged into the next "
+                      "while the service did not keep up; the advice below sees their peaks in fewer, longer windows",
                       markup=False, style="yellow")
         advice = fetch_advice(service_url, options.cluster, "target", timeout=30.0)[0]
         outcomes = group.outcomes or []

@@ -110,6 +110,8 @@ def test_service_down_costs_memory_bounded_by_merging_and_loses_nothing(sink):
         assert reporter.stats().pending <= 4
     wait_for(lambda: reporter.stats().send_failures > 0)
     assert reporter.stats().pending == 4  # full: the 20 went into 4, merged, not dropped
+    assert reporter.stats().merged == 20 - 4  # each cut past the bound merged one pair, and says so
+    assert exported_reporter_counters(reporter, counters)["moe_a2a_reports_merged_total"] == 20 - 4
     sink.start()  # same port
     assert reporter.close("shutdown", timeout_s=10)
     reports = assert_exactly_once(sink, reporter, counters)
