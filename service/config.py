@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capwatch.service.advisor.policy import MAX_SETTING_SECONDS, AdvisorPolicy
+from capwatch.service.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
 from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -73,7 +73,7 @@ class Settings(BaseSettings):
     prometheus_cache_s: float = Field(
         15.0, ge=0, le=86_400, description="Reuse a group's sample history read from Prometheus this long (at most one "
                                 "window), so repeated scrapes and requests don't repeat its range queries.")
-    advisor: AdvisorPolicy = AdvisorPolicy()
+    advisor: AdvisorPolicy = DEFAULT_POLICY
 
     @model_validator(mode="after")
     def _settings_agree(self) -> Settings:

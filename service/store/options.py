@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.service.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
 
 
 @dataclass(frozen=True)
@@ -21,4 +21,4 @@ class StoreOptions:
     checkpoint_interval_s: float = 10.0  # a checkpoint re-serialises every changed rank: not too often
     max_clusters: int = 10_000  # clusters and ranks held at once (capacity.py)
     max_ranks: int = 100_000
-    policy: AdvisorPolicy = AdvisorPolicy()  # handed to the advisor's folding (advisor/folding.py)
+    policy: AdvisorPolicy = DEFAULT_POLICY  # handed to the advisor's folding (advisor/folding.py)
