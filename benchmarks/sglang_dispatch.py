@@ -89,8 +89,8 @@ def _rank(run_dir: Path, rank: int) -> None:
 
 
 def _after_wait(counted, calls: int) -> dict:
-    """Host microseconds of the plugin's per-call torch ops as the step leader (a step's ``add_``, the counts'
-    ``copy_``, the record's ``add_``, on the adopted layer's own counter words, into counters of its geometry),
+    """Host microseconds of the plugin's per-call counting as the step leader (the step, on the host; the counts'
+    ``copy_`` and the record's ``add_``, on the adopted layer's own counter words, into counters of its geometry),
     back to back and right after the calling thread waited 1 ms on an event another thread sets, as the
     stand-in's gloo collective makes it wait just before them. FlashInfer's dispatch is a kernel launch: on a GPU
     the thread does not wait there."""
@@ -104,8 +104,7 @@ def _after_wait(counted, calls: int) -> dict:
 
     def ops() -> None:
         counters.record_step(8, 8)
-        record.counts.copy_(counter_words)
-        counters.record_traffic(record)
+        counters.record_counter_words(record, counter_words)
 
     times = {"back_to_back": [], "after_a_wait": []}
     for _ in range(calls):
@@ -124,7 +123,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
     """Host microseconds per dispatch + combine of SGLang's real dispatcher code with FlashInfer's transport
     replaced by a no-op on every side (the plugin keeps its counting around it): what the plugin's own work
     costs, without the other rank's wait in the figure. The plugin side twice: as its role's step leader
-    (one add_ more) and as any other layer."""
+    (the step counted too: on the host, eagerly) and as any other layer."""
     import torch
     from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len

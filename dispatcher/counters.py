@@ -1,12 +1,15 @@
-"""Device-resident cumulative counters of one rank's A2A dispatcher.
+"""Cumulative counters of one rank's A2A dispatcher: on the host what the host knows, on the device
+what only the device knows or what a CUDA graph replays.
 
-Every update is an in-place tensor op on fixed-shape tensors with Python-int indices, so it
-is captured into a CUDA graph with the dispatch and replays with it; nothing here reads a
-device value back to the host on the hot path. ``snapshot()`` is the one host copy, taken by
-the telemetry layer off the hot path: on CUDA a non-blocking copy into a pinned buffer on a
-side stream, waited on with an event (no device-wide sync). While the engine captures a CUDA
-graph, no other thread may touch the device that way, so the capture code wraps itself in
-:func:`pause_snapshots` and snapshots return the latest one taken before.
+A step's R and local batch are host ints: an eager step counts them in a host list (no kernel, a
+few hundred ns). Under CUDA graph capture the same counts are in-place tensor ops on fixed-shape
+views of one device state, captured with the dispatch and replayed with it. The tokens sent and
+received are device values (FlashInfer's counter words, DeepEP's layout): an in-place ``add_`` into
+the device state, never read back on the hot path. ``snapshot()`` adds the host list and one host
+copy of the device state, taken by the telemetry layer off the hot path: on CUDA a non-blocking copy
+into a pinned buffer on a side stream, waited on with an event (no device-wide sync). While the
+engine captures a CUDA graph, no other thread may touch the device that way, so the capture code
+wraps itself in :func:`pause_snapshots` and snapshots return the latest one taken before.
 
 One ``DispatchCounters`` serves all MoE layers of one rank and role: the dispatch of every
 layer calls ``record_dispatch``; only the step leader (the first layer) calls ``record_step``,
@@ -17,6 +20,7 @@ draft model keeps its own instance with ``role="draft"``.
 from __future__ import annotations
 
 import contextlib
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -35,14 +39,14 @@ class Field(IntEnum):
     exact R of the steps above the cap."""
 
     RUNTIME_TOKENS_OVER_CAP_SUM = 0  # sum of R over the steps with R > cap (the histogram's last bin is not exact)
-    MAX_RUNTIME_TOKENS = 1
+    MAX_RUNTIME_TOKENS = 1  # the largest R above the cap (at or below it, the highest non-empty bin says it)
     OVERFLOW_RUNTIME_OVER_CAP_RAISED = 2
     OVERFLOW_RUNTIME_OVER_CAP_CHUNKED = 3
     OVERFLOW_LOCAL_OVER_RUNTIME_RAISED = 4
     # Never counted (local > R always raises), kept so the overflow table has every (kind, outcome).
     OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 5
     CHUNKED_ROUNDS = 6
-    MAX_LOCAL_TOKENS = 7  # this rank's own largest local batch (tokens it dispatched in one step)
+    MAX_LOCAL_TOKENS = 7  # this rank's own largest local batch (tokens it dispatched in one step) above the cap
     # Last: the per-rank sent and received counts follow it, so a dispatch's call and its traffic are one add_.
     DISPATCH_CALLS = 8
 
@@ -87,17 +91,22 @@ class CounterSnapshot:
 
 
 class DispatchCounters:
-    """All counters live in one flat int64 tensor (one host copy per snapshot); the public
-    ``values``, ``runtime_tokens_histogram``, ``tokens_sent_per_rank`` and
-    ``tokens_received_per_rank`` are views into it. Per-op launch cost, not arithmetic, is what
-    a step pays (a few us each on CPU, a kernel launch each on GPU), so a step is **one**
-    ``add_`` on a two-element view of the state: its R bin and its local-batch bin (plus a ``clamp_``
-    on the rare step that sets a new max, and an ``add_`` of R on a step above the cap). A dispatch is
-    **one** ``add_`` of a :class:`TrafficRecord`: its call and its send/receive counts
-    (:meth:`record_traffic`; :meth:`record_dispatch` takes the counts as two vectors). Every per-call
-    ``add_`` takes int64 on both sides and no index: on CPU a mixed-dtype ``add_`` first converts its
-    operand into a new tensor, and ``index_add_`` copies a strided index, each an allocation per call.
-    The snapshot's token totals are the sums of the per-rank counts."""
+    """The counters live in one flat int64 device tensor (one host copy per snapshot) and one host list of
+    the same layout; the snapshot adds the two. Per-op launch cost, not arithmetic, is what a call pays (a
+    few us each on CPU, a kernel launch each on GPU), so an eager call launches only what the host cannot
+    count. An eager step launches nothing: its R and local batch are host ints. A dispatch's send/receive
+    counts are device values: one ``add_`` of a :class:`TrafficRecord` (its leading 1 is the call), or, for
+    FlashInfer's int32 counter words (:meth:`record_counter_words`), eagerly on CUDA one ``add_`` of the
+    words themselves (the kernel casts as it reads; the call counted on the host), and on CPU a ``copy_``
+    into the int64 record first: a mixed-dtype ``add_`` there converts its operand into a new tensor, an
+    allocation per call.
+
+    Under CUDA graph capture nothing on the host runs at replay, so every count goes to the device: a step
+    is **one** ``add_`` on a two-element view of the state (its R bin and its local-batch bin; plus an
+    ``add_`` and a ``clamp_`` on a step above the cap), a dispatch **one** ``add_`` of its record. No
+    per-call op takes an index: ``index_add_`` copies a strided index, an allocation per call. The maxes at
+    or below the cap are the highest non-empty histogram bins; above it the exact value is kept. The
+    snapshot's token totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -116,28 +125,29 @@ class DispatchCounters:
         histogram_offset = received_offset + ep_size
         local_offset = histogram_offset + cap + 2
         self._state = torch.zeros(local_offset + cap + 2, **options)
-        self.values = self._state[:num_fields]
-        self.tokens_sent_per_rank = self._state[sent_offset:received_offset]
-        self.tokens_received_per_rank = self._state[received_offset:histogram_offset]
-        self.runtime_tokens_histogram = self._state[histogram_offset:local_offset]
-        self.local_tokens_histogram = self._state[local_offset:]
+        # No public views of the device state: eager counts are on the host; snapshot() has them all.
+        self._values = self._state[:num_fields]
         self._max_runtime_tokens = self._state[Field.MAX_RUNTIME_TOKENS : Field.MAX_RUNTIME_TOKENS + 1]
         self._max_local_tokens = self._state[Field.MAX_LOCAL_TOKENS : Field.MAX_LOCAL_TOKENS + 1]
         self._histogram_offset = histogram_offset
         self._local_offset = local_offset
 
         self._one = torch.ones(1, **options)
-        self._calls = self.values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1]
+        self._calls = self._values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1]
         self._traffic = self._state[sent_offset:histogram_offset].view(2, ep_size)
         # The call count, then sent, then received: one dispatch's TrafficRecord lands in one add_.
         if Field.DISPATCH_CALLS != num_fields - 1:
             raise AssertionError("the dispatch call count must be the last field, before the per-rank counts")
         self._dispatch_record = self._state[Field.DISPATCH_CALLS : histogram_offset]
-        self._runtime_tokens_over_cap_sum = self.values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
-                                                        Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
+        self._runtime_tokens_over_cap_sum = self._values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
+                                                         Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
         self._steps = _StepBins(self._state, cap, histogram_offset, local_offset, options)
-        self._host_max_runtime_tokens = 0
-        self._host_max_local_tokens = 0
+        # Written by the engine's thread only; a snapshot copies it whole (one C-level list copy under the GIL).
+        self._host_state = [0] * self._state.numel()
+        # Whether a call right now is eager (counted on the host) rather than captured into a CUDA graph. The
+        # engine's thread asks for its own stream, the one it captures on. Tests swap it to drive the device path.
+        self._eager = _always if self.device.type != "cuda" else _not_capturing
+        self._words_direct = self.device.type == "cuda"  # int32 words added into int64 without a temporary
 
         # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
         self._snapshot_lock = threading.Lock()
@@ -155,28 +165,38 @@ class DispatchCounters:
     def record_step(self, runtime_tokens: int, local_tokens: int | None = None) -> None:
         """One forward step whose dispatches ran with runtime_max_tokens_per_rank R and this rank's
         local batch of ``local_tokens`` (a host int: the token tensor's shape, never a device read)."""
-        cap, steps = self.cap, self._steps
+        cap = self.cap
         runtime_bin = runtime_tokens if runtime_tokens <= cap else cap + 1
-        if local_tokens is None:
+        local_bin = None if local_tokens is None else local_tokens if local_tokens <= cap else cap + 1
+        if self._eager():
+            host = self._host_state
+            host[self._histogram_offset + runtime_bin] += 1
+            if local_bin is not None:
+                host[self._local_offset + local_bin] += 1
+                if local_bin > cap and local_tokens > host[Field.MAX_LOCAL_TOKENS]:
+                    host[Field.MAX_LOCAL_TOKENS] = local_tokens
+            if runtime_bin > cap:  # the histogram's last bin says only "> cap": keep the exact R
+                host[Field.RUNTIME_TOKENS_OVER_CAP_SUM] += runtime_tokens
+                if runtime_tokens > host[Field.MAX_RUNTIME_TOKENS]:
+                    host[Field.MAX_RUNTIME_TOKENS] = runtime_tokens
+            return
+        steps = self._steps
+        if local_bin is None:
             steps.without_local(runtime_bin).add_(steps.one)
         else:
-            steps.of(runtime_bin, local_tokens if local_tokens <= cap else cap + 1).add_(steps.ones)
-        if runtime_bin > cap:  # the histogram's last bin says only "> cap": keep the exact R
+            steps.of(runtime_bin, local_bin).add_(steps.ones)
+            if local_bin > cap:
+                self._max_local_tokens.clamp_(min=local_tokens)
+        if runtime_bin > cap:
             self._runtime_tokens_over_cap_sum.add_(runtime_tokens)
-        if runtime_tokens > self._host_max_runtime_tokens:
-            self._raise_max(runtime_tokens)
-        if local_tokens is not None and local_tokens > self._host_max_local_tokens:
-            self._raise_local_max(local_tokens)
-
-    def _raise_local_max(self, local_tokens: int) -> None:
-        # As for R: the host knows when the max can grow, so the clamp runs only then.
-        self._max_local_tokens.clamp_(min=local_tokens)
-        if not self._capturing():
-            self._host_max_local_tokens = local_tokens
+            self._max_runtime_tokens.clamp_(min=runtime_tokens)
 
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
-        self._calls.add_(self._one)
+        if self._eager():
+            self._host_state[Field.DISPATCH_CALLS] += 1
+        else:
+            self._calls.add_(self._one)
         self._traffic[0].add_(send_counts)
         self._traffic[1].add_(recv_counts)
 
@@ -186,16 +206,21 @@ class DispatchCounters:
 
     def record_traffic(self, record: "TrafficRecord") -> None:
         """One dispatch call and its tokens sent to and received from each rank (``record.counts``, written
-        by the caller since its dispatch): one ``add_``."""
+        by the caller since its dispatch): one ``add_``, eager or captured (the record carries the call)."""
         self._dispatch_record.add_(record.values)
 
-    def _raise_max(self, runtime_tokens: int) -> None:
-        # R is a host int, so the host knows when the max can grow: no kernel on most steps.
-        # A clamp recorded during graph capture runs only at replay, so capture never raises the
-        # host's bar for later eager steps.
-        self._max_runtime_tokens.clamp_(min=runtime_tokens)
-        if not self._capturing():
-            self._host_max_runtime_tokens = runtime_tokens
+    def record_counter_words(self, record: "TrafficRecord", counter_words: torch.Tensor) -> None:
+        """One dispatch call and its counts as FlashInfer's workspace holds them after it: int32 words
+        (``[2, ep_size]``: sent, received), valid until the next dispatch. Eagerly on CUDA one ``add_`` of
+        the words (the kernel casts as it reads; the call counted on the host). On CPU, and under capture,
+        a ``copy_`` into the int64 ``record`` and one ``add_`` of it (its leading 1 is the call): on CPU a
+        mixed-dtype ``add_`` converts its operand into a new tensor first."""
+        if self._words_direct and self._eager():
+            self._host_state[Field.DISPATCH_CALLS] += 1
+            self._traffic.add_(counter_words)
+        else:
+            record.counts.copy_(counter_words)
+            self._dispatch_record.add_(record.values)
 
     def _capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph."""
@@ -209,9 +234,9 @@ class DispatchCounters:
             return torch.cuda.is_current_stream_capturing()
 
     def record_overflow(self, kind: str, outcome: str, chunked_rounds: int = 0) -> None:
-        self.values[overflow_field(kind, outcome)].add_(1)
+        self._values[overflow_field(kind, outcome)].add_(1)
         if chunked_rounds:
-            self.values[Field.CHUNKED_ROUNDS].add_(chunked_rounds)
+            self._values[Field.CHUNKED_ROUNDS].add_(chunked_rounds)
 
     # --- off the hot path ---------------------------------------------------------------------
 
@@ -227,7 +252,7 @@ class DispatchCounters:
         with self._snapshot_lock:
             if self._snapshots_paused or self._capturing():
                 return self._last_snapshot
-            self._last_snapshot = self._snapshot_from(self._copy_to_host())
+            self._last_snapshot = self._snapshot_from(self._counts())
             return self._last_snapshot
 
     @contextlib.contextmanager
@@ -238,13 +263,22 @@ class DispatchCounters:
         """
         with self._snapshot_lock:
             if not self._snapshots_paused and not self._capturing():
-                self._last_snapshot = self._snapshot_from(self._copy_to_host())
+                self._last_snapshot = self._snapshot_from(self._counts())
             self._snapshots_paused += 1
         try:
             yield
         finally:
             with self._snapshot_lock:
                 self._snapshots_paused -= 1
+
+    def _counts(self) -> list[int]:
+        """The device state plus the host's, slot by slot; the maxes above the cap take the larger."""
+        host = self._host_state.copy()  # both only grow: a snapshot between two updates is caught up by the next
+        device = self._copy_to_host()
+        counts = list(map(operator.add, device, host))
+        for field in (Field.MAX_RUNTIME_TOKENS, Field.MAX_LOCAL_TOKENS):
+            counts[field] = max(device[field], host[field])
+        return counts
 
     def _copy_to_host(self) -> list[int]:
         if self.device.type != "cuda":
@@ -271,7 +305,7 @@ class DispatchCounters:
             forward_steps=sum(histogram),
             tokens_sent=sum(sent),
             tokens_received=sum(received),
-            max_runtime_tokens=values[Field.MAX_RUNTIME_TOKENS],
+            max_runtime_tokens=max(values[Field.MAX_RUNTIME_TOKENS], _highest_bin(histogram[: self.cap + 1])),
             chunked_rounds=values[Field.CHUNKED_ROUNDS],
             overflow_events={
                 (kind, outcome): values[overflow_field(kind, outcome)]
@@ -284,17 +318,34 @@ class DispatchCounters:
             runtime_tokens_sum=sum(tokens * count for tokens, count in enumerate(histogram[: self.cap + 1]))
             + values[Field.RUNTIME_TOKENS_OVER_CAP_SUM],
             local_tokens_histogram=tuple(local_histogram),
-            max_local_tokens=values[Field.MAX_LOCAL_TOKENS],
+            max_local_tokens=max(values[Field.MAX_LOCAL_TOKENS], _highest_bin(local_histogram[: self.cap + 1])),
         )
+
+
+def _always() -> bool:
+    return True
+
+
+def _not_capturing() -> bool:
+    return not torch.cuda.is_current_stream_capturing()
+
+
+def _highest_bin(histogram: list[int]) -> int:
+    """The largest value with a non-zero count (0 if none): the exact max of the steps at or below the cap."""
+    for value in range(len(histogram) - 1, -1, -1):
+        if histogram[value]:
+            return value
+    return 0
 
 
 class TrafficRecord:
     """What one dispatch adds to its role's counters in one ``add_`` (:meth:`DispatchCounters.record_traffic`):
     1 call, then the tokens sent to each rank, then those received from each rank, int64 like the counters.
 
-    Made once per counted object, before any graph capture; its hook writes ``counts`` (``[2, ep_size]``: the
-    sent row, the received row) in place at every dispatch: a ``copy_`` from FlashInfer's int32 counter words
-    (which converts as it copies), DeepEP's ``scatter_add_`` and ``sum(out=)``."""
+    Made once per counted object, before any graph capture; at every dispatch ``counts`` (``[2, ep_size]``: the
+    sent row, the received row) is written in place: a ``copy_`` from FlashInfer's int32 counter words (which
+    converts as it copies; :meth:`DispatchCounters.record_counter_words`), DeepEP's ``scatter_add_`` and
+    ``sum(out=)``."""
 
     def __init__(self, ep_size: int, device: torch.device):
         self.values = torch.zeros(1 + 2 * ep_size, dtype=torch.int64, device=device)

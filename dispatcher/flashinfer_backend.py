@@ -90,7 +90,7 @@ class WorkspaceCounts(DispatchCounts):
 
     def traffic(self) -> torch.Tensor:
         """``[2, ep_size]`` int32: the send row and the receive row, one strided view of the workspace
-        (copied into a ``TrafficRecord`` for ``DispatchCounters.record_traffic`` at every dispatch)."""
+        (counted by ``DispatchCounters.record_counter_words`` at every dispatch)."""
         gap = self.recv.storage_offset() - self.send.storage_offset()  # in int32 words
         if gap < self.ep_size:
             raise RuntimeError(f"flashinfer's receive counters start {gap} words after the send counters; "
@@ -215,7 +215,7 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
 
     def traffic_counts(self) -> torch.Tensor:
         """The workspace's send and receive counter words as one ``[2, ep_size]`` view (valid from the
-        end of a dispatch until the next), copied into a ``TrafficRecord`` for ``DispatchCounters.record_traffic``."""
+        end of a dispatch until the next), counted by ``DispatchCounters.record_counter_words``."""
         if self.counters_source != "workspace":
             raise ValueError("traffic_counts reads the workspace's counter words: counters_source='workspace'")
         return self._counts.traffic()

@@ -8,10 +8,12 @@ alone. That is the whole hot path:
 - it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
   sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
   (0.5.22), prefill is counted with decode;
-- per dispatch one ``copy_`` of the workspace's int32 send/receive counter words (no host read) into the
-  layer's int64 ``TrafficRecord`` and one ``add_`` of that record (the call and its counts), and per step,
-  on the role's step leader, one ``add_`` (R bin, local-batch bin); no allocation, no host sync, nothing
-  else;
+- per dispatch the workspace's int32 send/receive counter words (no host read) added into the role's
+  int64 counters, the call and the step (on the role's step leader) counted on the host: one ``add_`` on
+  CUDA (the kernel casts as it reads); on CPU a ``copy_`` into the layer's int64 ``TrafficRecord`` first,
+  since a mixed-dtype ``add_`` there converts into a new tensor. Under CUDA graph capture the call and the
+  step are device ops too (``DispatchCounters``), so replays count them. No allocation, no host sync,
+  nothing else;
 - an overflow is caught before FlashInfer writes: SGLang's own assert, or under ``python -O``, where
   SGLang's asserts are gone, capwatch's guard on R and the local batch (``CapOverflowError``, counted and
   reported before it is raised). SGLang's assert is counted where the scheduler dies of it, at no cost per
@@ -224,9 +226,9 @@ def _first_dispatch(session, alltoall, layer, record):
 def counted_dispatch(dispatch, layer, counter_words, record):
     """``MoeAlltoAll.dispatch`` as SGLang calls it, counted: the hot path (see the module docstring).
     ``counter_words``: the workspace's int32 send/receive words (``[2, ep_size]`` view), valid from the end
-    of a dispatch until the next; ``record``: the layer's ``TrafficRecord`` they are copied into."""
+    of a dispatch until the next; ``record``: the layer's ``TrafficRecord`` (where they need a copy first)."""
     counters = layer.counters
-    record_step, record_traffic, counts = counters.record_step, counters.record_traffic, record.counts
+    record_step, record_counter_words = counters.record_step, counters.record_counter_words
     cap = layer.cap
 
     def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
@@ -238,8 +240,7 @@ def counted_dispatch(dispatch, layer, counter_words, record):
                             invalid_token_expert_id, expert_id_payload_index, **more)
         if layer.step_leader:
             record_step(runtime_max_tokens_per_rank, local_tokens)
-        counts.copy_(counter_words)  # int32 -> int64 as it copies: the add_ below converts nothing
-        record_traffic(record)
+        record_counter_words(record, counter_words)
         return received
 
     return counted

@@ -1,4 +1,8 @@
-"""DispatchCounters: exact accounting, one host copy per snapshot, no host reads on record."""
+"""DispatchCounters: exact accounting, one host copy per snapshot, no host reads on record.
+
+Eager calls count steps and calls on the host; under CUDA graph capture they are device ops. On CPU the
+device path is driven by swapping ``DispatchCounters._eager`` ("captured"), as a capture on CUDA takes it.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +11,18 @@ import threading
 import pytest
 import torch
 from capwatch.dispatcher.counters import CounterSnapshot, DispatchCounters, pause_snapshots
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.profiler import ProfilerActivity, profile
 
 from tests.support.host_reads import HostReadError, forbid_host_reads
 from tests.support.workspace import workspace_counter_words
+
+
+def captured(counters: DispatchCounters) -> DispatchCounters:
+    """The counters as a CUDA graph capture drives them: every count a device op."""
+    counters._eager = lambda: False
+    return counters
 
 
 def test_steps_fill_an_exact_histogram_and_the_max():
@@ -81,8 +94,11 @@ def test_bad_construction_is_refused(kwargs):
         DispatchCounters(**kwargs)
 
 
-def test_recording_reads_nothing_back_to_the_host():
+@pytest.mark.parametrize("mode", ["eager", "captured"])
+def test_recording_reads_nothing_back_to_the_host(mode):
     counters = DispatchCounters(cap=16, ep_size=2)
+    if mode == "captured":
+        captured(counters)
     send, recv = torch.tensor([2, 1]), torch.tensor([0, 3])
     with forbid_host_reads():
         for runtime_tokens in (4, 16, 17, 40):
@@ -150,11 +166,15 @@ def test_pausing_waits_for_a_snapshot_in_flight():
     assert order == ["copy done", "paused"]
 
 
-def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
-    """The step's R bin and local-batch bin land with one add_ (a strided two-element view of the state): checked
-    against a plain count for every (R, local) pair of a small cap, over-cap bins included."""
+@pytest.mark.parametrize("mode", ["eager", "captured"])
+def test_one_step_is_one_kernel_whatever_its_r_and_local_batch(mode):
+    """Captured, the step's R bin and local-batch bin land with one add_ (a strided two-element view of the state);
+    eagerly on the host: checked against a plain count for every (R, local) pair of a small cap, over-cap bins
+    included."""
     cap = 5
     counters = DispatchCounters(cap=cap, ep_size=2)
+    if mode == "captured":
+        captured(counters)
     pairs = [(runtime, local) for runtime in range(cap + 3) for local in range(cap + 3)]
     for runtime, local in pairs:
         counters.record_step(runtime, local)
@@ -174,15 +194,18 @@ def test_one_step_is_one_kernel_whatever_its_r_and_local_batch():
     assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (cap + 2, cap + 2)
 
 
-def test_traffic_is_one_add_of_a_record_and_counts_its_call():
+@pytest.mark.parametrize("mode", ["eager", "captured"])
+def test_traffic_is_one_add_of_a_record_and_counts_its_call(mode):
     counters = DispatchCounters(cap=8, ep_size=3)
+    if mode == "captured":
+        captured(counters)
     words = workspace_counter_words(torch.zeros(256, dtype=torch.uint8), ep_size=3)
     words[0] = torch.tensor([1, 0, 2], dtype=torch.int32)
     words[1] = torch.tensor([3, 1, 0], dtype=torch.int32)
     record = counters.traffic_record()
-    for _ in range(2):
-        record.counts.copy_(words)
-        counters.record_traffic(record)
+    record.counts.copy_(words)
+    counters.record_traffic(record)
+    counters.record_counter_words(record, words)
     snapshot = counters.snapshot()
     assert snapshot.tokens_sent_per_rank == (2, 0, 4) and snapshot.tokens_received_per_rank == (6, 2, 0)
     assert snapshot.dispatch_calls == 2 and snapshot.forward_steps == 0
@@ -199,3 +222,86 @@ def test_recording_a_step_or_its_traffic_never_reads_the_device():
         for runtime, local in ((3, 1), (16, 16), (40, 2), (0, 0)):
             counters.record_step(runtime, local)
             counters.record_traffic(record)
+
+
+def test_an_eager_step_launches_nothing_and_a_captured_one_launches_one_add():
+    counters = DispatchCounters(cap=16, ep_size=2)
+    counters.record_step(3, 2)
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        counters.record_step(5, 4)
+    assert [event.name for event in profiler.events()] == []
+    captured(counters).record_step(5, 4)  # its two-element view is kept now
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        counters.record_step(5, 4)
+    assert [event.name for event in profiler.events()] == ["aten::add_"]
+    assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == []
+    snapshot = counters.snapshot()
+    assert snapshot.forward_steps == 4 and snapshot.runtime_tokens_histogram[5] == 3
+    assert snapshot.local_tokens_histogram[4] == 3 and snapshot.max_local_tokens == 4
+
+
+def test_the_maxes_at_or_below_the_cap_are_the_highest_bins_of_host_and_device_together():
+    counters = DispatchCounters(cap=8, ep_size=1)
+    counters.record_step(3, 2)
+    captured(counters).record_step(7, 6)
+    counters._eager = lambda: True
+    counters.record_step(5, 1)
+    snapshot = counters.snapshot()
+    assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (7, 6)
+    counters.record_step(11, 9)  # above the cap: the histogram says only "> cap", the exact max is kept
+    captured(counters).record_step(10, 12)
+    snapshot = counters.snapshot()
+    assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (11, 12)
+    assert snapshot.runtime_tokens_sum == 3 + 7 + 5 + 11 + 10
+
+
+CAP, EP_SIZE = 6, 3
+tokens = st.integers(min_value=0, max_value=CAP + 4)
+rank_counts = st.lists(st.integers(min_value=0, max_value=1000), min_size=EP_SIZE, max_size=EP_SIZE)
+calls = st.one_of(
+    st.tuples(st.just("step"), tokens, st.one_of(st.none(), tokens)),
+    st.tuples(st.just("traffic"), rank_counts, rank_counts),
+    st.tuples(st.just("words"), rank_counts, rank_counts),
+    st.tuples(st.just("dispatch"), rank_counts, rank_counts),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), calls), max_size=40))
+def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed):
+    """Whatever is counted on the host and whatever on the device, the snapshot is the plain count of every call."""
+    counters = DispatchCounters(cap=CAP, ep_size=EP_SIZE)
+    counters._words_direct = True  # CUDA's eager path for the words (on CPU it allocates, but adds the same)
+    record = counters.traffic_record()
+    words = workspace_counter_words(torch.zeros(256, dtype=torch.uint8), ep_size=EP_SIZE)
+    histogram, local_histogram = [0] * (CAP + 2), [0] * (CAP + 2)
+    sent, received = [0] * EP_SIZE, [0] * EP_SIZE
+    dispatches = runtime_sum = max_runtime = max_local = 0
+    for is_captured, (kind, first, second) in mixed:
+        counters._eager = (lambda: False) if is_captured else (lambda: True)
+        if kind == "step":
+            counters.record_step(first, second)
+            histogram[min(first, CAP + 1)] += 1
+            runtime_sum, max_runtime = runtime_sum + first, max(max_runtime, first)
+            if second is not None:
+                local_histogram[min(second, CAP + 1)] += 1
+                max_local = max(max_local, second)
+            continue
+        if kind == "traffic":
+            record.counts.copy_(torch.tensor([first, second]))
+            counters.record_traffic(record)
+        elif kind == "words":
+            words.copy_(torch.tensor([first, second], dtype=torch.int32))
+            counters.record_counter_words(record, words)
+        else:
+            counters.record_dispatch(torch.tensor(first), torch.tensor(second))
+        dispatches += 1
+        sent = [a + b for a, b in zip(sent, first)]
+        received = [a + b for a, b in zip(received, second)]
+    snapshot = counters.snapshot()
+    assert list(snapshot.runtime_tokens_histogram) == histogram
+    assert list(snapshot.local_tokens_histogram) == local_histogram
+    assert snapshot.forward_steps == sum(histogram) and snapshot.runtime_tokens_sum == runtime_sum
+    assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (max_runtime, max_local)
+    assert snapshot.dispatch_calls == dispatches
+    assert list(snapshot.tokens_sent_per_rank) == sent and list(snapshot.tokens_received_per_rank) == received

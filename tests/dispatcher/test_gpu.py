@@ -8,7 +8,10 @@
    ``torch.cuda.set_sync_debug_mode("error")``: any device -> host sync raises.
 3. ``graph_counters``: the counter updates (record_step with R and the local batch, record_dispatch)
    captured in a CUDA graph under sync-debug "error" and replayed N times: the counters advance
-   exactly N steps, the local-batch histogram and max included.
+   exactly N steps, the local-batch histogram and max included (the eager warm-up counted on the host,
+   the replays on the device).
+   ``eager_counting``: eagerly a step launches nothing and FlashInfer's int32 counter words are one
+   ``add_`` into the int64 counters (cast in the kernel), nothing allocated, no sync.
 4. ``graph_step``: the whole instrumented step (NCCL all_to_all + counters) captured and replayed;
    the counters advance once per replay and the output matches the reference.
 5. ``snapshot_during_capture``: a reporter thread snapshots the counters in a tight loop while the
@@ -286,7 +289,33 @@ def check_flashinfer_moe_ep() -> str:
     return _flashinfer_step(backend, expected, ids, payloads, compute, inputs)
 
 
+def check_eager_counting() -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    counters = DispatchCounters(16, 2, device=torch.device("cuda"))
+    record = counters.traffic_record()
+    words = torch.tensor([[3, 2], [1, 4]], dtype=torch.int32, device="cuda")  # as FlashInfer's kernel writes them
+    counters.record_step(5, 4)
+    counters.record_counter_words(record, words)
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    with sync_debug_errors(), profile(activities=[ProfilerActivity.CPU]) as profiler:
+        counters.record_step(5, 4)
+        counters.record_counter_words(record, words)
+    ops = [event.name for event in profiler.events() if event.name.startswith("aten::")]
+    grown = torch.cuda.memory_allocated() - allocated
+    if ops != ["aten::add_"] or grown:
+        raise AssertionError(f"eager step + dispatch ran {ops}, allocated {grown} B")
+    torch.cuda.synchronize()
+    snapshot = counters.snapshot()
+    if (snapshot.forward_steps, snapshot.dispatch_calls, snapshot.tokens_sent_per_rank,
+            snapshot.tokens_received_per_rank) != (2, 2, (6, 4), (2, 8)):
+        raise AssertionError(f"eager counts wrong: {snapshot}")
+    return "eager step + dispatch: one aten::add_, nothing allocated, counts exact"
+
+
 CHECKS = {
+    "eager_counting": check_eager_counting,
     "nccl_backend": check_nccl_backend,
     "no_host_sync": check_no_host_sync,
     "graph_counters": check_graph_counters,

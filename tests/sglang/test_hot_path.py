@@ -1,7 +1,9 @@
 """The FlashInfer and DeepEP hooks' counting dispatch, per call, in the main venv: exactly the torch ops its module
-docstring promises (a ``copy_`` of the workspace's int32 counter words into the layer's int64 record and one
-``add_`` of it; one ``add_`` more on the step leader), nothing allocated, nothing read back to the host, and
-the counts land.
+docstring promises (on CPU a ``copy_`` of the workspace's int32 counter words into the layer's int64 record and
+one ``add_`` of it; eagerly the call and the step are counted on the host, and under CUDA graph capture they are
+device ops: the call in the record, one ``add_`` more on the step leader), nothing allocated, nothing read back to
+the host, and the counts land. "captured" drives the counters' device path on CPU (``DispatchCounters._eager``),
+as a capture on CUDA takes it.
 
 torch's profiler lists every aten op a call runs, nested ones too: on CPU an ``add_`` of int32 words into the
 int64 counters runs ``aten::to`` (a converted copy: an allocation), and an ``index_add_`` with a strided index
@@ -25,9 +27,12 @@ from tests.support.workspace import workspace_counter_words
 CAP, EP_SIZE = 16, 2
 
 
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
-def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader):
+def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader, captured):
     counters = DispatchCounters(CAP, EP_SIZE)
+    if captured:
+        counters._eager = lambda: False
     layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
     # This rank's row of a FlashInfer workspace; its send and receive counter words as the backend views them.
     words = workspace_counter_words(torch.zeros(EP_SIZE, 256, dtype=torch.uint8)[0], EP_SIZE)
@@ -44,7 +49,7 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader):
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         assert counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1) is received
     ops = sorted(event.name for event in profiler.events())
-    assert ops == sorted(["aten::copy_", "aten::add_"] + (["aten::add_"] if leader else [])), ops
+    assert ops == sorted(["aten::copy_", "aten::add_"] + (["aten::add_"] if leader and captured else [])), ops
     assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
     snapshot = counters.snapshot()
     assert snapshot.dispatch_calls == 2
