@@ -10,9 +10,9 @@ are shadowed by instance attributes that count; SGLang's class is left alone. Th
 - ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
   (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
   leader (both micro-batches of the lowest layer) the step (the batch's bin: on the host eagerly, one ``add_``
-  under graph capture); the (token, expert) pairs
-  sent to each rank from the ``topk_ids`` SGLang dispatches (into scratch made at adoption: a ``clamp``, a
-  ``div_``, a ``ge``, a ``zero_`` and a ``scatter_add_``; no host read, nothing allocated per call);
+  under graph capture); the (token, expert) pairs sent to each rank from the ``topk_ids`` SGLang dispatches
+  (into scratch made at adoption: a ``clamp``, a ``div_``, a ``ge``, a ``zero_`` and a ``scatter_add_``; no
+  host read, nothing allocated per call);
 - ``dispatch_b``, after DeepEP's receive (its hook or event): the pairs received from each rank, from DeepEP's
   ``packed_recv_layout_range`` in the handle (``>> 32`` and a sum, into scratch), and one ``add_`` of the
   call and the ``[2, ranks]`` counts (the layer's ``TrafficRecord``);
