@@ -11,7 +11,8 @@ SGLang logs its resolved arguments once per start, in one of two forms:
 Which rules a server ran by follows from the form: 0.5.22 added the start-up check on the cap and its dict gained
 ``FROM_0_5_22_KEYS``; a dict without them is 0.5.19 - 0.5.21's (no check, eager prefill through an all-gather:
 ``floor_rule="capwatch"``, as the plugin reports on those releases), and a repr is 0.5.18's or older (no check
-either, but prefill goes through the A2A there, so SGLang's full rule, prefill chunk included, is the floor).
+either, but prefill goes through the A2A there, so SGLang's full rule, prefill chunk included, is the floor, and
+below it a dispatch fails at run time: ``floor_rule="capwatch_prefill"``).
 
 Both are read by PARSING (``ast.parse``, then a walk that accepts literals, calls with keywords, and
 ``inf``/``nan``), never by evaluating. A line is bounded (``MAX_ARGS_CHARS``) before it is parsed, and
@@ -259,7 +260,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
         prefill_cuda_graph_max_batch_size=max(0, prefill_bs), decode_cuda_graph_max_batch_size=max(0, decode_bs),
         tokens_per_request=tokens_per_request, cap_source="default",
-        floor_rule="sglang" if checked or not resolved_dict else "capwatch")
+        floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _text(args, "moe_a2a_backend")
     rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(

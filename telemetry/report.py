@@ -63,6 +63,9 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN),
 PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # sizing/backends.py: one entry per backend
 DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
+# Who computed SGLang's floor and what happens below it (SGLangLimits): SGLang at start-up, or capwatch for a
+# release without the check, with or without the prefill chunk as a term.
+FloorRule = Literal["sglang", "capwatch", "capwatch_prefill"]
 
 
 class _Strict(BaseModel):
@@ -94,11 +97,13 @@ class SGLangLimits(_Strict):
     tokens each request dispatches per step (``_decode_graph_dispatch_tokens_per_rank``). The advisor
     never recommends below that; the plugin and the log reader fill these fields the way SGLang does.
 
-    ``floor_rule`` says who computed the floor's terms: ``sglang`` (its own functions, 0.5.22 on: it
-    refuses to start below them) or ``capwatch`` (sglang 0.5.19 - 0.5.21 have no such check: capwatch
-    computes the same rule for the batches that reach that release's A2A — its eager prefill goes
-    through an all-gather, so the prefill chunk is no term there — and below it a dispatch fails at
-    run time instead).
+    ``floor_rule`` says who computed the floor's terms and what happens below them: ``sglang`` (its own
+    functions, 0.5.22 on: it refuses to start below them), ``capwatch`` (sglang 0.5.19 - 0.5.21 have no
+    such check: capwatch computes the same rule for the batches that reach that release's A2A — its
+    eager prefill goes through an all-gather, so the prefill chunk is no term there — and below it a
+    dispatch fails at run time instead) or ``capwatch_prefill`` (0.5.18 and older, read from their logs:
+    no check either, but eager prefill goes through the A2A, so the prefill chunk is a term; below it a
+    dispatch fails at run time).
     """
 
     sglang_version: Annotated[str, Field(min_length=1, max_length=32)] | None = None
@@ -110,7 +115,7 @@ class SGLangLimits(_Strict):
     # Where the cap came from: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, or SGLang's default
     # rule max(max_prefill_buffer_tokens, 4096) when the variable is unset.
     cap_source: Literal["env", "default"] = "env"
-    floor_rule: Literal["sglang", "capwatch"] = "sglang"
+    floor_rule: FloorRule = "sglang"
 
 
 class DeepEPBuffer(_Strict):

@@ -11,6 +11,8 @@ SGLang 0.5.22 and 0.5.23 refuse to start when the cap is below ``_required_flash
 SGLang 0.5.19 - 0.5.21 have no such check (``SGLangLimits.floor_rule == "capwatch"``): the plugin computed
 the same terms, and with FlashInfer the prefill chunk is none of them there (those releases send eager prefill
 through an all-gather, never through FlashInfer's A2A); below the floor a captured graph's dispatch fails at run time.
+0.5.18 and older (``"capwatch_prefill"``, from their logs) have no check either, but send prefill through the A2A:
+the prefill chunk is a term, and below it a prefill dispatch fails at run time.
 
 Advice below that cannot be followed. Ranks that predate the SGLang plugin report only their CUDA-graph
 decode batch and draft tokens: a batch of up to the largest captured size, each request bringing
@@ -36,6 +38,9 @@ if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
     from capwatch.service.advisor.evidence import Evidence
 
 
+PREFILL_IN_FLOOR = ("sglang", "capwatch_prefill")  # the floor rules whose terms include the prefill chunk
+
+
 @dataclass(frozen=True)
 class Floor:
     tokens: int
@@ -49,7 +54,7 @@ def sglang_floor_terms(limits: SGLangLimits, rules: BackendCapRules = FLASHINFER
     only where prefill batches go through the cap)."""
     terms = []
     if limits.disaggregation_mode != "decode" and prefill_dispatched:
-        if limits.floor_rule == "sglang" or rules.eager_prefill_dispatched:
+        if limits.floor_rule in PREFILL_IN_FLOOR or rules.eager_prefill_dispatched:
             terms.append((limits.max_prefill_buffer_tokens,
                           f"the prefill chunk (max prefill buffer) of {limits.max_prefill_buffer_tokens} tokens"))
         if limits.prefill_cuda_graph_max_batch_size:
@@ -108,8 +113,17 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
         decode_cuda_graph_max_batch_size=max(item.decode_cuda_graph_max_batch_size for item in found),
         tokens_per_request=max(item.tokens_per_request for item in found),
         cap_source="env" if any(item.cap_source == "env" for item in found) else "default",
-        # A group of mixed releases (mid-upgrade): SGLang's own rule, the stricter one, covers all of them.
-        floor_rule="capwatch" if all(item.floor_rule == "capwatch" for item in found) else "sglang")
+        floor_rule=_strictest_rule(item.floor_rule for item in found))
+
+
+def _strictest_rule(rules: Iterable[str]) -> str:
+    """A group of mixed releases (mid-upgrade): SGLang's own rule, the strictest, covers all of them; else the
+    prefill chunk stays a term if any rank dispatches prefill through the A2A."""
+    found = set(rules)
+    for rule in ("sglang", "capwatch_prefill"):
+        if rule in found:
+            return rule
+    return "capwatch"
 
 
 def raise_to_floor(given: Evidence, sized: float) -> Step[float]:

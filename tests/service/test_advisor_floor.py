@@ -73,9 +73,24 @@ def test_on_sglang_0_5_21_capwatchs_rule_leaves_the_prefill_chunk_out_and_says_w
 
 def test_a_group_mid_upgrade_takes_sglangs_own_rule():
     old = SGLangLimits(sglang_version="0.5.21", max_prefill_buffer_tokens=8192, floor_rule="capwatch")
+    older = SGLangLimits(sglang_version="0.5.18", max_prefill_buffer_tokens=8192, floor_rule="capwatch_prefill")
     new = SGLangLimits(sglang_version="0.5.23", max_prefill_buffer_tokens=8192)
     assert merged_sglang_limits([old, old]).floor_rule == "capwatch"
     assert merged_sglang_limits([old, new]).floor_rule == "sglang"
+    assert merged_sglang_limits([older, new, old]).floor_rule == "sglang"
+    assert merged_sglang_limits([old, older]).floor_rule == "capwatch_prefill"  # the prefill chunk stays a term
+
+
+def test_before_sglang_0_5_19_the_prefill_chunk_binds_but_nothing_checks_it_at_start_up():
+    """0.5.18 and older (read from their logs) send prefill through the A2A with no start-up check: the chunk is
+    in the floor, and its reason says a dispatch fails at run time, not that SGLang refuses to start."""
+    limits = SGLangLimits(max_prefill_buffer_tokens=8192, decode_cuda_graph_max_batch_size=256,
+                          floor_rule="capwatch_prefill")
+    floor = deployment_floor(limits, None)
+    assert floor.tokens == 8192 and "prefill chunk" in floor.binds
+    assert "this SGLang release has no start-up check" in floor.why and "fails at run time" in floor.why
+    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    assert advice.floor_cap == 8192 and advice.recommended_cap >= 8192
 
 
 @settings(max_examples=300, deadline=None)

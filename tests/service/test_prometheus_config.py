@@ -40,7 +40,7 @@ sglang_limits = st.builds(
     decode_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
     tokens_per_request=st.integers(1, 1024),
     cap_source=st.sampled_from(["env", "default"]),
-    floor_rule=st.sampled_from(["sglang", "capwatch"]),
+    floor_rule=st.sampled_from(["sglang", "capwatch", "capwatch_prefill"]),
 )
 
 

@@ -43,11 +43,14 @@ def test_args_rules_max_running_requests_and_disabled_graphs():
 
 def test_the_repr_form_reads_like_the_dict_form():
     """The same settings in 0.5.18's repr and 0.5.23's dict give the same configuration, but for the words of
-    the default cap's rule (the chunked-prefill size before 0.5.22, the prefill buffer since: here equal)."""
+    the default cap's rule (the chunked-prefill size before 0.5.22, the prefill buffer since: here equal) and
+    the floor's rule (the same terms; no start-up check before 0.5.19)."""
     settings_ = dict(tp_size=8, ep_size=8, chunked_prefill_size=8192, speculative_algorithm="EAGLE",
                      speculative_num_draft_tokens=4, max_running_requests=2048, disaggregation_mode="decode")
     old = config_of(sg.server_args_repr("0.5.18", **settings_, decode_max_bs=256, dp_size=8))
     new = config_of(sg.args_message(sg.server_args(**settings_, decode_max_bs=256, attn_dp_size=8)))
+    assert (old.limits.floor_rule, new.limits.floor_rule) == ("capwatch_prefill", "sglang")
+    old = dataclasses.replace(old, limits=old.limits.model_copy(update={"floor_rule": "sglang"}))
     assert dataclasses.replace(old, default_rule=None) == dataclasses.replace(new, default_rule=None)
     assert (old.default_rule.prefill_name, new.default_rule.prefill_name) == ("chunked prefill", "prefill buffer")
     assert old.default_cap == new.default_cap == 8192
@@ -75,7 +78,10 @@ def test_which_rules_the_args_line_says_the_server_ran_by(shape):
         assert floor.tokens == 32768 and "prefill chunk" in floor.binds and "refuses to start" in floor.why
     assert config.attn_dp_size == 8 and config.default_rule.words("flashinfer").endswith(f"{config.default_cap}, 4096)")
     repr_config = config_of(sg.server_args_repr("0.5.18", chunked_prefill_size=8192, decode_max_bs=256))
-    assert repr_config.limits.floor_rule == "sglang" and deployment_floor(repr_config.limits, None).tokens == 8192
+    repr_floor = deployment_floor(repr_config.limits, None)
+    assert repr_config.limits.floor_rule == "capwatch_prefill"
+    assert repr_floor.tokens == 8192 and "prefill chunk" in repr_floor.binds
+    assert "no start-up check" in repr_floor.why and "refuses to start" not in repr_floor.why
 
 
 def test_the_repr_is_parsed_not_evaluated():
