@@ -1,11 +1,11 @@
 """Cumulative counters of one rank's A2A dispatcher: on the host what the host knows, on the device
 what only the device knows or what a CUDA graph replays.
 
-A step's R and local batch are host ints: an eager step counts them in a host list (no kernel, a
+A step's R and local batch are host ints: an eager step counts them in a host array (no kernel, a
 few hundred ns). Under CUDA graph capture the same counts are in-place tensor ops on fixed-shape
 views of one device state, captured with the dispatch and replayed with it. The tokens sent and
 received are device values (FlashInfer's counter words, DeepEP's layout): an in-place ``add_`` into
-the device state, never read back on the hot path. ``snapshot()`` adds the host list and one host
+the device state, never read back on the hot path. ``snapshot()`` adds the host array and one host
 copy of the device state, taken by the telemetry layer off the hot path: on CUDA a non-blocking copy
 into a pinned buffer on a side stream, waited on with an event (no device-wide sync). While the
 engine captures a CUDA graph, no other thread may touch the device that way, so the capture code
@@ -91,8 +91,10 @@ class CounterSnapshot:
 
 
 class DispatchCounters:
-    """The counters live in one flat int64 device tensor (one host copy per snapshot) and one host list of
-    the same layout; the snapshot adds the two. Per-op launch cost, not arithmetic, is what a call pays (a
+    """The counters live in one flat int64 device tensor (one host copy per snapshot) and one int64 host array
+    of the same layout; the snapshot adds the two. One writer at a time (the engine's thread), as for the
+    device state; a snapshot may land between two of its updates, as between two kernels, and the next one
+    catches up. Per-op launch cost, not arithmetic, is what a call pays (a
     few us each on CPU, a kernel launch each on GPU), so an eager call launches only what the host cannot
     count. An eager step launches nothing: its R and local batch are host ints. A dispatch's send/receive
     counts are device values: one ``add_`` of a :class:`TrafficRecord` (its leading 1 is the call), or, for
@@ -103,7 +105,8 @@ class DispatchCounters:
 
     Under CUDA graph capture nothing on the host runs at replay, so every count goes to the device: a step
     is **one** ``add_`` on a two-element view of the state (its R bin and its local-batch bin; plus an
-    ``add_`` and a ``clamp_`` on a step above the cap), a dispatch **one** ``add_`` of its record. No
+    ``add_`` and a ``clamp_`` on a step above the cap, a ``clamp_`` on a local batch above it), a dispatch
+    **one** ``add_`` of its record. No
     per-call op takes an index: ``index_add_`` copies a strided index, an allocation per call. The maxes at
     or below the cap are the highest non-empty histogram bins; above it the exact value is kept. The
     snapshot's token totals are the sums of the per-rank counts."""
@@ -146,7 +149,10 @@ class DispatchCounters:
         # the device copy in one op: an int64 array, not a list, whose element-wise sum in Python took 1-3 ms.
         self._host_state = array.array("q", bytes(8 * self._state.numel()))
         # Whether a call right now is eager (counted on the host) rather than captured into a CUDA graph. The
-        # engine's thread asks for its own stream, the one it captures on. Tests swap it to drive the device path.
+        # engine's thread asks for its current stream on its current device: the counters' device (one GPU per
+        # scheduler process) and the stream it captures on. Asking on the legacy default stream is safe because
+        # graphs are captured on torch's non-blocking streams; torch's own CUDA RNG asks the same on every
+        # random op. Tests swap it to drive the device path.
         self._eager = _always if self.device.type != "cuda" else _not_capturing
         self._words_direct = self.device.type == "cuda"  # int32 words added into int64 without a temporary
 

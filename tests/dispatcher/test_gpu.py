@@ -42,6 +42,7 @@ from tests.dispatcher.moe import (
     make_inputs,
     reference_outputs,
 )
+from tests.support.workspace import workspace_counter_words
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -294,7 +295,9 @@ def check_eager_counting() -> str:
 
     counters = DispatchCounters(16, 2, device=torch.device("cuda"))
     record = counters.traffic_record()
-    words = torch.tensor([[3, 2], [1, 4]], dtype=torch.int32, device="cuda")  # as FlashInfer's kernel writes them
+    # A strided [2, ep] int32 view of a workspace row, as the plugin reads FlashInfer's counter words.
+    words = workspace_counter_words(torch.zeros(256, dtype=torch.uint8, device="cuda"), 2)
+    words.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))
     counters.record_step(5, 4)
     counters.record_counter_words(record, words)
     torch.cuda.synchronize()
