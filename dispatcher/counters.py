@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import array
 import contextlib
+import itertools
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -325,7 +327,7 @@ class DispatchCounters:
             runtime_tokens_histogram=tuple(histogram),
             tokens_sent_per_rank=tuple(sent),
             tokens_received_per_rank=tuple(received),
-            runtime_tokens_sum=sum(tokens * count for tokens, count in enumerate(histogram[: self.cap + 1]))
+            runtime_tokens_sum=sum(map(operator.mul, range(self.cap + 1), histogram[: self.cap + 1]))
             + values[Field.RUNTIME_TOKENS_OVER_CAP_SUM],
             local_tokens_histogram=tuple(local_histogram),
             max_local_tokens=max(values[Field.MAX_LOCAL_TOKENS], _highest_bin(local_histogram[: self.cap + 1])),
@@ -342,10 +344,7 @@ def _not_capturing() -> bool:
 
 def _highest_bin(histogram: list[int]) -> int:
     """The largest value with a non-zero count (0 if none): the exact max of the steps at or below the cap."""
-    for value in range(len(histogram) - 1, -1, -1):
-        if histogram[value]:
-            return value
-    return 0
+    return next(itertools.compress(reversed(range(len(histogram))), reversed(histogram)), 0)  # from the top, in C
 
 
 class TrafficRecord:
