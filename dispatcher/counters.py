@@ -93,25 +93,23 @@ class CounterSnapshot:
 
 
 class DispatchCounters:
-    """The counters live in one flat int64 device tensor (one host copy per snapshot) and one int64 host array
-    of the same layout; the snapshot adds the two. One writer at a time (the engine's thread), as for the
-    device state; a snapshot may land between two of its updates, as between two kernels, and the next one
-    catches up. Per-op launch cost, not arithmetic, is what a call pays (a
-    few us each on CPU, a kernel launch each on GPU), so an eager call launches only what the host cannot
-    count. An eager step launches nothing: its R and local batch are host ints. A dispatch's send/receive
-    counts are device values: one ``add_`` of a :class:`TrafficRecord` (its leading 1 is the call), or, for
-    FlashInfer's int32 counter words (:meth:`record_counter_words`), eagerly on CUDA one ``add_`` of the
-    words themselves (the kernel casts as it reads; the call counted on the host), and on CPU a ``copy_``
-    into the int64 record first: a mixed-dtype ``add_`` there converts its operand into a new tensor, an
+    """The counters live in one flat int64 device tensor (one host copy per snapshot) and one int64 host array of
+    the same layout; the snapshot adds the two. One writer at a time (the engine's thread), as for the device state;
+    a snapshot may land between two of its updates, as between two kernels, and the next one catches up. Per-op
+    launch cost, not arithmetic, is what a call pays (a few us each on CPU, a kernel launch each on GPU), so an
+    eager call launches only what the host cannot count. An eager step launches nothing: its R and local batch are
+    host ints. A dispatch's send/receive counts are device values: one ``add_`` of a :class:`TrafficRecord` (its
+    leading 1 is the call), or, for FlashInfer's int32 counter words (:meth:`record_counter_words`), eagerly on CUDA
+    one ``add_`` of the words themselves (the kernel casts as it reads; the call counted on the host), and on CPU a
+    ``copy_`` into the int64 record first: a mixed-dtype ``add_`` there converts its operand into a new tensor, an
     allocation per call.
 
     Under CUDA graph capture nothing on the host runs at replay, so every count goes to the device: a step
     is **one** ``add_`` on a two-element view of the state (its R bin and its local-batch bin; plus an
     ``add_`` and a ``clamp_`` on a step above the cap, a ``clamp_`` on a local batch above it), a dispatch
-    **one** ``add_`` of its record. No
-    per-call op takes an index: ``index_add_`` copies a strided index, an allocation per call. The maxes at
-    or below the cap are the highest non-empty histogram bins; above it the exact value is kept. The
-    snapshot's token totals are the sums of the per-rank counts."""
+    **one** ``add_`` of its record. No per-call op takes an index: ``index_add_`` copies a strided index, an
+    allocation per call. The maxes at or below the cap are the highest non-empty histogram bins; above it the
+    exact value is kept. The snapshot's token totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -232,7 +230,8 @@ class DispatchCounters:
             self._dispatch_record.add_(record.values)
 
     def _capturing(self) -> bool:
-        """Whether the calling thread's current stream is capturing a CUDA graph."""
+        """Whether the calling thread's current stream is capturing a CUDA graph, asked safely from any thread
+        (the telemetry's). The hot path asks the cheaper ``_not_capturing`` from the engine's own thread."""
         if self.device.type != "cuda":
             return False
         with torch.cuda.device(self.device):
@@ -339,6 +338,8 @@ def _always() -> bool:
 
 
 def _not_capturing() -> bool:
+    """The hot path's question (``DispatchCounters._eager`` on CUDA): one call, no stream objects; see where it is
+    bound for why the engine's thread may ask it without ``_capturing``'s guards."""
     return not torch.cuda.is_current_stream_capturing()
 
 
@@ -350,6 +351,7 @@ def _highest_bin(histogram: list[int]) -> int:
 class TrafficRecord:
     """What one dispatch adds to its role's counters in one ``add_`` (:meth:`DispatchCounters.record_traffic`):
     1 call, then the tokens sent to each rank, then those received from each rank, int64 like the counters.
+    (FlashInfer's words, eagerly on CUDA, skip it: their ``add_`` casts in the kernel.)
 
     Made once per counted object, before any graph capture; at every dispatch ``counts`` (``[2, ep_size]``: the
     sent row, the received row) is written in place: a ``copy_`` from FlashInfer's int32 counter words (which
@@ -365,8 +367,8 @@ class TrafficRecord:
 class _StepBins:
     """Where one step's single ``add_`` of a constant ``[1, 1]`` lands: 1 at its R bin and 1 at its local-batch
     bin, a 2-element view of the state itself: no index tensor (``index_add_`` copies a strided index before it
-    adds: an allocation per step on CPU), no host -> device copy, so a step is the same one kernel eagerly and
-    under capture.
+    adds: an allocation per step on CPU), no host -> device copy: one kernel, the same when captured and at every
+    replay. (An eager step is counted on the host and uses none of this.)
 
     The R histogram and the local one are adjacent in the state (``B = cap + 2`` bins each), so a view at
     offset ``r`` with stride ``B + l - r`` (always >= 1) lands on R's bin and the local batch's bin; a step

@@ -64,8 +64,9 @@ PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # sizing/backends.py: one entry per backend
 DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
 # Who computed SGLang's floor and what happens below it (SGLangLimits): SGLang at start-up, or capwatch for a
-# release without the check, with or without the prefill chunk as a term.
-FloorRule = Literal["sglang", "capwatch", "capwatch_prefill"]
+# release without the check, with or without the prefill chunk as a term. Strictest first: a group of mixed
+# releases takes the first its ranks report (service/advisor/floor.py).
+FloorRule = Literal["sglang", "capwatch_prefill", "capwatch"]
 
 
 class _Strict(BaseModel):

@@ -28,16 +28,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_args
 
 from capwatch.service.advisor.stage import Step
 from capwatch.sizing.backends import FLASHINFER, BackendCapRules
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.telemetry.report import FloorRule, SGLangLimits
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
     from capwatch.service.advisor.evidence import Evidence
 
 
+FLOOR_RULES_STRICTEST_FIRST: tuple[str, ...] = get_args(FloorRule)
 PREFILL_IN_FLOOR = ("sglang", "capwatch_prefill")  # the floor rules whose terms include the prefill chunk
 
 
@@ -118,12 +119,8 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
 
 def _strictest_rule(rules: Iterable[str]) -> str:
     """A group of mixed releases (mid-upgrade): SGLang's own rule, the strictest, covers all of them; else the
-    prefill chunk stays a term if any rank dispatches prefill through the A2A."""
-    found = set(rules)
-    for rule in ("sglang", "capwatch_prefill"):
-        if rule in found:
-            return rule
-    return "capwatch"
+    prefill chunk stays a term if any rank dispatches prefill through the A2A (``FloorRule`` lists them so)."""
+    return min(rules, key=FLOOR_RULES_STRICTEST_FIRST.index)
 
 
 def raise_to_floor(given: Evidence, sized: float) -> Step[float]:
