@@ -194,8 +194,9 @@ def run(quick: bool = False) -> dict:
     iterations, warmup = (60, 10) if quick else (600, 40)
     with tempfile.TemporaryDirectory(prefix="capwatch-sglang-bench-") as folder:
         run_dir = Path(folder)
+        # Fresh interpreters, as SGLang's spawn starts its schedulers: nothing timed runs in a forked copy.
         group = RankRun(run_dir, WORLD_SIZE, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_METRICS_BASE_PORT": "0"},
-                        program="benchmarks.sglang_dispatch")
+                        program="benchmarks.sglang_dispatch", fork=False)
         group.start({"model": MODEL, "sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup,
                      "hot_path_calls": 2000 if quick else 20000, "after_wait_calls": 200 if quick else 1000})
         codes = group.wait_exit(timeout_s=1800)

@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from tests.sglang import zygotes
 from tests.sglang.ranks import sglang_missing
 
 _missing = sglang_missing()
@@ -27,3 +28,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.fspath.basename in NEEDS_SGLANG:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="package", autouse=True)
+def rank_zygotes():
+    """The zygotes the package's ranks forked from (zygotes.py), stopped after its last test."""
+    yield
+    zygotes.stop_all()

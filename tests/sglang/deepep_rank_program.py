@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import logging
 import sys
 import time
 import types
@@ -35,10 +34,10 @@ RELEASE_TIMEOUT_S = 300
 
 def start_rank(plan: dict, rank: int):
     """Publish a DeepEP server's args, join the gloo group, and return SGLang's dispatcher module and factory."""
-    world = plan["world"]
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s")
-    from sglang.srt.managers import scheduler  # noqa: F401  where run_scheduler_process lives: the plugin hooks there
+    from tests.sglang.rank_program import begin_scheduler_process, publish_and_configure
 
+    world = plan["world"]
+    begin_scheduler_process(rank)
     if plan.get("plugins"):
         from sglang.srt.plugins import load_plugins
 
@@ -52,7 +51,6 @@ def start_rank(plan: dict, rank: int):
     from sglang.srt.server_args import ServerArgs
 
     from tests.sglang import deepep_standin
-    from tests.sglang.rank_program import publish_and_configure
 
     deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
     server_args = ServerArgs(

@@ -144,12 +144,19 @@ def publish_and_configure(server_args, rank: int, world: int) -> None:
         _PROCESS_SCOPE.enter_context(parallel.override(moe_ep_rank=rank))
 
 
+def begin_scheduler_process(rank: int) -> None:
+    """A scheduler process's start, in SGLang's order: first the module of ``run_scheduler_process`` (what
+    SGLang's spawn imports before calling it, where the plugin hooks; a zygote, ``rank_zygote.py``, imported it
+    already), whose import configures logging on some releases (``configure_hf_hub_logger``); then logging at
+    INFO, replacing that, as the scheduler's ``configure_logger`` does (``force=True``)."""
+    from sglang.srt.managers import scheduler  # noqa: F401
+
+    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s", force=True)
+
+
 def start_rank(plan: dict, rank: int) -> SGLangRank:
     world = plan["world"]
-    # SGLang's scheduler configures logging this way (configure_scheduler_process), before the model.
-    logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s")
-
-    from sglang.srt.managers import scheduler  # noqa: F401  where run_scheduler_process lives: the plugin hooks there
+    begin_scheduler_process(rank)
     from sglang.srt.plugins import load_plugins
 
     load_plugins()  # first thing, as in run_scheduler_process

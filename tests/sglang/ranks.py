@@ -1,4 +1,5 @@
-"""Launch SGLang scheduler ranks (``rank_program.py``) of one release with the sglang venv's python, scrape them."""
+"""Launch SGLang scheduler ranks (``rank_program.py``) of one release with the sglang venv's python (forked from a
+zygote, ``zygotes.py``, or fresh), scrape them."""
 
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from pathlib import Path
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.sglang import zygotes
 from tests.sglang.releases import RELEASES, missing, release_path
 from tests.support import launcher
 from tests.support.checkout import REPO_ROOT
 from tests.support.ports import free_port
 
 SGLANG_VENV = REPO_ROOT / ".venv-sglang"
-START_TIMEOUT_S = 240  # importing sglang takes ~15 s a process on a quiet machine, much more on a busy one
+START_TIMEOUT_S = 240  # importing sglang takes ~10 s a process (or a zygote) on a quiet machine, more on a busy one
 EXIT_TIMEOUT_S = 60
 
 # A tiny MoE (Qwen2-MoE shape): what ServerArgs reads from the model folder, nothing to download.
@@ -65,7 +67,9 @@ class RankRun:
     optimize: bool = False
     metrics_base_port: int = 0
     program: str = "tests.sglang.rank_program"  # a module run as ``python -m PROGRAM RUN_DIR RANK``
-    processes: list[subprocess.Popen] = field(default_factory=list)
+    # Forked from a zygote that imported sglang once (zygotes.py); False: each rank a fresh ``python -m``.
+    fork: bool = True
+    processes: list[subprocess.Popen | zygotes.ForkedRank] = field(default_factory=list)
 
     def start(self, plan: dict) -> "RankRun":
         model_dir = self.run_dir / "model"
@@ -75,14 +79,21 @@ class RankRun:
                      **plan}
         (self.run_dir / "plan.json").write_text(json.dumps(full_plan))
         flags = ["-O"] if self.optimize else []
+        path_first = [*self.extra_path, *release_path(self.sglang_release)]
+        unset = ("PROMETHEUS_MULTIPROC_DIR",)
         for rank in range(self.world):
-            log = open(self.run_dir / f"rank-{rank}.log", "wb")
-            self.processes.append(launcher.start(
-                *flags, "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(), env=self.env,
-                unset=("PROMETHEUS_MULTIPROC_DIR",), imports_tests=True, cwd=self.run_dir, stdout=log,
-                path_first=[*self.extra_path, *release_path(self.sglang_release)],
-                stderr=subprocess.STDOUT))
-            log.close()
+            log_path = self.run_dir / f"rank-{rank}.log"
+            if self.fork and not zygotes.fresh_ranks():
+                self.processes.append(zygotes.start_rank(
+                    self.program, str(self.run_dir), str(rank), python=sglang_python(), flags=flags, env=self.env,
+                    unset=unset, cwd=self.run_dir, log=log_path, path_first=path_first,
+                    ready_timeout_s=START_TIMEOUT_S))
+                continue
+            with open(log_path, "wb") as log:
+                self.processes.append(launcher.start(
+                    *flags, "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(), env=self.env,
+                    unset=unset, imports_tests=True, cwd=self.run_dir, stdout=log, path_first=path_first,
+                    stderr=subprocess.STDOUT))
         return self
 
     def wait_ready(self, mark: str = "ready") -> None:

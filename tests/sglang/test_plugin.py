@@ -131,12 +131,12 @@ def service(tmp_path_factory):
 
 
 def launch(tmp_path, world: int, plan: dict, env: dict | None = None, optimize: bool = False,
-           release: str = NEWEST, extra_path=()) -> RankRun:
+           release: str = NEWEST, extra_path=(), fork: bool = True) -> RankRun:
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": CLUSTER, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_REPORT_INTERVAL_S": "0.5", **(env or {})}
     return RankRun(tmp_path, world, env, optimize=optimize, metrics_base_port=base_port, sglang_release=release,
-                   extra_path=tuple(extra_path)).start(plan)
+                   extra_path=tuple(extra_path), fork=fork).start(plan)
 
 
 @pytest.fixture(scope="module", params=RELEASES, ids=release_id)
@@ -217,7 +217,8 @@ OVERFLOW_CASES = [(adapter.releases[0], False) for adapter in dict.fromkeys(ADAP
                          ids=[f"{release_id(r)}-{'python-O' if o else 'asserts'}" for r, o in OVERFLOW_CASES])
 def test_an_overflow_is_counted_and_reported_before_the_rank_dies(tmp_path, service, release, optimize):
     cluster = f"overflow-{release.replace('.', '-')}-{'O' if optimize else 'plain'}"
-    run = launch(tmp_path, 2, OVERFLOW_PLAN, optimize=optimize, release=release, env={
+    # python -O shares no zygote with the other runs: its ranks start fresh, which keeps that path tested too.
+    run = launch(tmp_path, 2, OVERFLOW_PLAN, optimize=optimize, release=release, fork=not optimize, env={
         "CAPWATCH_CLUSTER": cluster, "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "60",
         "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK": str(OVERFLOW_CAP)})
     codes = run.wait_exit(START_TIMEOUT_S)  # they start, dispatch, overflow and die
@@ -253,21 +254,24 @@ DISABLED_CASES = {
 }
 
 
-def newer_release(tmp_path) -> list:
+@pytest.fixture(scope="module")
+def newer_release(tmp_path_factory) -> list:
     """A folder whose sglang dist-info says 0.5.24, put before the newest release's own: its code, a newer
-    version number, as a release whose hook targets still match the newest adapter."""
-    dist_info = tmp_path / "newer" / f"sglang-{NEWER}.dist-info"
-    dist_info.mkdir(parents=True)
+    version number, as a release whose hook targets still match the newest adapter. One for the module: its
+    runs fork from one zygote (a zygote serves one PYTHONPATH)."""
+    folder = tmp_path_factory.mktemp("newer")
+    dist_info = folder / f"sglang-{NEWER}.dist-info"
+    dist_info.mkdir()
     (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {NEWER}\n")
-    return [tmp_path / "newer"]
+    return [folder]
 
 
 @pytest.mark.parametrize("enabled_run", [NEWEST], indirect=True, ids=release_id)
 @pytest.mark.parametrize("case", sorted(DISABLED_CASES))
-def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, case):
+def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, newer_release, case):
     enabled = enabled_run[0]
     env, extra_plan, newer, reason = DISABLED_CASES[case]
-    run = launch(tmp_path, 2, {**PLAN, **extra_plan}, env=env, extra_path=newer_release(tmp_path) if newer else ())
+    run = launch(tmp_path, 2, {**PLAN, **extra_plan}, env=env, extra_path=newer_release if newer else ())
     run.wait_ready()
     if reason is not None:  # one log line and an info metric that says why
         metrics = run.metrics(0)
@@ -288,13 +292,13 @@ def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, case):
             assert len(disabled_lines) == 1, log[-3000:]
 
 
-def test_a_newer_release_runs_on_four_ranks_on_the_newest_adapters_when_the_operator_opts_in(tmp_path):
+def test_a_newer_release_runs_on_four_ranks_on_the_newest_adapters_when_the_operator_opts_in(tmp_path, newer_release):
     """CAPWATCH_ALLOW_NEWER_SGLANG=1 and every hook target and signature of the newest adapter matches:
     instrumented, and the one log line says on what. On four ranks (one launch for both): each counts the
     geometry it dispatched and serves its own exporter."""
     plan = {"target_layers": [0, 1], "steps": [{"dp_tokens": [3, 0, 9, 4]}, {"dp_tokens": [1, 1, 1, 2]},
                                                {"dp_tokens": [0, 0, 0, 0]}, {"dp_tokens": [12, 5, 5, 5]}]}
-    run = launch(tmp_path, 4, plan, env={"CAPWATCH_ALLOW_NEWER_SGLANG": "1"}, extra_path=newer_release(tmp_path))
+    run = launch(tmp_path, 4, plan, env={"CAPWATCH_ALLOW_NEWER_SGLANG": "1"}, extra_path=newer_release)
     run.wait_ready()
     scraped = {rank: run.metrics(rank) for rank in range(run.world)}
     assert run.release() == [0, 0, 0, 0], run.logs()

@@ -1,0 +1,176 @@
+"""SGLang ranks forked from a zygote (``rank_zygote.py``) instead of each importing sglang again: about 10 s of
+CPU saved a rank, most of what the plugin's tests cost.
+
+A zygote serves one interpreter, its flags (``-O``), and the environment it was started with, its path (one
+release's folders) included. A rank is forked from one only where its environment differs from the zygote's
+in nothing the import read by name (the reads the zygote reported decide), and only in the variables these tests
+set (``SGLANG_*``, ``CAPWATCH_*``; pytest's ``PYTEST_CURRENT_TEST``). Otherwise another zygote starts, with the
+rank's environment. Zygotes live until ``stop_all`` (the sglang tests' package fixture), at most
+``MAX_ZYGOTES`` at a time.
+
+``CAPWATCH_TEST_FRESH_RANKS=1`` starts every rank as a fresh ``python -m`` instead (``RankRun(fork=False)`` does
+so for one run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Collection, Sequence
+from pathlib import Path
+
+from tests.support import launcher
+
+# What differs from run to run: the tests' settings, and the test pytest names in each child's environment.
+VARIES = ("SGLANG_", "CAPWATCH_", "PYTEST_CURRENT_TEST")
+
+
+def fresh_ranks() -> bool:
+    return os.environ.get("CAPWATCH_TEST_FRESH_RANKS") == "1"
+
+
+class ForkedRank:
+    """A rank forked by a zygote: the part of ``subprocess.Popen`` the tests use (``pid``, ``returncode``,
+    ``poll``, ``wait``, ``kill``). Its exit code comes from the zygote, its parent."""
+
+    def __init__(self, connection: socket.socket, pid: int, args: Sequence[str]):
+        self.pid, self.args, self.returncode = pid, list(args), None
+        self._connection = connection
+
+    def poll(self) -> int | None:
+        if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
+            self._read_returncode()
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            if not select.select([self._connection], [], [], timeout)[0]:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._read_returncode()
+        return self.returncode
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def _read_returncode(self) -> None:
+        line = _read_line(self._connection)
+        self._connection.close()
+        if not line:
+            raise RuntimeError(f"the zygote of rank process {self.pid} ({' '.join(self.args)}) died before it")
+        self.returncode = json.loads(line)["returncode"]
+
+
+class Zygote:
+    """One ``rank_zygote`` process: started, then ready once it has imported and said what it read."""
+
+    def __init__(self, python: Path | str, flags: Sequence[str], env: dict[str, str], *, ready_timeout_s: float,
+                 unset: Collection[str] = (), path_first: Sequence[Path | str] = (), first_import: str = ""):
+        """Started by ``launcher.start`` as a rank would be (``env``, ``unset``, ``path_first`` as there), ready
+        within ``ready_timeout_s`` (its import: a rank's start-up); ``first_import``: the zygote's default
+        (SGLang's scheduler module) unless a test of the zygote names another."""
+        self.python, self.flags, self.ready_timeout_s = str(python), tuple(flags), ready_timeout_s
+        self.env = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
+        self.folder = Path(tempfile.mkdtemp(prefix="capwatch-zygote-"))  # short: a socket path has 108 bytes
+        self.socket_path = self.folder / "socket"
+        self._log = self.folder / "zygote.log"
+        with open(self._log, "wb") as log:
+            self.process = launcher.start(
+                *self.flags, "-m", "tests.sglang.rank_zygote", str(self.socket_path),
+                *([first_import] if first_import else []), python=python, env=env, unset=unset, imports_tests=True,
+                path_first=path_first, cwd=self.folder, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+        self.reads: dict[str, str | None] | None = None
+
+    def serves(self, python: Path | str, flags: Sequence[str]) -> bool:
+        """Its interpreter and flags (its path is in the environment ``accepts`` compares)."""
+        return (str(python), tuple(flags)) == (self.python, self.flags)
+
+    def accepts(self, env: dict[str, str]) -> bool:
+        """Whether a rank with this environment is what a fresh process would be (see the module docstring)."""
+        self._wait_ready()
+        differ = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)}
+        return all(key.startswith(VARIES) and key not in self.reads for key in differ)
+
+    def fork(self, module: str, args: Sequence[str], env: dict[str, str], cwd: Path | str, log: Path) -> ForkedRank:
+        self._wait_ready()
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(str(self.socket_path))
+        connection.sendall(json.dumps({"module": module, "args": list(args), "env": env, "cwd": str(cwd),
+                                       "log": str(log)}).encode() + b"\n")
+        answer = _read_line(connection)
+        if not answer:
+            raise RuntimeError(f"the zygote did not fork {module}:\n{self._tail()}")
+        return ForkedRank(connection, json.loads(answer)["pid"], [module, *args])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(timeout=30)
+        self.process.stdout.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def _wait_ready(self) -> None:
+        if self.reads is not None:
+            return
+        deadline = time.monotonic() + self.ready_timeout_s
+        stdout = self.process.stdout
+        while not select.select([stdout], [], [], 1.0)[0]:
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the rank zygote did not get ready:\n{self._tail()}")
+        line = stdout.readline()
+        if not line:
+            raise RuntimeError(f"the rank zygote ended before it was ready:\n{self._tail()}")
+        self.reads = json.loads(line)["reads"]
+
+    def _tail(self) -> str:
+        return self._log.read_text(errors="replace")[-3000:] if self._log.exists() else ""
+
+
+# Each holds torch and sglang imported (about 0.7 GB): the least recently used stops past this many.
+MAX_ZYGOTES = 8
+_zygotes: list[Zygote] = []  # least recently used first
+
+
+def start_rank(module: str, *args: str, python: Path | str, flags: Sequence[str] = (), env: dict[str, str],
+               unset: Collection[str] = (), cwd: Path | str, log: Path, path_first: Sequence[Path | str] = (),
+               ready_timeout_s: float) -> ForkedRank:
+    """``python [FLAGS] -m MODULE ARGS`` as ``launcher.start`` would run it (its environment, a folder outside
+    the checkout, output into ``log``), forked from a zygote that agrees with it (a new one ready within
+    ``ready_timeout_s``)."""
+    environment = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
+    zygote = next((each for each in _zygotes if each.serves(python, flags)
+                   and each.accepts(environment)), None)
+    if zygote is None:
+        zygote = Zygote(python, flags, env, ready_timeout_s=ready_timeout_s, unset=unset, path_first=path_first)
+        if len(_zygotes) >= MAX_ZYGOTES:
+            _zygotes.pop(0).stop()
+    else:
+        _zygotes.remove(zygote)
+    _zygotes.append(zygote)
+    return zygote.fork(module, args, environment, launcher.outside_checkout(cwd), log)
+
+
+def stop_all() -> None:
+    while _zygotes:
+        _zygotes.pop().stop()
+
+
+def _read_line(connection: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = connection.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    return data
