@@ -131,7 +131,11 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
         for key, _ in selector.select(timeout=PARENT_CHECK_S):
             if key.fileobj is listener:
                 connection, _ = listener.accept()
-                request = json.loads(_read_line(connection))
+                try:
+                    request = json.loads(_read_line(connection))
+                except (OSError, ValueError):  # a client gone mid-request, or not one: the others go on
+                    connection.close()
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     signal.set_wakeup_fd(-1)

@@ -23,6 +23,7 @@ from tests.support.ports import free_port
 SGLANG_VENV = REPO_ROOT / ".venv-sglang"
 START_TIMEOUT_S = 240  # importing sglang takes ~10 s a process (or a zygote) on a quiet machine, more on a busy one
 EXIT_TIMEOUT_S = 60
+UNSET = ("PROMETHEUS_MULTIPROC_DIR",)  # a rank's variables that the test run's own must not set
 
 # A tiny MoE (Qwen2-MoE shape): what ServerArgs reads from the model folder, nothing to download.
 MODEL = {"hidden_size": 64, "top_k": 2, "num_experts": 8}
@@ -78,23 +79,35 @@ class RankRun:
         full_plan = {"world": self.world, "master_port": free_port(), "model_dir": str(model_dir), "model": MODEL,
                      **plan}
         (self.run_dir / "plan.json").write_text(json.dumps(full_plan))
-        flags = ["-O"] if self.optimize else []
-        path_first = [*self.extra_path, *release_path(self.sglang_release)]
-        unset = ("PROMETHEUS_MULTIPROC_DIR",)
         for rank in range(self.world):
             log_path = self.run_dir / f"rank-{rank}.log"
-            if self.fork and not zygotes.fresh_ranks():
+            if self._forks():
                 self.processes.append(zygotes.start_rank(
-                    self.program, str(self.run_dir), str(rank), python=sglang_python(), flags=flags, env=self.env,
-                    unset=unset, cwd=self.run_dir, log=log_path, path_first=path_first,
+                    self.program, str(self.run_dir), str(rank), python=sglang_python(), flags=self._flags(),
+                    env=self.env, unset=UNSET, cwd=self.run_dir, log=log_path, path_first=self._path_first(),
                     ready_timeout_s=START_TIMEOUT_S))
                 continue
             with open(log_path, "wb") as log:
                 self.processes.append(launcher.start(
-                    *flags, "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(), env=self.env,
-                    unset=unset, imports_tests=True, cwd=self.run_dir, stdout=log, path_first=path_first,
-                    stderr=subprocess.STDOUT))
+                    *self._flags(), "-m", self.program, str(self.run_dir), str(rank), python=sglang_python(),
+                    env=self.env, unset=UNSET, imports_tests=True, cwd=self.run_dir, stdout=log,
+                    path_first=self._path_first(), stderr=subprocess.STDOUT))
         return self
+
+    def warm(self) -> "RankRun":
+        """The zygote this run's ranks will fork from, importing from now on (several warm side by side)."""
+        if self._forks():
+            zygotes.warm(sglang_python(), self._flags(), self.env, UNSET, self._path_first(), START_TIMEOUT_S)
+        return self
+
+    def _forks(self) -> bool:
+        return self.fork and not zygotes.fresh_ranks()
+
+    def _flags(self) -> list[str]:
+        return ["-O"] if self.optimize else []
+
+    def _path_first(self) -> list[Path]:
+        return [*self.extra_path, *release_path(self.sglang_release)]
 
     def wait_ready(self, mark: str = "ready") -> None:
         """Until every rank has written ``<mark>-<rank>`` (its program's ``ready``, or another point it reached)."""

@@ -130,13 +130,28 @@ def service(tmp_path_factory):
     process.stop()
 
 
-def launch(tmp_path, world: int, plan: dict, env: dict | None = None, optimize: bool = False,
-           release: str = NEWEST, extra_path=(), fork: bool = True) -> RankRun:
+def configured(tmp_path, world: int, env: dict | None = None, optimize: bool = False, release: str = NEWEST,
+               extra_path=(), fork: bool = True) -> RankRun:
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": CLUSTER, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_REPORT_INTERVAL_S": "0.5", **(env or {})}
     return RankRun(tmp_path, world, env, optimize=optimize, metrics_base_port=base_port, sglang_release=release,
-                   extra_path=tuple(extra_path), fork=fork).start(plan)
+                   extra_path=tuple(extra_path), fork=fork)
+
+
+def launch(tmp_path, world: int, plan: dict, **options) -> RankRun:
+    return configured(tmp_path, world, **options).start(plan)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def warm_zygotes(tmp_path_factory, newer_release):
+    """The zygotes this module's ranks fork from (one per release, the not-enabled case's, the newer release's),
+    importing side by side from the start: an import uses one core, and the machine has two."""
+    folder = tmp_path_factory.mktemp("warm")
+    for release in RELEASES:
+        configured(folder, 2, release=release).warm()
+    configured(folder, 2, env=DISABLED_CASES["not-enabled"][0]).warm()
+    configured(folder, 2, env={"CAPWATCH_ALLOW_NEWER_SGLANG": "1"}, extra_path=newer_release).warm()
 
 
 @pytest.fixture(scope="module", params=RELEASES, ids=release_id)
@@ -145,8 +160,8 @@ def enabled_run(request, tmp_path_factory, service):
     release = request.param
     cluster = f"{CLUSTER}-{release.replace('.', '-')}"
     plan = plan_for(release)
-    run = launch(tmp_path_factory.mktemp("enabled"), 2, plan, {"CAPWATCH_SERVICE_URL": service.url,
-                                                               "CAPWATCH_CLUSTER": cluster}, release=release)
+    run = launch(tmp_path_factory.mktemp("enabled"), 2, plan, env={"CAPWATCH_SERVICE_URL": service.url,
+                                                                   "CAPWATCH_CLUSTER": cluster}, release=release)
     run.wait_ready()
     scraped = {rank: run.metrics(rank) for rank in range(run.world)}
     codes = run.release()

@@ -57,7 +57,7 @@ class ForkedRank:
         return self.returncode
 
     def kill(self) -> None:
-        if self.returncode is None:
+        if self.poll() is None:  # an exit already reported: its pid is no longer this rank's
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -119,6 +119,12 @@ class Zygote:
         self.process.stdout.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
+    def is_ready(self) -> bool:
+        """Ready now (its line read if it is there), without waiting."""
+        if self.reads is None and select.select([self.process.stdout], [], [], 0)[0]:
+            self._wait_ready()
+        return self.reads is not None
+
     def _wait_ready(self) -> None:
         if self.reads is not None:
             return
@@ -149,7 +155,22 @@ def start_rank(module: str, *args: str, python: Path | str, flags: Sequence[str]
     the checkout, output into ``log``), forked from a zygote that agrees with it (a new one ready within
     ``ready_timeout_s``)."""
     environment = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
-    zygote = next((each for each in _zygotes if each.serves(python, flags)
+    zygote = _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, wait=True)
+    return zygote.fork(module, args, environment, launcher.outside_checkout(cwd), log)
+
+
+def warm(python: Path | str, flags: Sequence[str], env: dict[str, str], unset: Collection[str],
+         path_first: Sequence[Path | str], ready_timeout_s: float) -> None:
+    """The zygote ranks with this environment will fork from, started now unless a ready one agrees: an import
+    uses one core, so several warm side by side. One still importing is not asked (warm distinct ones)."""
+    environment = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
+    _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, wait=False)
+
+
+def _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, *, wait: bool) -> Zygote:
+    """One that agrees (the most recently used after this), else a new one: the least recently used stops past
+    ``MAX_ZYGOTES``."""
+    zygote = next((each for each in _zygotes if each.serves(python, flags) and (wait or each.is_ready())
                    and each.accepts(environment)), None)
     if zygote is None:
         zygote = Zygote(python, flags, env, ready_timeout_s=ready_timeout_s, unset=unset, path_first=path_first)
@@ -158,7 +179,7 @@ def start_rank(module: str, *args: str, python: Path | str, flags: Sequence[str]
     else:
         _zygotes.remove(zygote)
     _zygotes.append(zygote)
-    return zygote.fork(module, args, environment, launcher.outside_checkout(cwd), log)
+    return zygote
 
 
 def stop_all() -> None:
