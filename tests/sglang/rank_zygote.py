@@ -20,10 +20,14 @@ folder) is written into each child's too.
 
 Protocol, one JSON line each way on a Unix socket: the zygote prints ``{"reads": {...}}`` on stdout once it is
 ready; a request ``{"module", "args", "env", "cwd", "log"}`` is answered ``{"pid"}`` once forked and
-``{"returncode"}`` (as ``subprocess`` gives it) when the child ends. The zygote exits when the process that
-started it is gone, killing the children it still has.
+``{"returncode"}`` (as ``subprocess`` gives it) when the child ends. The zygote exits on SIGTERM or when the
+process that started it is gone, killing the children it still has.
 
-    python [-O] -m tests.sglang.rank_zygote SOCKET [FIRST_IMPORT]   # FIRST_IMPORT: the tests of the zygote's own
+    python [-O] -m tests.sglang.rank_zygote SOCKET [FIRST_IMPORT]
+
+FIRST_IMPORT: another module in place of SGLang's scheduler (the zygote's own tests, ``test_zygotes.py``).
+Not here: a separate hash seed per child (children of one zygote share it, as they share what the import
+built), and a machine with a GPU (``zygotes.fresh_ranks``).
 """
 
 from __future__ import annotations
@@ -32,7 +36,6 @@ import collections
 import gc
 import json
 import os
-import random
 import runpy
 import selectors
 import signal
@@ -42,6 +45,7 @@ import sys
 # What SGLang's spawned scheduler imports before run_scheduler_process runs (its module).
 FIRST_IMPORT = "sglang.srt.managers.scheduler"
 PARENT_CHECK_S = 1.0
+REQUEST_TIMEOUT_S = 10.0  # a client that connects and sends nothing must not hold the zygote
 
 
 class EnvironmentReads:
@@ -105,8 +109,13 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
     """Imports, says ready, forks a child per request. Returns only in a child: its request, and what the import
     wrote into the environment (None: removed)."""
     before = dict(os.environ)
+    stdout = os.dup(1)
+    os.dup2(2, 1)  # whatever the import prints goes to the log: stdout carries only the ready line
     with EnvironmentReads() as reads:
         __import__(first_import)
+    sys.stdout.flush()
+    os.dup2(stdout, 1)
+    os.close(stdout)
     written = {key: value for key, value in os.environ.items() if before.get(key) != value}
     written.update({key: None for key in before if key not in os.environ})
     # What the import made stays out of the children's collections (Python's advice for a fork without exec):
@@ -119,7 +128,10 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
     wake_read, wake_write = os.pipe()
     os.set_blocking(wake_write, False)
     signal.set_wakeup_fd(wake_write)
-    signal.signal(signal.SIGCHLD, lambda *_: None)  # only to wake the select below
+    stopping = []
+    # Handlers only to wake the select below (the wakeup fd), and to stop on SIGTERM; a child gets the import's back.
+    import_handlers = {signal.SIGCHLD: signal.signal(signal.SIGCHLD, lambda *_: None),
+                       signal.SIGTERM: signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))}
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
@@ -127,19 +139,22 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
     parent = os.getppid()
     print(json.dumps({"reads": reads.values}), flush=True)
 
-    while os.getppid() == parent:
+    while os.getppid() == parent and not stopping:
         for key, _ in selector.select(timeout=PARENT_CHECK_S):
             if key.fileobj is listener:
                 connection, _ = listener.accept()
                 try:
+                    connection.settimeout(REQUEST_TIMEOUT_S)
                     request = json.loads(_read_line(connection))
-                except (OSError, ValueError):  # a client gone mid-request, or not one: the others go on
+                    connection.settimeout(None)
+                    pid = os.fork()
+                except (OSError, ValueError):  # a client gone mid-request, or not one, or no fork: others go on
                     connection.close()
                     continue
-                pid = os.fork()
                 if pid == 0:
                     signal.set_wakeup_fd(-1)
-                    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                    for number, handler in import_handlers.items():
+                        signal.signal(number, handler)
                     for each in (selector, listener, connection, *children.values()):
                         each.close()
                     os.close(wake_read)
@@ -153,35 +168,35 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
             pid, status = os.waitpid(-1, os.WNOHANG)
             if pid == 0:
                 break
-            connection = children.pop(pid)
-            _send(connection, {"returncode": os.waitstatus_to_exitcode(status)})
-            connection.close()
-    for pid in children:  # the test run that started the zygote is gone: so are its ranks
+            connection = children.pop(pid, None)  # None: a process the import started
+            if connection is not None:
+                _send(connection, {"returncode": os.waitstatus_to_exitcode(status)})
+                connection.close()
+    for pid in children:  # stopped, or the test run that started the zygote is gone: so are its ranks
         os.kill(pid, signal.SIGKILL)
     sys.exit(0)
 
 
 def become(request: dict, written: dict[str, str | None]) -> None:
-    """This forked child turns into the requested ``python -m MODULE ARGS``: its environment (with what the import
-    wrote), working folder, output into its log, stdin from /dev/null, its own random state."""
+    """This forked child turns into the requested ``python -m MODULE ARGS``: output into its log, stdin from
+    /dev/null, its environment (with what the import wrote), working folder."""
     environment = dict(request["env"])
     for key, value in written.items():
         if value is None:
             environment.pop(key, None)
         else:
             environment[key] = value
-    os.environ.clear()
-    os.environ.update(environment)
-    os.chdir(request["cwd"])
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)  # first: what fails is in it
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
     os.dup2(log, 2)
     os.close(log)
     os.close(null)
-    random.seed()  # a fresh process's random state, not the zygote's
-    sys.argv = [request["module"], *request["args"]]
+    os.environ.clear()
+    os.environ.update(environment)
+    os.chdir(request["cwd"])
+    sys.argv = [request["module"], *request["args"]]  # random is reseeded by CPython itself after a fork
 
 
 if __name__ == "__main__":

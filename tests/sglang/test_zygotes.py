@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -81,3 +82,22 @@ def test_a_killed_child_reports_the_signal_as_subprocess_does(zygote, tmp_path):
         child.wait(timeout=0.2)
     child.kill()
     assert child.wait(timeout=60) == -9
+
+
+def test_a_stopped_zygote_takes_the_ranks_it_still_has_with_it(tmp_path):
+    zygote = Zygote(launcher.PYTHON, (), _variables(), ready_timeout_s=60, first_import=PROBE)
+    child = zygote.fork(PROBE, ["sleep"], _environment(), tmp_path, tmp_path / "child.log")
+    zygote.stop()
+    deadline = time.monotonic() + 30
+    while _running(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(child.pid)
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie waiting to be reaped."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

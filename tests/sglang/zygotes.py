@@ -9,11 +9,12 @@ rank's environment. Zygotes live until ``stop_all`` (the sglang tests' package f
 ``MAX_ZYGOTES`` at a time.
 
 ``CAPWATCH_TEST_FRESH_RANKS=1`` starts every rank as a fresh ``python -m`` instead (``RankRun(fork=False)`` does
-so for one run).
+so for one run), as does a machine with an NVIDIA GPU (``fresh_ranks``).
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import select
@@ -33,42 +34,72 @@ VARIES = ("SGLANG_", "CAPWATCH_", "PYTEST_CURRENT_TEST")
 
 
 def fresh_ranks() -> bool:
-    return os.environ.get("CAPWATCH_TEST_FRESH_RANKS") == "1"
+    """Every rank a fresh ``python -m``: when asked, and on a machine with an NVIDIA GPU, where sglang's import
+    initializes CUDA (its module-level ``is_cuda()``), which a forked child can no longer use."""
+    return os.environ.get("CAPWATCH_TEST_FRESH_RANKS") == "1" or bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+class Messages:
+    """The JSON lines a zygote sends on one connection, one at a time: two can arrive in one read (a child that
+    ends at once: its pid and its exit code)."""
+
+    def __init__(self, connection: socket.socket):
+        self.connection, self._buffer = connection, b""
+
+    def next(self, timeout: float | None) -> dict | None:
+        """The next message; None past ``timeout`` (seconds; None: no limit); EOFError if the zygote closed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self.connection], [], [], left)[0]:
+                return None
+            chunk = self.connection.recv(65536)
+            if not chunk:
+                raise EOFError
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        return json.loads(line)
 
 
 class ForkedRank:
     """A rank forked by a zygote: the part of ``subprocess.Popen`` the tests use (``pid``, ``returncode``,
     ``poll``, ``wait``, ``kill``). Its exit code comes from the zygote, its parent."""
 
-    def __init__(self, connection: socket.socket, pid: int, args: Sequence[str]):
+    def __init__(self, messages: Messages, pid: int, args: Sequence[str]):
         self.pid, self.args, self.returncode = pid, list(args), None
-        self._connection = connection
+        self._messages = messages
 
     def poll(self) -> int | None:
-        if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
-            self._read_returncode()
-        return self.returncode
+        return self._returncode(0)
 
     def wait(self, timeout: float | None = None) -> int:
-        if self.returncode is None:
-            if not select.select([self._connection], [], [], timeout)[0]:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            self._read_returncode()
-        return self.returncode
+        returncode = self._returncode(timeout)
+        if returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return returncode
 
     def kill(self) -> None:
-        if self.poll() is None:  # an exit already reported: its pid is no longer this rank's
+        try:
+            running = self.poll() is None  # an exit already reported: its pid is no longer this rank's
+        except RuntimeError:  # its zygote is gone: the rank may still run
+            running = True
+        if running:
             try:
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
-    def _read_returncode(self) -> None:
-        line = _read_line(self._connection)
-        self._connection.close()
-        if not line:
-            raise RuntimeError(f"the zygote of rank process {self.pid} ({' '.join(self.args)}) died before it")
-        self.returncode = json.loads(line)["returncode"]
+    def _returncode(self, timeout: float | None) -> int | None:
+        if self.returncode is None:
+            try:
+                message = self._messages.next(timeout)
+            except (EOFError, OSError):
+                raise RuntimeError(f"the zygote of rank process {self.pid} ({' '.join(self.args)}) ended "
+                                   "before it") from None
+            if message is not None:
+                self.returncode = message["returncode"]
+                self._messages.connection.close()
+        return self.returncode
 
 
 class Zygote:
@@ -96,10 +127,13 @@ class Zygote:
         return (str(python), tuple(flags)) == (self.python, self.flags)
 
     def accepts(self, env: dict[str, str]) -> bool:
-        """Whether a rank with this environment is what a fresh process would be (see the module docstring)."""
-        self._wait_ready()
+        """Whether a rank with this environment is what a fresh process would be (see the module docstring):
+        decided without the zygote where a variable outside ``VARIES`` differs, else once it is ready."""
         differ = {key for key in env.keys() | self.env.keys() if env.get(key) != self.env.get(key)}
-        return all(key.startswith(VARIES) and key not in self.reads for key in differ)
+        if not all(key.startswith(VARIES) for key in differ):
+            return False
+        self._wait_ready()
+        return not differ & self.reads.keys()
 
     def fork(self, module: str, args: Sequence[str], env: dict[str, str], cwd: Path | str, log: Path) -> ForkedRank:
         self._wait_ready()
@@ -107,14 +141,21 @@ class Zygote:
         connection.connect(str(self.socket_path))
         connection.sendall(json.dumps({"module": module, "args": list(args), "env": env, "cwd": str(cwd),
                                        "log": str(log)}).encode() + b"\n")
-        answer = _read_line(connection)
-        if not answer:
-            raise RuntimeError(f"the zygote did not fork {module}:\n{self._tail()}")
-        return ForkedRank(connection, json.loads(answer)["pid"], [module, *args])
+        messages = Messages(connection)
+        try:
+            forked = messages.next(None)
+        except EOFError:
+            raise RuntimeError(f"the zygote did not fork {module}:\n{self._tail()}") from None
+        return ForkedRank(messages, forked["pid"], [module, *args])
 
     def stop(self) -> None:
+        """SIGTERM: the zygote kills the ranks it still has and exits (SIGKILL if it does not)."""
         if self.process.poll() is None:
-            self.process.kill()
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
         self.process.wait(timeout=30)
         self.process.stdout.close()
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -132,12 +173,19 @@ class Zygote:
         stdout = self.process.stdout
         while not select.select([stdout], [], [], 1.0)[0]:
             if self.process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"the rank zygote did not get ready:\n{self._tail()}")
+                self._fail("did not get ready")
         line = stdout.readline()
         if not line:
-            raise RuntimeError(f"the rank zygote ended before it was ready:\n{self._tail()}")
+            self._fail("ended before it was ready")
         self.reads = json.loads(line)["reads"]
+
+    def _fail(self, what: str) -> None:
+        """Stopped and forgotten (no later rank waits on it), and the test fails with its log."""
+        tail = self._tail()
+        self.stop()
+        if self in _zygotes:
+            _zygotes.remove(self)
+        raise RuntimeError(f"the rank zygote {what}:\n{tail}")
 
     def _tail(self) -> str:
         return self._log.read_text(errors="replace")[-3000:] if self._log.exists() else ""
@@ -185,13 +233,3 @@ def _zygote_for(python, flags, env, environment, unset, path_first, ready_timeou
 def stop_all() -> None:
     while _zygotes:
         _zygotes.pop().stop()
-
-
-def _read_line(connection: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    return data
