@@ -95,22 +95,12 @@ def _send(connection: socket.socket, message: dict) -> None:
         pass
 
 
-def _read_line(connection: socket.socket) -> bytes:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = connection.recv(65536)
-        if not chunk:
-            raise ConnectionError("the request ended before its line did")
-        data += chunk
-    return data
-
-
-def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dict[str, str | None]]:
-    """Imports, says ready, forks a child per request. Returns only in a child: its request, and what the import
-    wrote into the environment (None: removed)."""
+def import_recorded(first_import: str) -> tuple[dict[str, str | None], dict[str, str | None]]:
+    """``first_import`` imported: the variables it read by name (with their values) and what it wrote into the
+    environment (None: removed). Whatever it prints goes to the log: stdout carries only the ready line."""
     before = dict(os.environ)
     stdout = os.dup(1)
-    os.dup2(2, 1)  # whatever the import prints goes to the log: stdout carries only the ready line
+    os.dup2(2, 1)
     with EnvironmentReads() as reads:
         __import__(first_import)
     sys.stdout.flush()
@@ -118,6 +108,13 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
     os.close(stdout)
     written = {key: value for key, value in os.environ.items() if before.get(key) != value}
     written.update({key: None for key in before if key not in os.environ})
+    return reads.values, written
+
+
+def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dict[str, str | None]]:
+    """Imports, says ready, forks a child per request. Returns only in a child: its request, and what the import
+    wrote into the environment (None: removed)."""
+    reads, written = import_recorded(first_import)
     # What the import made stays out of the children's collections (Python's advice for a fork without exec):
     # their pages stay shared, and a child's exit does not walk them (about 3 s of CPU a rank otherwise).
     gc.freeze()
@@ -137,7 +134,7 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
     selector.register(wake_read, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}
     parent = os.getppid()
-    print(json.dumps({"reads": reads.values}), flush=True)
+    print(json.dumps({"reads": reads}), flush=True)
 
     while os.getppid() == parent and not stopping:
         for key, _ in selector.select(timeout=PARENT_CHECK_S):
@@ -145,7 +142,7 @@ def serve(socket_path: str, first_import: str = FIRST_IMPORT) -> tuple[dict, dic
                 connection, _ = listener.accept()
                 try:
                     connection.settimeout(REQUEST_TIMEOUT_S)
-                    request = json.loads(_read_line(connection))
+                    request = json.loads(connection.makefile("rb").readline())  # one line; cut short: invalid
                     connection.settimeout(None)
                     pid = os.fork()
                 except (OSError, ValueError):  # a client gone mid-request, or not one, or no fork: others go on

@@ -60,6 +60,9 @@ class Messages:
         line, _, self._buffer = self._buffer.partition(b"\n")
         return json.loads(line)
 
+    def close(self) -> None:
+        self.connection.close()
+
 
 class ForkedRank:
     """A rank forked by a zygote: the part of ``subprocess.Popen`` the tests use (``pid``, ``returncode``,
@@ -98,7 +101,7 @@ class ForkedRank:
                                    "before it") from None
             if message is not None:
                 self.returncode = message["returncode"]
-                self._messages.connection.close()
+                self._messages.close()
         return self.returncode
 
 
@@ -202,8 +205,7 @@ def start_rank(module: str, *args: str, python: Path | str, flags: Sequence[str]
     """``python [FLAGS] -m MODULE ARGS`` as ``launcher.start`` would run it (its environment, a folder outside
     the checkout, output into ``log``), forked from a zygote that agrees with it (a new one ready within
     ``ready_timeout_s``)."""
-    environment = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
-    zygote = _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, wait=True)
+    zygote, environment = _zygote_for(python, flags, env, unset, path_first, ready_timeout_s, wait=True)
     return zygote.fork(module, args, environment, launcher.outside_checkout(cwd), log)
 
 
@@ -211,13 +213,15 @@ def warm(python: Path | str, flags: Sequence[str], env: dict[str, str], unset: C
          path_first: Sequence[Path | str], ready_timeout_s: float) -> None:
     """The zygote ranks with this environment will fork from, started now unless a ready one agrees: an import
     uses one core, so several warm side by side. One still importing is not asked (warm distinct ones)."""
+    _zygote_for(python, flags, env, unset, path_first, ready_timeout_s, wait=False)
+
+
+def _zygote_for(python: Path | str, flags: Sequence[str], env: dict[str, str], unset: Collection[str],
+                path_first: Sequence[Path | str], ready_timeout_s: float, *,
+                wait: bool) -> tuple[Zygote, dict[str, str]]:
+    """One that agrees with the rank's whole environment (returned with it; the zygote the most recently used
+    after this), else a new one: the least recently used stops past ``MAX_ZYGOTES``."""
     environment = launcher.environment(env, imports_tests=True, unset=unset, path_first=path_first)
-    _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, wait=False)
-
-
-def _zygote_for(python, flags, env, environment, unset, path_first, ready_timeout_s, *, wait: bool) -> Zygote:
-    """One that agrees (the most recently used after this), else a new one: the least recently used stops past
-    ``MAX_ZYGOTES``."""
     zygote = next((each for each in _zygotes if each.serves(python, flags) and (wait or each.is_ready())
                    and each.accepts(environment)), None)
     if zygote is None:
@@ -227,7 +231,7 @@ def _zygote_for(python, flags, env, environment, unset, path_first, ready_timeou
     else:
         _zygotes.remove(zygote)
     _zygotes.append(zygote)
-    return zygote
+    return zygote, environment
 
 
 def stop_all() -> None:
