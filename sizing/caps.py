@@ -3,6 +3,8 @@ rounding to that alignment. Each backend's own variable and bounds: ``backends.p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 # Caps capwatch suggests are multiples of this many tokens.
 CAP_ALIGNMENT = 128
 # The largest cap any part accepts (the report schema, the CLI): beyond it is a typo or an attack.
@@ -22,3 +24,31 @@ def align_down(value: int | float, alignment: int = CAP_ALIGNMENT) -> int:
     if alignment <= 0:
         raise ValueError(f"alignment must be positive, got {alignment}")
     return int(value // alignment) * alignment
+
+
+def largest_aligned_cap(fits: Callable[[int], bool], alignment: int, max_cap: int) -> int | None:
+    """The largest multiple of ``alignment`` at most ``max_cap`` for which ``fits(cap)`` holds; None if not
+    even ``alignment`` does (or it is above ``max_cap``). ``fits`` must be monotone, true up to some cap and
+    false above it, as a budget is for memory that grows with the cap: the one search behind every "largest
+    cap within a budget" (FlashInfer's workspace, DeepEP's buffer, any pricing). It gallops (1, 2, 4, ...
+    steps of ``alignment``) and then bisects: about 2 log2(answer / alignment) calls, few for the small caps
+    budgets allow in a range as wide as ``MAX_CAP_TOKENS``."""
+    if alignment <= 0:
+        raise ValueError(f"alignment must be positive, got {alignment}")
+    max_units = max_cap // alignment
+    if max_units < 1 or not fits(alignment):
+        return None
+    fitting, above = 1, max_units + 1  # in steps of alignment: `fitting` fits, `above` does not (or is past max)
+    units = 2
+    while units <= max_units:
+        if not fits(units * alignment):
+            above = units
+            break
+        fitting, units = units, units * 2
+    while above - fitting > 1:
+        middle = (fitting + above) // 2
+        if fits(middle * alignment):
+            fitting = middle
+        else:
+            above = middle
+    return fitting * alignment

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
+from capwatch.sizing.caps import CAP_ALIGNMENT, align_up, largest_aligned_cap
 from capwatch.sizing.checks import SizingError, check_integer, check_positive
 from capwatch.sizing.deepep_low_latency import (
     BF16_BYTES,
@@ -148,17 +148,11 @@ class DeepEPPricing:
 
     def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
                            max_cap: int = MAX_DISPATCH_TOKENS_PER_RANK) -> int | None:
-        """The largest multiple of ``alignment`` up to ``max_cap`` (and 1024) whose buffer fits; None if none.
-        The buffer grows with the cap, so a bisection (at most 11 prices)."""
+        """The largest multiple of ``alignment`` up to ``max_cap`` (and 1024) whose buffer fits; None if none
+        (the buffer grows with the cap)."""
         check_positive("alignment", alignment)
-        fits, above = 0, min(max_cap, MAX_DISPATCH_TOKENS_PER_RANK) // alignment + 1  # in alignment steps
-        while above - fits > 1:
-            middle = (fits + above) // 2
-            if self.bytes_per_rank(middle * alignment) <= budget_bytes_per_rank:
-                fits = middle
-            else:
-                above = middle
-        return fits * alignment or None
+        return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment,
+                                   min(max_cap, MAX_DISPATCH_TOKENS_PER_RANK))
 
 
 def plan_deepep_buffer(geometry: ModelGeometry, ep_size: int, cap: int, deepep_mode: str = "auto",

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from capwatch.sizing.backends import FLASHINFER
-from capwatch.sizing.caps import CAP_ALIGNMENT
+from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
 from capwatch.sizing.checks import INT32_MAX, SizingError, check_positive
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
 from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK, nvlink_one_sided_layout
@@ -203,40 +203,28 @@ def largest_plan_within(
 ) -> WorkspacePlan:
     """The plan of the largest multiple of ``alignment`` whose per-rank workspace fits the budget.
 
-    The workspace grows monotonically with the cap, so: double until it no longer fits, then bisect
-    (about 2 log2(cap / alignment) evaluations). ``max_cap``: search no higher (default: the largest cap
-    capwatch sizes, ``FLASHINFER.max_cap_tokens``). Raises ``NoCapFits`` when not even ``alignment`` tokens fit.
+    The workspace grows monotonically with the cap: ``largest_aligned_cap``'s search, each plan made once.
+    ``max_cap``: search no higher (default: the largest cap capwatch sizes, ``FLASHINFER.max_cap_tokens``).
+    Raises ``NoCapFits`` when not even ``alignment`` tokens fit (or ``alignment`` is above ``max_cap``).
     """
     check_positive("budget_bytes", budget_bytes)
     check_positive("alignment", alignment)
+    plans: dict[int, WorkspacePlan] = {}
 
-    def plan(units: int) -> WorkspacePlan:
-        return plan_workspace(geometry, ep_size, units * alignment, payload_format, eplb_stats_num_experts,
-                              flashinfer_version, mode, draft, **layout_options)
+    def fits(cap: int) -> bool:
+        plans[cap] = plan_workspace(geometry, ep_size, cap, payload_format, eplb_stats_num_experts,
+                                    flashinfer_version, mode, draft, **layout_options)
+        return plans[cap].workspace_bytes_per_rank <= budget_bytes
 
-    smallest = plan(1)
-    if smallest.workspace_bytes_per_rank > budget_bytes:
-        raise NoCapFits(
-            f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
-            f"already needs {smallest.workspace_bytes_per_rank} bytes"
-        )
     token_limit = INT32_MAX // ep_size if mode == "sglang-legacy" else INT32_MAX
-    largest = FLASHINFER.max_cap_tokens if max_cap is None else min(max_cap, FLASHINFER.max_cap_tokens)
-    max_units = min(token_limit, largest) // alignment
-    fits, best = 1, smallest  # invariant: `fits` units fit; `above` units do not (or exceed the limit)
-    above = max_units + 1
-    units = 2
-    while units <= max_units:
-        candidate = plan(units)
-        if candidate.workspace_bytes_per_rank > budget_bytes:
-            above = units
-            break
-        fits, best, units = units, candidate, units * 2
-    while above - fits > 1:
-        middle = (fits + above) // 2
-        candidate = plan(middle)
-        if candidate.workspace_bytes_per_rank <= budget_bytes:
-            fits, best = middle, candidate
-        else:
-            above = middle
-    return best
+    largest = min(token_limit, FLASHINFER.max_cap_tokens)
+    if max_cap is not None:
+        largest = min(largest, max_cap)
+    cap = largest_aligned_cap(fits, alignment, largest)
+    if cap is not None:
+        return plans[cap]
+    if alignment > largest:
+        raise NoCapFits(f"no cap fits: the smallest aligned cap, {alignment}, is above the largest cap searched, "
+                        f"{largest}; lower the alignment")
+    raise NoCapFits(f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
+                    f"already needs {plans[alignment].workspace_bytes_per_rank} bytes")

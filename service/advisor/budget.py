@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from capwatch.service.advisor.pricing import Pricing
 from capwatch.service.advisor.stage import Step
 from capwatch.sizing.byte_units import format_gib
-from capwatch.sizing.caps import align_up
+from capwatch.sizing.caps import align_up, largest_aligned_cap
 from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.plan import NoCapFits, largest_plan_within
 
@@ -30,14 +30,7 @@ def largest_cap_within(budget_bytes_per_rank: int, pricing: Pricing, alignment: 
                 bytes_per_token=(pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token)).cap
         except NoCapFits:
             return None
-    low, high = 0, max_cap // alignment  # in alignment steps; step 0 stands for "nothing fits"
-    while low < high:
-        middle = (low + high + 1) // 2
-        if pricing.bytes_per_rank(middle * alignment) <= budget_bytes_per_rank:
-            low = middle
-        else:
-            high = middle - 1
-    return low * alignment if low else None
+    return largest_aligned_cap(lambda cap: pricing.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment, max_cap)
 
 
 def clamp_to_budget(given: Evidence, sized: float) -> Step[float]:

@@ -144,8 +144,14 @@ def test_budget_example_two_gib():
 
 
 def test_budget_below_the_smallest_cap_is_an_error():
-    with pytest.raises(SizingError, match="no cap fits"):
+    with pytest.raises(SizingError, match="no cap fits 1048576 bytes per rank: the smallest aligned cap, 128, "):
         largest_plan_within(1 << 20, DEEPSEEK, 8)
+
+
+def test_an_alignment_above_the_largest_cap_searched_is_an_error_not_a_cap_above_it():
+    with pytest.raises(SizingError, match="the smallest aligned cap, 4096, is above the largest cap searched, 2048"):
+        largest_plan_within(64 << 30, DEEPSEEK, 8, alignment=4096, max_cap=2048)
+    assert largest_plan_within(64 << 30, DEEPSEEK, 8, alignment=1024, max_cap=2048).cap == 2048
 
 
 def test_monotone_in_cap_for_every_mode_and_preset():

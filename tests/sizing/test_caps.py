@@ -1,0 +1,32 @@
+"""The one search for the largest cap within a budget (``sizing.caps.largest_aligned_cap``), which FlashInfer's
+planner, DeepEP's pricing and the advisor's budget stage all call: exact for any monotone budget, inside its
+range, and asking few questions."""
+
+import pytest
+from capwatch.sizing.caps import largest_aligned_cap
+from hypothesis import given
+from hypothesis import strategies as st
+
+
+@given(threshold=st.integers(min_value=0, max_value=1 << 21), alignment=st.integers(min_value=1, max_value=4096),
+       max_cap=st.integers(min_value=0, max_value=1 << 20))
+def test_the_answer_is_the_largest_aligned_cap_that_fits_and_is_asked_few_times(threshold, alignment, max_cap):
+    asked = []
+
+    def fits(cap: int) -> bool:  # monotone: everything up to the threshold fits
+        asked.append(cap)
+        return cap <= threshold
+
+    answer = largest_aligned_cap(fits, alignment, max_cap)
+    expected = min(threshold, max_cap) // alignment * alignment
+    assert answer == (expected or None)
+    assert all(cap % alignment == 0 and alignment <= cap <= max_cap for cap in asked), "asked outside the range"
+    assert len(asked) <= 2 * (max_cap // alignment).bit_length() + 1
+
+
+def test_a_budget_below_the_first_step_or_a_range_below_the_alignment_has_no_answer():
+    assert largest_aligned_cap(lambda cap: cap <= 100, 128, 1 << 20) is None
+    assert largest_aligned_cap(lambda cap: True, 128, 127) is None
+    assert largest_aligned_cap(lambda cap: True, 128, 128) == 128
+    with pytest.raises(ValueError, match="alignment must be positive"):
+        largest_aligned_cap(lambda cap: True, 0, 1024)
