@@ -12,7 +12,9 @@
       clamp_to_budget  within the workspace memory budget             budget.py
       decide           raise now, or a change worth a restart         hysteresis.py
       -> Advice        from typed parts: the decision, the deployment, the coverage, the forecast and the price
-                       (bytes and KV-cache tokens, kv.py); every stage's reasons in chain order   advice.py
+                       (the recommended cap's outlook: bytes, KV-cache tokens, overflows, outlook.py, kv.py);
+                       every stage's reasons in chain order                                   advice.py
+    what-if            each asked cap's outlook, as the advice prices and forecasts its own     outlook.py
 
 Every stage has one interface (``stage.py``): ``stage(given: Evidence, sized: float) -> Step``, each sizing
 stage taking the tokens the one before it sized for. ``recommend`` only composes them.
@@ -27,7 +29,8 @@ from capwatch.service.advisor.evidence import Evidence, GroupConfig
 from capwatch.service.advisor.floor import raise_to_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.hysteresis import decide
-from capwatch.service.advisor.kv import kv_tokens, kv_trade
+from capwatch.service.advisor.kv import kv_trade
+from capwatch.service.advisor.outlook import Outlook, outlook, rounded
 from capwatch.service.advisor.peaks import size_for_peaks
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.stage import Stage, Step
@@ -67,9 +70,10 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         steps.append(stage(given, sized))
         sized = steps[-1].value
     decided = decide(given, sized)
-    priced = price(given, decided.value)
+    recommended = outlook(given, decided.value.recommended_cap)
+    priced = price(given, decided.value, recommended)
     reasons = [reason for step in (*steps, decided, priced) for reason in step.reasons]
-    return Advice.of(decided.value, deployment, coverage, forecast_of(given, decided.value), priced.value, reasons)
+    return Advice.of(decided.value, deployment, coverage, forecast_of(given, recommended), priced.value, reasons)
 
 
 def deployment_of(given: Evidence) -> Deployment:
@@ -89,33 +93,31 @@ def coverage_of(history: SampleHistory) -> Coverage:
                     max_peak_runtime_tokens=history.max_peak_runtime_tokens)
 
 
-def forecast_of(given: Evidence, decision: Decision) -> Forecast:
-    model, trend, current, recommended = given.tail, given.trend, given.current_cap, decision.recommended_cap
-    low, high = model.band(recommended)
+def forecast_of(given: Evidence, recommended: Outlook) -> Forecast:
+    trend = given.trend
     return Forecast(
         predicted_overflow_rate_current=given.overflow_now,
-        predicted_overflow_rate_recommended=given.history.usage.share_above(recommended),
-        predicted_overflow_windows_per_day_current=_rounded(model.overflow_windows_per_day(current)),
-        predicted_overflow_windows_per_day_recommended=_rounded(model.overflow_windows_per_day(recommended)),
-        predicted_overflow_windows_per_day_recommended_low=_rounded(low),
-        predicted_overflow_windows_per_day_recommended_high=_rounded(high),
-        tail_fit=model.fit is not None, trend_rate_per_day=None if trend is None else round(trend.rate_per_day, 5),
+        predicted_overflow_rate_recommended=recommended.overflow_rate,
+        predicted_overflow_windows_per_day_current=rounded(given.tail.overflow_windows_per_day(given.current_cap)),
+        predicted_overflow_windows_per_day_recommended=recommended.overflow_windows_per_day,
+        predicted_overflow_windows_per_day_recommended_low=recommended.overflow_windows_per_day_low,
+        predicted_overflow_windows_per_day_recommended_high=recommended.overflow_windows_per_day_high,
+        tail_fit=given.tail.fit is not None, trend_rate_per_day=None if trend is None else round(trend.rate_per_day, 5),
         trend_significant=trend is not None and trend.significant)
 
 
-def price(given: Evidence, decision: Decision) -> Step[Price]:
+def price(given: Evidence, decision: Decision, priced: Outlook) -> Step[Price]:
     """The recommended cap's workspace bytes, and what changing to it frees or costs (in KV-cache tokens)."""
     action, current, recommended = decision.action, given.current_cap, decision.recommended_cap
-    pricing, kv_bytes_per_token = given.group.pricing, given.group.kv_bytes_per_token
-    current_bytes, recommended_bytes = given.current_bytes_per_rank, pricing.bytes_per_rank(recommended)
-    ep_size, rules = pricing.ep_size, given.rules
+    current_bytes, recommended_bytes = given.current_bytes_per_rank, priced.bytes_per_rank
+    ep_size, rules = given.group.pricing.ep_size, given.rules
     reasons = []
     if action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the {rules.memory} "
             f"from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
             f"({format_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
-    traded = kv_trade(action, current_bytes, recommended_bytes, kv_bytes_per_token)
+    traded = kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token)
     if traded:
         reasons.append(traded)
     reserve = rules.sglang_reserve_bytes
@@ -127,39 +129,31 @@ def price(given: Evidence, decision: Decision) -> Step[Price]:
             "(arg_groups/memory_hook.py): lower --mem-fraction-static by that much, or the KV pool and CUDA-graph "
             "capture run short of memory")
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
-                      workspace_bytes_group_recommended=recommended_bytes * ep_size,
-                      workspace_bytes_group_delta=(recommended_bytes - current_bytes) * ep_size,
-                      kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - recommended_bytes, kv_bytes_per_token),
+                      workspace_bytes_group_recommended=priced.bytes_group,
+                      workspace_bytes_group_delta=priced.bytes_group_delta,
+                      kv_cache_tokens_per_rank_freed=priced.kv_cache_tokens_per_rank_freed,
                       over_sglang_reserve_bytes_recommended=over),
                 tuple(reasons))
 
 
-def _rounded(value: float) -> float:
-    """4 significant digits: a prediction is not more precise, and a folded history then gives the same advice."""
-    return float(f"{value:.4g}")
-
-
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:
-    policy = policy.for_backend(group.backend)
-    given = Evidence(history, group, policy)
-    pricing, current_bytes, floor_cap = group.pricing, given.current_bytes_per_rank, given.floor_cap
-    model = given.tail if history.sample_count else None
+    given = Evidence(history, group, policy.for_backend(group.backend))
+    policy, floor_cap, budget = given.policy, given.floor_cap, given.policy.budget_bytes_per_rank
     results = []
     for cap in caps:
-        per_rank = pricing.bytes_per_rank(cap)
-        band = model.band(cap) if model is not None else (None, None)
+        seen = outlook(given, cap)
         results.append(WhatIf(
             cap=cap,
-            predicted_overflow_rate=history.usage.share_above(cap) if history.sample_count else None,
-            workspace_bytes_per_rank=per_rank,
-            workspace_bytes_group=per_rank * pricing.ep_size,
-            workspace_bytes_group_delta=(per_rank - current_bytes) * pricing.ep_size,
+            predicted_overflow_rate=seen.overflow_rate,
+            workspace_bytes_per_rank=seen.bytes_per_rank,
+            workspace_bytes_group=seen.bytes_group,
+            workspace_bytes_group_delta=seen.bytes_group_delta,
             aligned=cap % policy.alignment == 0,
             below_floor=floor_cap is not None and cap < floor_cap,
-            within_budget=None if policy.budget_bytes_per_rank is None else per_rank <= policy.budget_bytes_per_rank,
-            predicted_overflow_windows_per_day=None if model is None else _rounded(model.overflow_windows_per_day(cap)),
-            predicted_overflow_windows_per_day_low=None if band[0] is None else _rounded(band[0]),
-            predicted_overflow_windows_per_day_high=None if band[1] is None else _rounded(band[1]),
-            kv_cache_tokens_per_rank_freed=kv_tokens(current_bytes - per_rank, group.kv_bytes_per_token),
+            within_budget=None if budget is None else seen.bytes_per_rank <= budget,
+            predicted_overflow_windows_per_day=seen.overflow_windows_per_day,
+            predicted_overflow_windows_per_day_low=seen.overflow_windows_per_day_low,
+            predicted_overflow_windows_per_day_high=seen.overflow_windows_per_day_high,
+            kv_cache_tokens_per_rank_freed=seen.kv_cache_tokens_per_rank_freed,
         ))
     return results

@@ -185,3 +185,27 @@ def test_a_ranks_reported_geometry_finds_its_kv_cost():
     assert kv_bytes_per_token_of(7168, 8, 256) == 70_272  # DeepSeek-V3 / R1: the same MLA cache
     assert kv_bytes_per_token_of(4096, 8, 128) == 2 * 4 * 128 * 94 * 2  # Qwen3-235B-A22B
     assert kv_bytes_per_token_of(1234, 8, 256) is None and kv_bytes_per_token_of(None, 8, 256) is None
+
+
+@pytest.mark.parametrize("peaks, cap, kv_bytes_per_token", [
+    (exponential_days(3, seed=4), 4096, None),  # a tail fit, lowered
+    ([100] * 100 + [300] * 100, 4096, 70_272),  # too few for a fit: the empirical band; priced in KV tokens
+    (exponential_days(2, seed=9, base=3000), 1024, 70_272),  # raised, costing KV room
+], ids=["tail fit", "empirical", "raise"])
+def test_the_whatif_at_the_recommended_cap_is_the_advice_s_price_and_forecast(peaks, cap, kv_bytes_per_token):
+    """One outlook per cap (outlook.py): the what-if curve passes through the advice."""
+    history = history_of(peaks, cap=cap)
+    policy = POLICY.model_copy(update={"change_min_history_s": 0.0})
+    advice = recommend(history, group(cap, kv_bytes_per_token=kv_bytes_per_token), policy)
+    assert advice.action != "insufficient_data"
+    row, = whatif(history, group(cap, kv_bytes_per_token=kv_bytes_per_token), [advice.recommended_cap], policy)
+    assert (row.workspace_bytes_per_rank, row.workspace_bytes_group, row.workspace_bytes_group_delta,
+            row.kv_cache_tokens_per_rank_freed) == (
+        advice.workspace_bytes_per_rank_recommended, advice.workspace_bytes_group_recommended,
+        advice.workspace_bytes_group_delta, advice.kv_cache_tokens_per_rank_freed)
+    assert (row.predicted_overflow_rate, row.predicted_overflow_windows_per_day,
+            row.predicted_overflow_windows_per_day_low, row.predicted_overflow_windows_per_day_high) == (
+        advice.predicted_overflow_rate_recommended, advice.predicted_overflow_windows_per_day_recommended,
+        advice.predicted_overflow_windows_per_day_recommended_low,
+        advice.predicted_overflow_windows_per_day_recommended_high)
+    assert (kv_bytes_per_token is None) == (row.kv_cache_tokens_per_rank_freed is None)
