@@ -98,7 +98,7 @@ def _after_wait(counted, calls: int) -> dict:
 
     from capwatch.dispatcher.counters import DispatchCounters
 
-    layer, counter_words, _ = _counted_parts(counted)
+    layer, counter_words = counted.layer, counted.counter_words
     counters = DispatchCounters(layer.cap, layer.counters.ep_size)
     record = counters.traffic_record()
 
@@ -147,7 +147,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
         alltoall.get_combine_payload_tensor_in_workspace = lambda *args: payload
         if side == "plugin":  # the counting dispatch, as adoption made it, around the no-op transport
             counted = vars(alltoall)["dispatch"]
-            alltoall.dispatch = counted_dispatch(transport, *_counted_parts(counted))
+            alltoall.dispatch = counted_dispatch(transport, counted.layer, counted.counter_words, counted.record)
         else:
             alltoall.dispatch = transport
 
@@ -156,7 +156,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
         out = dispatcher.dispatch(x, topk)
         dispatcher.combine(sglang.module.FlashinferCombineInput(out.moe_output))
 
-    layer = _counted_parts(vars(dispatchers["plugin"].moe_a2a)["dispatch"])[0]
+    layer = vars(dispatchers["plugin"].moe_a2a)["dispatch"].layer
     figures = {}
     for leader in (True, False):
         layer.step_leader = leader
@@ -172,13 +172,6 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
             "bare_us": round(medians["bare"], 2), "added_us": round(medians["plugin"] - medians["bare"], 2),
             "control_added_us": round(medians["bare2"] - medians["bare"], 2)}
     return figures
-
-
-def _counted_parts(counted) -> tuple:
-    """(layer, counter words, traffic record) a counting dispatch closes over, to rebuild it around another
-    transport."""
-    cells = dict(zip(counted.__code__.co_freevars, (cell.cell_contents for cell in counted.__closure__)))
-    return cells["layer"], cells["counter_words"], cells["record"]
 
 
 def _us(seconds: float) -> float:

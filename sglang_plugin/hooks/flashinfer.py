@@ -243,6 +243,8 @@ def counted_dispatch(dispatch, layer, counter_words, record):
         record_counter_words(record, counter_words)
         return received
 
+    # What it counts into, named (the benchmark rebuilds it around another transport), and what it wraps.
+    counted.layer, counted.counter_words, counted.record, counted.__wrapped__ = layer, counter_words, record, dispatch
     return counted
 
 
