@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.standalone import standalone
 
@@ -81,11 +82,73 @@ def _rank(run_dir: Path, rank: int) -> None:
                 if iteration >= plan["warmup"]:
                     host[str(tokens)][side].append(time.thread_time() - started_cpu)
                     wall[str(tokens)][side].append(time.perf_counter() - started)
+    in_run = _in_run(sglang, dispatchers["plugin"], plan["in_run_calls"])  # both ranks: its dispatches are collective
     after_wait = _after_wait(vars(dispatchers["plugin"].moe_a2a)["dispatch"], plan["after_wait_calls"]) \
         if rank == 0 else None
     hot_path = _hot_path(sglang, dispatchers, plan["hot_path_calls"]) if rank == 0 else None
     (run_dir / f"timings-{rank}.json").write_text(json.dumps({"wall": wall, "host": host, "hot_path": hot_path,
-                                                              "after_wait": after_wait}))
+                                                              "after_wait": after_wait, "in_run": in_run}))
+
+
+def _in_run(sglang, dispatcher, calls: int) -> dict:
+    """Host microseconds of each part of the plugin's counting inside real dispatch + combine calls over the
+    stand-in (8 tokens): the product's counting dispatch, rebuilt with a clock around its transport and around
+    each of its two counting calls (the step, on the host; the counter words' ``copy_`` and ``add_``), the parts
+    it counts with unchanged. Beside them, the same clock pair with nothing between (its own cost, included in
+    each part) and each call timed right after itself (warm): the profile of what the end-to-end figure adds.
+    (The back-to-back calls count too; nothing reads these counters.)"""
+    import torch
+    from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
+    from sglang.srt.layers.dp_attention import set_dp_buffer_len
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    clock = time.thread_time_ns
+    parts = {name: [] for name in ("transport_returned_to_step", "step", "counter_words", "clock_pair",
+                                   "step_back_to_back", "counter_words_back_to_back")}
+    marks = {}
+
+    def timed(name, call):
+        def run(*args):
+            started = clock()
+            call(*args)
+            parts[name].append(clock() - started)
+        return run
+
+    def transport(*args, **kwargs):
+        received = original.__wrapped__(*args, **kwargs)
+        marks["returned"] = clock()
+        return received
+
+    def step(*args):
+        parts["transport_returned_to_step"].append(clock() - marks["returned"])
+        timed("step", counters.record_step)(*args)
+
+    alltoall = dispatcher.moe_a2a
+    original = vars(alltoall)["dispatch"]
+    layer, counters = original.layer, original.layer.counters
+    proxy_counters = SimpleNamespace(record_step=step,
+                                     record_counter_words=timed("counter_words", counters.record_counter_words))
+    proxy = SimpleNamespace(counters=proxy_counters, cap=layer.cap, step_leader=True, guard=layer.guard)
+    alltoall.dispatch = counted_dispatch(transport, proxy, original.counter_words, original.record)
+    tokens = 8
+    set_dp_buffer_len(tokens * WORLD_SIZE, tokens, False, [tokens] * WORLD_SIZE)
+    x = torch.randn(tokens, MODEL["hidden_size"]).to(torch.bfloat16)
+    ids = torch.randint(0, MODEL["num_experts"], (tokens, MODEL["top_k"]), dtype=torch.int32)
+    topk = StandardTopKOutput(torch.rand(tokens, MODEL["top_k"]), ids, None)
+    try:
+        for _ in range(calls):
+            out = dispatcher.dispatch(x, topk)
+            dispatcher.combine(sglang.module.FlashinferCombineInput(out.moe_output))
+            started = clock()
+            parts["clock_pair"].append(clock() - started)
+            for name, call, args in (("step_back_to_back", counters.record_step, (tokens, tokens)),
+                                     ("counter_words_back_to_back", counters.record_counter_words,
+                                      (original.record, original.counter_words))):
+                call(*args)  # warm: then timed right after itself
+                timed(name, call)(*args)
+    finally:
+        alltoall.dispatch = original
+    return {f"{name}_us": round(statistics.median(values) / 1000, 2) for name, values in parts.items()}
 
 
 def _after_wait(counted, calls: int) -> dict:
@@ -191,7 +254,8 @@ def run(quick: bool = False) -> dict:
         group = RankRun(run_dir, WORLD_SIZE, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_METRICS_BASE_PORT": "0"},
                         program="benchmarks.sglang_dispatch", fork=False)
         group.start({"model": MODEL, "sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup,
-                     "hot_path_calls": 2000 if quick else 20000, "after_wait_calls": 200 if quick else 1000})
+                     "hot_path_calls": 2000 if quick else 20000, "after_wait_calls": 200 if quick else 1000,
+                     "in_run_calls": 100 if quick else 1000})
         codes = group.wait_exit(timeout_s=1800)
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"benchmark ranks failed: {codes}\n{group.logs()}")
@@ -238,6 +302,7 @@ def run(quick: bool = False) -> dict:
                                                                 for e in per_size.values()), 1),
         "hot_path": hot_path,
         "plugin_ops_leader": results[0]["after_wait"],
+        "in_run": results[0]["in_run"],
         "added_us_per_call": added,
         "goal_ratio": GOAL_RATIO,
         "goal_added_host_us": GOAL_ADDED_US,
@@ -268,6 +333,11 @@ def render(figures: dict) -> None:
     ops = figures["plugin_ops_leader"]
     print(f"the plugin's ops as step leader: {ops['back_to_back_us']} us back to back, {ops['after_a_wait_us']} us "
           f"right after a 1 ms wait")
+    parts = figures["in_run"]
+    print(f"inside real calls (rank 0, 8 tokens): {parts['transport_returned_to_step_us']} us from the transport's "
+          f"return to the step, step {parts['step_us']} us, counter words {parts['counter_words_us']} us (each with a "
+          f"clock pair of {parts['clock_pair_us']} us); warm, back to back: step {parts['step_back_to_back_us']} us, counter "
+          f"words {parts['counter_words_back_to_back_us']} us")
     print(f"host time the plugin adds per dispatch + combine: {figures['added_us_per_call']} us "
           f"(goal <= {figures['goal_added_host_us']})")
 
