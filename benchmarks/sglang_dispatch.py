@@ -23,7 +23,9 @@ cold (the first int64 ``add_`` after the stand-in's dispatch takes 7-15 us, whoe
 benchmark also times the plugin's ops as the step leader back to back and right after a 1 ms wait on an
 event (``plugin_ops_leader``), and measures the plugin's own cost apart (``hot_path``): SGLang's real
 dispatch + combine with the transport a no-op on every side, the plugin as its role's step leader and as
-any other layer, beside the control. Goals: <= 10 us of host time added per call (the larger hot-path
+any other layer, beside the control. And it profiles the plugin's counting where it is paid (``in_run``): real
+dispatch + combine calls through the product's counting dispatch, rebuilt with a thread clock around its transport
+and around each of its two counting calls. Goals: <= 10 us of host time added per call (the larger hot-path
 figure), median wall ratio <= 1.02 (paired).
 
     python -m benchmarks.sglang_dispatch [--quick] [--json]
