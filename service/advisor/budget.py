@@ -9,27 +9,16 @@ from capwatch.service.advisor.pricing import Pricing
 from capwatch.service.advisor.stage import Step
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.caps import align_up, largest_aligned_cap
-from capwatch.sizing.deepep_plan import DeepEPPricing
-from capwatch.sizing.plan import NoCapFits, largest_plan_within
 
 if TYPE_CHECKING:  # evidence.py measures with largest_cap_within() below
     from capwatch.service.advisor.evidence import Evidence
 
 
-def largest_cap_within(budget_bytes_per_rank: int, pricing: Pricing, alignment: int,
-                       max_cap: int = 1 << 20) -> int | None:
-    """Largest multiple of ``alignment`` (at most ``max_cap``) whose memory fits the budget, None if even one
-    step does not: the planner's own search when the geometry is known."""
-    if isinstance(pricing, DeepEPPricing):
-        return pricing.largest_cap_within(budget_bytes_per_rank, alignment, max_cap)
-    if pricing.geometry is not None:
-        try:
-            return largest_plan_within(
-                budget_bytes_per_rank, pricing.geometry, pricing.ep_size, pricing.payload_format,
-                pricing.eplb_stats_num_experts, pricing.flashinfer_version, alignment=alignment, max_cap=max_cap,
-                bytes_per_token=(pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token)).cap
-        except NoCapFits:
-            return None
+def largest_cap_within(budget_bytes_per_rank: int, pricing: Pricing, alignment: int, max_cap: int) -> int | None:
+    """Largest multiple of ``alignment`` (at most ``max_cap``: at most the backend's own limit, which its pricing
+    refuses beyond, e.g. DeepEP's 1024) whose memory fits the budget, None if even one step does not. Every
+    pricing prices any cap within that limit (FlashInfer's with the planner's own ``plan_workspace``, DeepEP's
+    with its buffer layout), so one search serves both."""
     return largest_aligned_cap(lambda cap: pricing.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment, max_cap)
 
 

@@ -71,7 +71,7 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
         sized = steps[-1].value
     decided = decide(given, sized)
     recommended = outlook(given, decided.value.recommended_cap)
-    priced = price(given, decided.value, recommended)
+    priced = price(given, decided.value.action, recommended)
     reasons = [reason for step in (*steps, decided, priced) for reason in step.reasons]
     return Advice.of(decided.value, deployment, coverage, forecast_of(given, recommended), priced.value, reasons)
 
@@ -106,17 +106,18 @@ def forecast_of(given: Evidence, recommended: Outlook) -> Forecast:
         trend_significant=trend is not None and trend.significant)
 
 
-def price(given: Evidence, decision: Decision, priced: Outlook) -> Step[Price]:
-    """The recommended cap's workspace bytes, and what changing to it frees or costs (in KV-cache tokens)."""
-    action, current, recommended = decision.action, given.current_cap, decision.recommended_cap
-    current_bytes, recommended_bytes = given.current_bytes_per_rank, priced.bytes_per_rank
+def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
+    """The recommended cap's workspace bytes, and what changing to it (``action``) frees or costs (in KV-cache
+    tokens)."""
+    current, current_bytes = given.current_cap, given.current_bytes_per_rank
+    recommended_bytes = recommended.bytes_per_rank
     ep_size, rules = given.group.pricing.ep_size, given.rules
     reasons = []
     if action != "hold":
         reasons.append(
-            f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended} changes the {rules.memory} "
-            f"from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
-            f"({format_gib((recommended_bytes - current_bytes) * ep_size)} across {ep_size} ranks)")
+            f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended.cap} changes the "
+            f"{rules.memory} from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
+            f"({format_gib(recommended.bytes_group_delta)} across {ep_size} ranks)")
     traded = kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token)
     if traded:
         reasons.append(traded)
@@ -124,14 +125,15 @@ def price(given: Evidence, decision: Decision, priced: Outlook) -> Step[Price]:
     over = None if reserve is None else max(0, recommended_bytes - reserve)
     if over:
         reasons.append(
-            f"at {recommended} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, {format_gib(over)} more "
+            f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, "
+            f"{format_gib(over)} more "
             f"than the {format_gib(reserve)} SGLang's automatic --mem-fraction-static reserves for it whatever the cap "
             "(arg_groups/memory_hook.py): lower --mem-fraction-static by that much, or the KV pool and CUDA-graph "
             "capture run short of memory")
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
-                      workspace_bytes_group_recommended=priced.bytes_group,
-                      workspace_bytes_group_delta=priced.bytes_group_delta,
-                      kv_cache_tokens_per_rank_freed=priced.kv_cache_tokens_per_rank_freed,
+                      workspace_bytes_group_recommended=recommended.bytes_group,
+                      workspace_bytes_group_delta=recommended.bytes_group_delta,
+                      kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed,
                       over_sglang_reserve_bytes_recommended=over),
                 tuple(reasons))
 
@@ -141,19 +143,19 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
     policy, floor_cap, budget = given.policy, given.floor_cap, given.policy.budget_bytes_per_rank
     results = []
     for cap in caps:
-        seen = outlook(given, cap)
+        row = outlook(given, cap)
         results.append(WhatIf(
             cap=cap,
-            predicted_overflow_rate=seen.overflow_rate,
-            workspace_bytes_per_rank=seen.bytes_per_rank,
-            workspace_bytes_group=seen.bytes_group,
-            workspace_bytes_group_delta=seen.bytes_group_delta,
+            predicted_overflow_rate=row.overflow_rate,
+            workspace_bytes_per_rank=row.bytes_per_rank,
+            workspace_bytes_group=row.bytes_group,
+            workspace_bytes_group_delta=row.bytes_group_delta,
             aligned=cap % policy.alignment == 0,
             below_floor=floor_cap is not None and cap < floor_cap,
-            within_budget=None if budget is None else seen.bytes_per_rank <= budget,
-            predicted_overflow_windows_per_day=seen.overflow_windows_per_day,
-            predicted_overflow_windows_per_day_low=seen.overflow_windows_per_day_low,
-            predicted_overflow_windows_per_day_high=seen.overflow_windows_per_day_high,
-            kv_cache_tokens_per_rank_freed=seen.kv_cache_tokens_per_rank_freed,
+            within_budget=None if budget is None else row.bytes_per_rank <= budget,
+            predicted_overflow_windows_per_day=row.overflow_windows_per_day,
+            predicted_overflow_windows_per_day_low=row.overflow_windows_per_day_low,
+            predicted_overflow_windows_per_day_high=row.overflow_windows_per_day_high,
+            kv_cache_tokens_per_rank_freed=row.kv_cache_tokens_per_rank_freed,
         ))
     return results

@@ -152,8 +152,8 @@ def test_budget_clamps_the_recommendation_to_what_fits():
     assert advice.workspace_bytes_per_rank_recommended <= budget
     assert advice.predicted_overflow_rate_recommended > 0  # honest: the budget leaves overflows
     assert any("budget" in reason for reason in advice.reasons)
-    assert largest_cap_within(budget, PRICING, 128) == 1024
-    assert largest_cap_within(PRICING.bytes_per_rank(128) - 1, PRICING, 128) is None
+    assert largest_cap_within(budget, PRICING, 128, FLASHINFER.max_cap_tokens) == 1024
+    assert largest_cap_within(PRICING.bytes_per_rank(128) - 1, PRICING, 128, FLASHINFER.max_cap_tokens) is None
 
 
 def test_alignment_is_honoured():

@@ -125,3 +125,16 @@ def test_advice_stays_within_deepeps_rules(low, spread, cap, decode_graph, per_r
     if advice.action != "hold":
         assert advice.recommended_cap >= min(floor, 1024)
     assert advice.env == f"{DEEPEP.cap_env_var}={advice.recommended_cap}"
+
+
+def test_a_memory_budget_clamps_to_the_largest_buffer_that_fits_and_never_asks_past_1024():
+    """The advisor's budget stage searches DeepEP's buffer price as it does FlashInfer's (one search,
+    ``sizing.caps.largest_aligned_cap``) and within DeepEP's 1024, where its pricing refuses more."""
+    group = deepep_group(128)
+    busy = peaks(600, 1000, 128)  # wants 1024
+    fits_256 = group.pricing.bytes_per_rank(256) + 1
+    advice = recommend(busy, group, POLICY.model_copy(update={"budget_bytes_per_rank": fits_256}))
+    assert advice.budget_cap == 256 == group.pricing.largest_cap_within(fits_256)
+    assert advice.recommended_cap == 256 and advice.workspace_bytes_per_rank_recommended < fits_256
+    roomy = POLICY.model_copy(update={"budget_bytes_per_rank": group.pricing.bytes_per_rank(1024) * 4})
+    assert recommend(busy, group, roomy).budget_cap == 1024

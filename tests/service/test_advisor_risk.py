@@ -187,17 +187,20 @@ def test_a_ranks_reported_geometry_finds_its_kv_cost():
     assert kv_bytes_per_token_of(1234, 8, 256) is None and kv_bytes_per_token_of(None, 8, 256) is None
 
 
-@pytest.mark.parametrize("peaks, cap, kv_bytes_per_token", [
-    (exponential_days(3, seed=4), 4096, None),  # a tail fit, lowered
-    ([100] * 100 + [300] * 100, 4096, 70_272),  # too few for a fit: the empirical band; priced in KV tokens
-    (exponential_days(2, seed=9, base=3000), 1024, 70_272),  # raised, costing KV room
+@pytest.mark.parametrize("peaks, cap, kv_bytes_per_token, action, tail_fit", [
+    (exponential_days(3, seed=4), 4096, None, "lower", True),
+    ([100] * 100 + [300] * 100, 4096, 70_272, "lower", False),  # too few for a fit: the empirical band
+    (exponential_days(2, seed=9, base=3000), 1024, 70_272, "raise", True),  # costing KV room
 ], ids=["tail fit", "empirical", "raise"])
-def test_the_whatif_at_the_recommended_cap_is_the_advice_s_price_and_forecast(peaks, cap, kv_bytes_per_token):
+def test_the_whatif_at_the_recommended_cap_is_the_advice_s_price_and_forecast(peaks, cap, kv_bytes_per_token, action,
+                                                                             tail_fit):
     """One outlook per cap (outlook.py): the what-if curve passes through the advice."""
     history = history_of(peaks, cap=cap)
     policy = POLICY.model_copy(update={"change_min_history_s": 0.0})
     advice = recommend(history, group(cap, kv_bytes_per_token=kv_bytes_per_token), policy)
-    assert advice.action != "insufficient_data"
+    assert (advice.action, advice.tail_fit) == (action, tail_fit)
+    if kv_bytes_per_token is not None:  # lowering frees KV room, raising costs it
+        assert (advice.kv_cache_tokens_per_rank_freed > 0) == (action == "lower")
     row, = whatif(history, group(cap, kv_bytes_per_token=kv_bytes_per_token), [advice.recommended_cap], policy)
     assert (row.workspace_bytes_per_rank, row.workspace_bytes_group, row.workspace_bytes_group_delta,
             row.kv_cache_tokens_per_rank_freed) == (
@@ -209,3 +212,14 @@ def test_the_whatif_at_the_recommended_cap_is_the_advice_s_price_and_forecast(pe
         advice.predicted_overflow_windows_per_day_recommended_low,
         advice.predicted_overflow_windows_per_day_recommended_high)
     assert (kv_bytes_per_token is None) == (row.kv_cache_tokens_per_rank_freed is None)
+
+
+def test_a_whatif_without_history_prices_each_cap_and_predicts_nothing():
+    empty = SampleHistory(POLICY.half_life_s, window_s=60.0)
+    rows = whatif(empty, group(1024, kv_bytes_per_token=70_272), [512, 2048], POLICY)
+    for row in rows:
+        assert (row.predicted_overflow_rate, row.predicted_overflow_windows_per_day,
+                row.predicted_overflow_windows_per_day_low, row.predicted_overflow_windows_per_day_high) == (None,) * 4
+    assert rows[0].workspace_bytes_per_rank < rows[1].workspace_bytes_per_rank
+    assert rows[0].workspace_bytes_group_delta < 0 < rows[1].workspace_bytes_group_delta
+    assert rows[0].kv_cache_tokens_per_rank_freed > 0 > rows[1].kv_cache_tokens_per_rank_freed

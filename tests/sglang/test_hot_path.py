@@ -46,7 +46,7 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader, c
     record = counters.traffic_record()
     counted = counted_dispatch(transport, layer, words, record)
     # What it counts into, by name (benchmarks/sglang_dispatch.py rebuilds it around a no-op transport).
-    named = (counted.layer, counted.counter_words, counted.record, counted.__wrapped__)
+    named = (counted.layer, counted.counter_words, counted.record, counted.transport)
     assert all(a is b for a, b in zip(named, (layer, words, record, transport), strict=True))
     experts = torch.zeros(5, 8, dtype=torch.int32)
     counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1)  # the step's view is kept now
