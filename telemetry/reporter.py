@@ -11,9 +11,10 @@ retries, so the service can drop a duplicate; sequences are assigned when a repo
 sent, so the service sees 0, 1, 2, ... without gaps.
 
 The one blocking call is ``flush_final``: the dispatcher's raise path calls it just before the
-rank dies, and it waits at most ``timeout_s`` for the final report to be accepted. If the rank
-survives after all (someone caught the error), reporting simply goes on: a later report
-supersedes the final one.
+rank dies, and it waits at most ``timeout_s`` for the final report to be accepted. After it, an
+interval with nothing new is not sent (it would supersede the final report at the service, which
+would take a dying rank for a live one); if the rank survives after all (someone caught the error)
+and works on, reporting goes on and its next report supersedes the final one.
 """
 
 from __future__ import annotations
@@ -240,8 +241,7 @@ class RankReporter:
         with self._wake:
             self._ticking = False  # nothing may follow the final report
         last_final = self._last_final
-        if final_reason and last_final is not None and \
-                cumulative_counters(self.tracker.snapshot()) == last_final.counters:
+        if final_reason and self._nothing_since_final():
             # Nothing happened since that final: it stays the last word; wait for it instead.
             last_final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
             delivered = last_final.outcome.verdict is Delivery.DELIVERED
@@ -287,8 +287,17 @@ class RankReporter:
                 self._wake.notify_all()
 
     def _cut_locked(self) -> None:
+        if self._nothing_since_final():
+            # A report after a final one supersedes it (the service takes the rank for alive again), so only one
+            # with something new goes: a rank dying of its overflow must not send an empty tick after its final.
+            return
         interval, snapshot = self.tracker.close()
         self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+
+    def _nothing_since_final(self) -> bool:
+        """Whether a final report was queued and the counters still hold its totals."""
+        last_final = self._last_final
+        return last_final is not None and cumulative_counters(self.tracker.snapshot()) == last_final.counters
 
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
