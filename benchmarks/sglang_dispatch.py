@@ -243,21 +243,28 @@ def _us(seconds: float) -> float:
     return round(seconds * 1e6, 1)
 
 
-def run(quick: bool = False) -> dict:
+# Calls per measurement: (rotated iterations, warm-up, hot path, after a wait, in the run).
+FULL, QUICK, SMOKE = (600, 40, 20000, 1000, 1000), (60, 10, 2000, 200, 100), (3, 1, 3, 3, 3)
+
+
+def run(quick: bool = False, smoke: bool = False) -> dict:
+    """``smoke``: a few calls of everything, the ranks forked from the tests' zygotes (the test that keeps this
+    benchmark running; its figures mean nothing)."""
     from tests.sglang.ranks import RankRun, sglang_missing
 
     missing = sglang_missing()
     if missing is not None:
         return {"benchmark": "sglang_dispatch", "skipped": missing}
-    iterations, warmup = (60, 10) if quick else (600, 40)
+    iterations, warmup, hot_path_calls, after_wait_calls, in_run_calls = SMOKE if smoke else QUICK if quick else FULL
     with tempfile.TemporaryDirectory(prefix="capwatch-sglang-bench-") as folder:
         run_dir = Path(folder)
-        # Fresh interpreters, as SGLang's spawn starts its schedulers: nothing timed runs in a forked copy.
+        # Fresh interpreters, as SGLang's spawn starts its schedulers: nothing timed runs in a forked copy (a smoke
+        # run forks: it times nothing worth reading).
         group = RankRun(run_dir, WORLD_SIZE, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_METRICS_BASE_PORT": "0"},
-                        program="benchmarks.sglang_dispatch", fork=False)
+                        program="benchmarks.sglang_dispatch", fork=smoke)
         group.start({"model": MODEL, "sizes": list(TOKEN_SIZES), "iterations": iterations, "warmup": warmup,
-                     "hot_path_calls": 2000 if quick else 20000, "after_wait_calls": 200 if quick else 1000,
-                     "in_run_calls": 100 if quick else 1000})
+                     "hot_path_calls": hot_path_calls, "after_wait_calls": after_wait_calls,
+                     "in_run_calls": in_run_calls})
         codes = group.wait_exit(timeout_s=1800)
         if codes != [0] * WORLD_SIZE:
             raise RuntimeError(f"benchmark ranks failed: {codes}\n{group.logs()}")
