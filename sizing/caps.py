@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from capwatch.sizing.checks import check_positive
+
 # Caps capwatch suggests are multiples of this many tokens.
 CAP_ALIGNMENT = 128
 # The largest cap any part accepts (the report schema, the CLI): beyond it is a typo or an attack.
@@ -33,8 +35,7 @@ def largest_aligned_cap(fits: Callable[[int], bool], alignment: int, max_cap: in
     cap within a budget" (FlashInfer's workspace, DeepEP's buffer, any pricing). It gallops (1, 2, 4, ...
     steps of ``alignment``) and then bisects: about 2 log2(answer / alignment) calls, few for the small caps
     budgets allow in a range as wide as ``MAX_CAP_TOKENS``."""
-    if alignment <= 0:
-        raise ValueError(f"alignment must be positive, got {alignment}")
+    check_positive("alignment", alignment)  # the one check of its callers' alignment (a SizingError)
     max_units = max_cap // alignment
     if max_units < 1 or not fits(alignment):
         return None

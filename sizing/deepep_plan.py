@@ -150,7 +150,6 @@ class DeepEPPricing:
                            max_cap: int = MAX_DISPATCH_TOKENS_PER_RANK) -> int | None:
         """The largest multiple of ``alignment`` up to ``max_cap`` (and 1024) whose buffer fits; None if none
         (the buffer grows with the cap)."""
-        check_positive("alignment", alignment)
         return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment,
                                    min(max_cap, MAX_DISPATCH_TOKENS_PER_RANK))
 

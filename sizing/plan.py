@@ -208,7 +208,6 @@ def largest_plan_within(
     Raises ``NoCapFits`` when not even ``alignment`` tokens fit (or ``alignment`` is above ``max_cap``).
     """
     check_positive("budget_bytes", budget_bytes)
-    check_positive("alignment", alignment)
     plans: dict[int, WorkspacePlan] = {}
 
     def fits(cap: int) -> bool:
