@@ -12,7 +12,7 @@ from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.recommend import recommend
 from capwatch.sizing.backends import FLASHINFER
-from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.sizing.caps import MAX_CAP_TOKENS, align_down, align_up
 from capwatch.sizing.checks import INT32_MAX, SizingError
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.plan import largest_plan_within
@@ -43,7 +43,10 @@ def test_the_advisor_never_produces_a_cap_outside_the_range(peaks, cap, sglang, 
     history = history_from([peaks], cap=cap, policy=policy)
     config = group(cap, sglang=sglang, cuda_graph_max_batch_size=graph, speculative_tokens=spec)
     floor = deployment_floor(sglang, graph, spec)
-    if floor is not None and floor.tokens > FLASHINFER.max_cap_tokens:
+    alignment = policy.for_backend(FLASHINFER).alignment
+    # No cap both starts the ranks and fits: the floor, aligned up, above the largest cap, aligned down (with an
+    # alignment of 100 a floor of 1,048,501 is one: 1,048,600 > 1,048,500, though below 1,048,576).
+    if floor is not None and align_up(floor.tokens, alignment) > align_down(FLASHINFER.max_cap_tokens, alignment):
         with pytest.raises(SizingError, match="no cap both starts these ranks and fits"):
             recommend(history, config, policy)
         return
