@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from rich.console import Console
 
 from capwatch.advice_table import ADVICE_FIELDS, print_advice, print_whatif
