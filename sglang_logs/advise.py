@@ -27,7 +27,7 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.service.advisor.pricing import Pricing, WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
-from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
+from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
@@ -254,6 +254,8 @@ def _refuse_if_unplaced_lines_matter(read: LogRead, segment: Segment, peak: int)
 
 
 def _cluster_name(path: str) -> str:
+    if path == STDIN:
+        return "stdin"
     stem = os.path.basename(path).split(".")[0] or "sglang"
     return re.sub(r"[^A-Za-z0-9_.:-]", "-", stem)[:128]
 
