@@ -21,11 +21,11 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import Pricing, WorkspacePricing
-from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.pricing import Pricing, WorkspacePricing
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs

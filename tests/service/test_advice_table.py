@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from rich.console import Console
 
 from capwatch.advice_table import ADVICE_FIELDS, percent, print_advice, print_whatif
