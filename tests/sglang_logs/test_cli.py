@@ -146,7 +146,7 @@ def test_cli_whatif_prices_caps_with_predicted_overflows_per_day(tmp_path):
     path = write(tmp_path / "decode.log", lines)
     result = run_cli("--sglang-log", path, "--whatif", "128", "256", "512", "1024", "--json")
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]  # JSON Lines: a row each
     assert [row["cap"] for row in rows] == [128, 256, 512, 1024]
     per_day = [row["predicted_overflow_windows_per_day"] for row in rows]
     assert per_day[0] == pytest.approx(1440.0) and per_day == sorted(per_day, reverse=True)  # 128: every window
