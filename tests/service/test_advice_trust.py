@@ -47,8 +47,8 @@ def test_a_hold_on_a_small_change_names_the_ratio_and_what_would_move_it():
 def test_low_confidence_is_said_first_and_flagged():
     advice = recommend(history_from([[140 + window % 20 for window in range(120)]], cap=8192), group(8192),
                        AdvisorPolicy())
-    assert advice.low_confidence and advice.reasons[0].startswith("low confidence: 2.0 h of covered history")
     assert advice.action == "hold", advice.reasons  # no lower on a band 1,000x the target
+    assert advice.low_confidence and advice.reasons[0].startswith("low confidence: 2.0 h of covered history")
     full = recommend(history_from([[140 + window % 20 for window in range(120)]], cap=8192), group(8192),
                      AdvisorPolicy(full_confidence_history_s=3600.0))
     assert not full.low_confidence and not full.reasons[0].startswith("low confidence")
