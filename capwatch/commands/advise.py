@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="SGLang server log(s), plain or .gz, in any order (- reads standard input, a pipe "
                               "too: kubectl logs POD | capwatch advise --sglang-log -): rotated, per rank or per node, "
                               "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
-                              "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
+                              "--timestamps, Ray); the advisor and its policy (CAPWATCH_ADVISOR__*, as serve's) read them; "
                               "--cluster names the advice (default: the first file's name)")
     offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's "
                                                          "overflow assertions show, else SGLang's default rule)")

@@ -27,8 +27,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("capwatch.dashboards",),
     # The advisor: a library below both of its users, the service and the log reader.
     ("capwatch.advisor",),
-    ("capwatch.service", "capwatch.sglang_plugin"),
-    ("capwatch.sglang_logs",),
+    # Three users of the layers below, none of another: the log reader imports nothing of the service.
+    ("capwatch.service", "capwatch.sglang_plugin", "capwatch.sglang_logs"),
     ("capwatch",),
 )
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
