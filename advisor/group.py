@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from capwatch.advisor.advice import CapSource
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.floor import merged_sglang_limits
 from capwatch.advisor.pricing import Pricing
@@ -18,10 +19,12 @@ from capwatch.telemetry.report import SGLangLimits
 
 def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRules, deepep_mode: str | None = None,
                  sglang: Iterable[SGLangLimits | None] = (), cuda_graph_max_batch_sizes: Iterable[int | None] = (),
-                 speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None) -> GroupConfig:
-    """The group's configuration: ``cap`` its current cap (the largest the ranks run), ``pricing`` its memory per
-    rank at any cap, ``deepep_mode`` a DeepEP group's ``--deepep-mode`` (None for other backends); the ranks' SGLang
-    limits, CUDA-graph batches and draft tokens per step, each merged to its largest (None where not known)."""
+                 speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None,
+                 cap_source: CapSource = "reported", cap_at_least: int | None = None) -> GroupConfig:
+    """The group's configuration: ``cap`` its current cap (the largest the ranks run; where ``cap_source`` is
+    "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``deepep_mode`` a DeepEP
+    group's ``--deepep-mode`` (None for other backends); the ranks' SGLang limits, CUDA-graph batches and draft
+    tokens per step, each merged to its largest (None where not known)."""
     graph_batches = [batch for batch in cuda_graph_max_batch_sizes if batch is not None]
     return GroupConfig(
         cap=cap, pricing=pricing,
@@ -29,4 +32,5 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
         prefill_dispatched=deepep_mode is None or prefill_dispatched(deepep_mode),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(speculative_tokens, default=0),
-        sglang=merged_sglang_limits(sglang), kv_bytes_per_token=kv_bytes_per_token)
+        sglang=merged_sglang_limits(sglang), kv_bytes_per_token=kv_bytes_per_token,
+        cap_known=cap_source != "assumed", cap_source=cap_source, cap_at_least=cap_at_least)

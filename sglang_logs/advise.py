@@ -142,15 +142,19 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
+    cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
     group = group_config(cap=current, pricing=pricing, a2a_backend=backend, deepep_mode=deepep_mode, sglang=[limits],
-                         kv_bytes_per_token=kv)
+                         kv_bytes_per_token=kv, cap_source=cap_source,
+                         cap_at_least=segment.peak_without_assertion or None)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
         raise LogError(str(error)) from None
     _refuse_if_unplaced_lines_matter(read, segment, advice.max_peak_runtime_tokens)
     hot = hot_dp_rank(segment)
-    reasons = [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else []) + advice.reasons
+    first = advice.reasons[:1] if advice.low_confidence else []  # said first (recommend.low_confidence_reason)
+    reasons = (first + [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else [])
+               + advice.reasons[len(first):])
     if config.limits is None:
         below = backend.below_floor or "SGLang refuses to start with a cap below it"
         reasons.append("no start-up line: SGLang's start-up floor (prefill chunk, CUDA-graph batches x tokens per "
@@ -270,8 +274,8 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
     config = segment.config
     where = ("given with --cap" if flags.cap is not None else
              "the max_num_tokens of the log's overflow assertions" if segment.cap_seen is not None else
-             f"{config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}: "
-             "the env var is not in the log")
+             f"assumed: {config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}, "
+             "but the env var is not in the log (pass --cap)")
     interval = (f"one line per {config.decode_log_interval} decode steps" if config.decode_log_interval
                 else "decode_log_interval unknown")
     source = ("configured by flags (no start-up line)" if segment.from_flags else

@@ -1,5 +1,5 @@
 """``capwatch advise``: the advice of a running capwatch service, or of SGLang logs (``--sglang-log``),
-as a table or JSON (the same object ``GET /v1/clusters/{cluster}/advice`` answers)."""
+as a table, JSON Lines (each the object ``GET /v1/clusters/{cluster}/advice`` answers) or CSV."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import argparse
 import os
 
 from capwatch.arguments import checked, wait_seconds
+from capwatch.output_format import add_format_arguments
 from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the service's base URL (default $CAPWATCH_URL or http://127.0.0.1:8321)")
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
     parser.add_argument("--role", default="target", choices=ROLES, help="which dispatcher")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_arguments(parser)
     parser.add_argument("--timeout", type=wait_seconds, default=10.0,
                         help="seconds to wait for the service, 0.1..3600 (default 10)")
     parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",
@@ -221,15 +222,15 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from capwatch.advice_table import print_advice, print_whatif
+    from capwatch.output_format import print_objects
 
+    output = args.output or "table"
     if args.sglang_log:
         flags = {name: getattr(args, name) for name in SERVER_FLAGS}
         answer = advise_from_logs(args.sglang_log, flags, args.cluster, args.whatif)
-        if args.json:
-            print(json.dumps(answer, indent=2))
+        if output != "table":
+            print_objects(answer if args.whatif else [answer], output)
         elif args.whatif:
             print_whatif(answer)
         else:
@@ -240,11 +241,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{', '.join(given)} go(es) with --sglang-log (a service knows its ranks' configuration)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
-        print(json.dumps(rows, indent=2)) if args.json else print_whatif(rows)
+        print_objects(rows, output) if output != "table" else print_whatif(rows)
         return 0
     advices = fetch_advice(args.url, args.cluster, args.role, args.timeout)
-    if args.json:
-        print(json.dumps(advices[0] if args.cluster else advices, indent=2))
+    if output != "table":
+        print_objects(advices, output)
     else:
         print_advice(advices)
     return 0
