@@ -54,6 +54,9 @@ class Settings(BaseSettings):
         "Answer bytes buffered per connection; past it the answer waits for the client to read."))
     docs: bool = Field(False, description="Serve Swagger UI at /docs (its script loads from a CDN); /openapi.json "
                                           "is always served.")
+    legacy_cluster_label: bool = Field(False, description=(
+        "For one release: /metrics also labels each group's series with the old name 'cluster' beside 'ep_group', "
+        "while dashboards and queries move (docs/telemetry.md, Migrating from the cluster label)."))
     stale_after_s: float = Field(60.0, ge=1, le=MAX_SETTING_SECONDS, description="A rank silent this long is stale.")
     missing_after_s: float = Field(300.0, ge=1, le=MAX_SETTING_SECONDS,
                                    description="A rank silent this long is missing (at least stale_after_s).")

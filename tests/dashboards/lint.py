@@ -138,6 +138,11 @@ def targets(dashboard: dict) -> Iterator[tuple[dict, dict]]:
             yield panel, target
 
 
+def annotation_queries(dashboard: dict) -> list[dict]:
+    """The dashboard's Prometheus annotations (the built-in one has no expression)."""
+    return [item for item in dashboard.get("annotations", {}).get("list", []) if item.get("expr")]
+
+
 def query_variables(dashboard: dict) -> list[dict]:
     return [v for v in dashboard.get("templating", {}).get("list", []) if v.get("type") == "query"]
 
@@ -216,6 +221,11 @@ def lint_dashboard(dashboard: dict) -> list[str]:
                     and "{{ep_rank}}" not in target.get("legendFormat", ""):
                 findings.append(f"{where}: a per-rank series needs the rank in its legend ('rank {{{{ep_rank}}}}')")
             findings += [f"{where}: {finding}" for finding in lint_expression(target.get("expr", ""), dashboard=True)]
+    for annotation in annotation_queries(dashboard):
+        where = f"{title} / annotation {annotation.get('name', '?')}"
+        if not _uses_datasource_variable(annotation.get("datasource")):
+            findings.append(f"{where}: does not use the datasource variable")
+        findings += [f"{where}: {finding}" for finding in lint_expression(annotation["expr"], dashboard=True)]
     return findings
 
 

@@ -17,10 +17,11 @@ import pytest
 
 from tests.support.checkout import REPO_ROOT
 
-# Lowest first. `capwatch.vocabulary` is the shared words every layer may use; the rest of `capwatch/` is the
+# Lowest first. `capwatch.vocabulary` is the shared words every layer may use, `capwatch.version` the installed
+# version every layer may state (the CLI's --version, the build-info metric); the rest of `capwatch/` is the
 # command line and the demo, on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("capwatch.sizing", "capwatch.vocabulary"),
+    ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
     ("capwatch.dispatcher",),
     ("capwatch.telemetry",),
     ("capwatch.dashboards",),
