@@ -1,12 +1,13 @@
 """The service's one Settings object (environment variables ``CAPWATCH_<NAME>``; advisor knobs
-``CAPWATCH_ADVISOR__<NAME>``). ``capwatch serve`` flags override the environment."""
+``CAPWATCH_ADVISOR__<NAME>``, read alike by the log reader through ``advisor/settings.py``). ``capwatch serve``
+flags override the environment."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from capwatch.service.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
-from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
+from capwatch.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
+from capwatch.advisor.settings import WINDOW_S_FIELD
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo
@@ -60,7 +61,7 @@ class Settings(BaseSettings):
     stale_after_s: float = Field(60.0, ge=1, le=MAX_SETTING_SECONDS, description="A rank silent this long is stale.")
     missing_after_s: float = Field(300.0, ge=1, le=MAX_SETTING_SECONDS,
                                    description="A rank silent this long is missing (at least stale_after_s).")
-    window_s: float = Field(DEFAULT_WINDOW_S, ge=1, le=86_400, description="Group sample window: one peak per window.")
+    window_s: float = WINDOW_S_FIELD  # the advisor's (advisor/settings.py): the log reader reads it too
     fold_after_s: float = Field(6 * 3600.0, ge=1, le=MAX_SETTING_SECONDS,
                                 description="Windows older than this fold into the histogram (at least window_s).")
     retention_s: float = Field(2 * 86_400.0, ge=60, le=MAX_SETTING_SECONDS,

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from functools import reduce
 from operator import itemgetter, or_
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.sample import GroupSample
 from capwatch.sglang_logs.line_shapes import dp_rank
 from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig

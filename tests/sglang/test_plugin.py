@@ -196,7 +196,7 @@ def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
 
 
 def test_advice_floor_is_the_releases_own_rule(enabled_run, service):
-    """0.5.22 on: the advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
+    """0.5.22 on: the advisor's floor (advisor/floor.py, from RankConfig.sglang) is what SGLang's own
     ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server. 0.5.19 - 0.5.21 have no such
     function: capwatch's computation of the rule, which leaves out the prefill chunk (their prefill goes
     through an all-gather): cross-checked against 0.5.22's own function run on this release's settings."""
