@@ -27,20 +27,9 @@ DASHBOARDS: dict[str, Callable[[], dashboard_models.Dashboard]] = {
 }
 
 
-# What Grafana's Prometheus annotations read beyond the SDK's generic fields: the title from the series' labels, and
-# which labels become the annotation's tags (so one can be filtered or hidden by group).
-ANNOTATION_TITLE = "{{ep_group}} {{dispatcher}}"
-ANNOTATION_TAGS = "ep_group,dispatcher,ep_rank,kind,outcome"
-
-
 def render(build: Callable[[], dashboard_models.Dashboard]) -> str:
     """Stable text: sorted keys and a trailing newline, so regenerating an unchanged dashboard is a no-op."""
-    dashboard = json.loads(json.dumps(build(), cls=JSONEncoder))
-    for annotation in dashboard.get("annotations", {}).get("list", []):
-        if annotation.get("expr"):
-            annotation.update(titleFormat=f"{annotation['name']}: {ANNOTATION_TITLE}", tagKeys=ANNOTATION_TAGS,
-                              step="$__rate_interval")
-    return json.dumps(dashboard, indent=2, sort_keys=True) + "\n"
+    return json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
 def render_all() -> dict[str, str]:

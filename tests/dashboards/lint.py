@@ -22,6 +22,7 @@ from capwatch.telemetry import catalogue
 
 PROMTOOL = "promtool"
 RATE_FUNCTIONS = {"rate", "irate", "increase"}
+COUNTER_FUNCTIONS = RATE_FUNCTIONS | {"resets"}  # what may read a counter's raw value
 COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 # The linter's panel-units-rule list, narrowed to the units these dashboards may sensibly use.
 VALID_UNITS = {
@@ -251,10 +252,10 @@ def lint_expression(expr: str, *, dashboard: bool, recorded: Iterable[str] = ())
         if selector.metric not in allowed:
             findings.append(f"metric {selector.metric} is neither in telemetry.catalogue nor the service contract")
         if selector.metric.endswith(COUNTER_SUFFIXES) and (
-            selector.range is None or selector.enclosing_function not in RATE_FUNCTIONS
+            selector.range is None or selector.enclosing_function not in COUNTER_FUNCTIONS
         ):
-            findings.append(f"counter {selector.metric} is not inside rate/irate/increase: {expr}")
-        if dashboard and selector.range is not None and selector.enclosing_function in RATE_FUNCTIONS \
+            findings.append(f"counter {selector.metric} is not inside rate/irate/increase/resets: {expr}")
+        if dashboard and selector.range is not None and selector.enclosing_function in COUNTER_FUNCTIONS \
                 and selector.range != "$__rate_interval":
             findings.append(f"{selector.enclosing_function} over [{selector.range}] should use $__rate_interval")
     return findings

@@ -112,4 +112,4 @@ def test_annotations_mark_overflows_cap_changes_and_restarts(committed_dashboard
         assert found["Cap changes"]["expr"].startswith("changes(moe_a2a_cap_tokens{")
         assert found["Restarts"]["expr"].startswith("resets(moe_a2a_forward_steps_total{")
         assert all('ep_group=~"$ep_group"' in item["expr"] and item["datasource"]["uid"] == "${datasource}"
-                   and item["titleFormat"] and item["tagKeys"] for item in found.values())
+                   and item["enable"] for item in found.values())
