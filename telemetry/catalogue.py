@@ -199,6 +199,11 @@ REPORTS_MERGED = MetricSpec(
     "moe_a2a_reports_merged_total", "counter",
     "Buffered reports merged into the next while the buffer was full (the service unreachable): their counts "
     "arrive, their peaks at the coarser resolution of the merged interval.", "reports")
+REPORTER_ERRORS = MetricSpec(
+    "moe_a2a_reporter_errors_total", "counter",
+    "Errors of this rank's own counting or reporting code that were caught (an interval that could not be cut): "
+    "the rank and its counting go on, the steps go with the next interval. Above 0: a capwatch bug, report it.",
+    "errors")
 REPORT_AUTH_FAILURES = MetricSpec(
     "moe_a2a_report_auth_failures_total", "counter",
     "Attempts to post a report that the service refused with 401/403 (wrong or missing bearer token); "
@@ -215,6 +220,7 @@ METRICS: tuple[MetricSpec, ...] = (
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
     DEEPEP_INFO, DEEPEP_BUFFER_EXPERTS, DEEPEP_NORMAL_NVL_BYTES, DEEPEP_NORMAL_RDMA_BYTES,
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
+    REPORTER_ERRORS,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:

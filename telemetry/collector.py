@@ -148,6 +148,7 @@ class DispatchCollector(Collector):
             yield self._counter(catalogue.REPORTS_REJECTED, stats.rejected)
             yield self._counter(catalogue.REPORTS_MERGED, stats.merged)
             yield self._counter(catalogue.REPORT_AUTH_FAILURES, stats.auth_failures)
+            yield self._counter(catalogue.REPORTER_ERRORS, stats.errors)
 
     def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:
         """A series for this rank, or the family alone (HELP and TYPE) while the value is unknown."""

@@ -274,7 +274,7 @@ def run_demo(options: DemoOptions) -> int:
     from rich.markup import escape
 
     from capwatch.advice_table import print_advice
-    from capwatch.commands.advise import fetch_advice
+    from capwatch.service_client import fetch_advice
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, quiet=options.json)
