@@ -73,7 +73,7 @@ def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float,
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return recommend(history, group_config_of_ranks(states, now_s, settings), settings.advisor)
+        return recommend(history, group_config_of_ranks(states, now_s, settings), settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no advice for cluster {cluster!r} ({role}): {error}") from error
 
@@ -83,6 +83,6 @@ def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[in
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return whatif(history, group_config_of_ranks(states, now_s, settings), caps, settings.advisor)
+        return whatif(history, group_config_of_ranks(states, now_s, settings), caps, settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error

@@ -42,6 +42,9 @@ def assert_lost_everywhere(service: ServiceProcess, client: httpx.Client, rank: 
         assert response.status_code == 503 and words in response.json()["detail"], (path, response.text)
     health = client.get("/healthz").json()
     assert health["status"] == "degraded" and words in health["problem"]
+    # A Kubernetes probe (Host: the pod's IP, not an allowed name): the status, not the words naming the file.
+    probe = client.get("/healthz", headers={"Host": "10.244.1.7:8321"})
+    assert probe.status_code == 200 and probe.json() == {**health, "problem": None}
     assert "capwatch_store_database_lost 1.0" in client.get("/metrics").text
     log = service.log_path.read_text()
     assert log.count("Reports are refused from now on") == 1 and words in log

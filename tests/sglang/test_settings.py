@@ -16,7 +16,7 @@ def test_defaults_export_on_loopback_and_report_nowhere():
     assert settings == PluginSettings()
     assert settings.reporter() is None
     options = settings.exporter(3)
-    assert (options.host, options.port) == ("127.0.0.1", 9403)  # base port + local GPU index
+    assert (options.host, options.port) == ("127.0.0.1", 9473)  # base port + local GPU index
 
 
 def test_every_variable_is_read():
