@@ -83,6 +83,12 @@ def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[in
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return whatif(history, group_config_of_ranks(states, now_s, settings), caps, settings.advisor_for(cluster))
+        group = group_config_of_ranks(states, now_s, settings)
+    except _UNPRICEABLE as error:
+        raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error
+    for cap in caps:  # the group's own backend's range (DeepEP's 1..1024): a cap outside it is a bad question (422)
+        group.backend.check_cap(cap)
+    try:
+        return whatif(history, group, caps, settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error

@@ -124,3 +124,15 @@ def test_the_page_shows_deepeps_variable(service, reported, tmp_path):
     assert "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK" not in dom.stdout
     if advice["env"] is not None:
         assert page.text_by_id["env-line"] == f"export {DEEPEP.cap_env_var}={advice['recommended_cap']}"
+
+
+def test_a_whatif_cap_outside_deepeps_range_is_a_422(service, reported):
+    """Issue #36 (F23): /whatif checked a DeepEP group's caps against FlashInfer's range and answered 409 for
+    1,025 - 1,048,576: a question outside the group's backend range is a bad request, said as such."""
+    import urllib.error
+
+    for cap in (1025, 1_048_576):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(f"{service.url}/v1/clusters/{CLUSTER}/whatif?cap=128&cap={cap}")
+        assert refused.value.code == 422
+        assert f"cap {cap} is outside 1..1024" in refused.value.read().decode()
