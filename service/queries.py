@@ -56,6 +56,10 @@ def group_config_of_ranks(states: list[RankState], now_s: float, settings: Setti
     """The group's configuration from its ranks that are not missing (all of them if every one is)."""
     live = [state for state in states
             if rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) != "missing"] or states
+    backends = sorted({state.config.a2a_backend for state in live})
+    if len(backends) > 1:  # one backend's rules would advise the others' ranks: never silently
+        raise ValueError(f"its ranks run different A2A backends ({', '.join(backends)}); see the group's "
+                         "backend_mismatch finding")
     widest = max(live, key=lambda state: (state.cap, state.ep_rank))
     config = widest.config
     return group_config(
