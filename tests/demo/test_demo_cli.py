@@ -71,7 +71,7 @@ def test_demo_json_with_embedded_service_and_hold(tmp_path):
                 assert response.status == 200 and response.read().decode() == expected, path
         with urllib.request.urlopen(f"{service}/metrics", timeout=10) as response:
             gauges = response.read().decode()
-        assert metric_value(gauges, "capwatch_recommended_cap_tokens", cluster="embedded") == advice["recommended_cap"]
+        assert metric_value(gauges, "capwatch_recommended_cap_tokens", ep_group="embedded") == advice["recommended_cap"]
         for rank in (0, 1):
             with urllib.request.urlopen(f"http://127.0.0.1:{metrics_base + rank}/metrics", timeout=10) as response:
                 exported = response.read().decode()
