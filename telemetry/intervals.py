@@ -155,10 +155,18 @@ def _max_known(*values: int | None) -> int | None:
 
 
 def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> tuple[list[int], int]:
-    """Steps with R <= each bound, and the exact sum of R (counted on the device, over-cap steps included)."""
+    """Steps with R <= each bound, and the exact sum of R (counted on the device, over-cap steps included).
+
+    The counters keep R per token up to the cap and one bin above it (with the largest R). A bound at or above
+    that largest R holds every step; a bound between the cap and it holds the steps up to the cap, the steps
+    above it counting from the largest R's bound on: exact for no or one over-cap step (an overflow usually ends
+    the rank), never an over-count."""
     histogram = snapshot.runtime_tokens_histogram
     running = list(accumulate(histogram))
-    counts = [running[min(int(bound), len(histogram) - 1)] for bound in bounds]
+    cap = len(histogram) - 2
+    top = snapshot.max_runtime_tokens
+    counts = [running[int(bound)] if bound <= cap else running[-1] if bound >= top else running[cap]
+              for bound in bounds]
     return counts, snapshot.runtime_tokens_sum
 
 

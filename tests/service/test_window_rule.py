@@ -152,7 +152,7 @@ def _exposition(cluster: str, intervals: tuple[Interval, ...]) -> dict[str, list
     last_window = max(interval.window for interval in intervals) + 2
     for rank in sorted({interval.rank for interval in intervals}):
         mine = sorted((item for item in intervals if item.rank == rank), key=lambda item: item.end_s)
-        labels = f'cluster="{cluster}",ep_rank="{rank}",dispatcher="target"'
+        labels = f'ep_group="{cluster}",ep_rank="{rank}",dispatcher="target"'
         boots = {item.boot: T0 + item.window * WINDOW_S for item in reversed(mine)}  # boot -> when it started
         cap = mine[0].cap
         for second in range(int(last_window * WINDOW_S)):
