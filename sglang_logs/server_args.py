@@ -112,6 +112,7 @@ class ServerConfig:
     deepep_mode: str | None = None
     redundant_experts: int = 0
     shared_experts_fusion: bool = False
+    mem_fraction_static: float | None = None  # as resolved (SGLang's automatic value, or the flag); None: unknown
 
     @property
     def a2a_group_size(self) -> int:
@@ -223,6 +224,14 @@ def _phase(args: dict, phase: str) -> dict:
     return {}
 
 
+def _fraction(args: dict, key: str) -> float | None:
+    """A share in (0, 1]; None when absent or anything else (a fraction capwatch would not act on)."""
+    value = args.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0.0 < value <= 1.0 else None
+
+
 def _text(args: dict, key: str) -> str | None:
     value = args.get(key)
     return value if isinstance(value, str) and len(value) <= 4096 else None
@@ -295,7 +304,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
         redundant_experts=_size(args, "ep_num_redundant_experts", 0, least=0),
         shared_experts_fusion=bool(args.get("enforce_shared_experts_fusion"))
-        and not args.get("disable_shared_experts_fusion"))
+        and not args.get("disable_shared_experts_fusion"),
+        mem_fraction_static=_fraction(args, "mem_fraction_static"))
 
 
 def read_server_args(text: str) -> ServerConfig:
