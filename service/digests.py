@@ -46,6 +46,7 @@ class ClusterSummary(BaseModel):
     overflow_events_total: int
     workspace_bytes_group: int | None
     findings: list[str]
+    critical: bool = False  # a finding of critical severity: the page lists such a group first
     action: str | None
     recommended_cap: int | None
     last_report_unix_s: float | None
@@ -81,6 +82,7 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
         group_peak_runtime_tokens=view.group_peak_runtime_tokens, group_utilization=view.group_utilization,
         overflow_events_total=view.overflow_events_total, workspace_bytes_group=view.workspace_bytes_group,
         findings=[finding.kind for finding in view.findings], action=advice.action if advice else None,
+        critical=any(finding.severity == "critical" for finding in view.findings),
         recommended_cap=advice.recommended_cap if advice else None, last_report_unix_s=view.last_report_unix_s,
         error=error)
     return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
@@ -107,6 +109,7 @@ def _quick(cluster: str, role: str, states: list[RankState], now_s: float, setti
         overflow_events_total=sum(state.overflow_events_total for state in chosen),
         workspace_bytes_group=view.workspace_bytes_group if view is not None else None,
         findings=[finding.kind for finding in view.findings] if view is not None else [],
+        critical=view is not None and any(finding.severity == "critical" for finding in view.findings),
         action=advice.action if advice else None, recommended_cap=advice.recommended_cap if advice else None,
         last_report_unix_s=max(state.received_unix_s for state in chosen),
         error=last.error if last is not None else None, pending=True)
