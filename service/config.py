@@ -12,7 +12,7 @@ from typing import Any
 
 from capwatch.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
 from capwatch.advisor.settings import WINDOW_S_FIELD
-from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
+from capwatch.telemetry.endpoint import bearer_token_problem, host_name_problem, http_url_problem
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
@@ -174,6 +174,19 @@ class Settings(BaseSettings):
         if problem is not None:  # a token no client can send would refuse every rank
             raise ValueError(f"the token cannot be sent in an Authorization header: {problem}")
         return token
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts_name_hosts(cls, hosts: list[str]) -> list[str]:
+        # An empty list answers 421 to everything, /healthz too: a liveness probe would restart the service.
+        if not hosts:
+            raise ValueError('an empty list refuses every request (421), /healthz too; name the hosts the service '
+                             'is served under, e.g. ["127.0.0.1", "localhost"], or ["*"] for any')
+        for host in hosts:
+            problem = None if host == "*" else host_name_problem(host.strip().strip("[]"))
+            if problem is not None:
+                raise ValueError(f"{host[:100]!r}: {problem}")
+        return hosts
 
     @field_validator("prometheus_url")
     @classmethod

@@ -56,6 +56,10 @@ def group_config_of_ranks(states: list[RankState], now_s: float, settings: Setti
     """The group's configuration from its ranks that are not missing (all of them if every one is)."""
     live = [state for state in states
             if rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) != "missing"] or states
+    backends = sorted({state.config.a2a_backend for state in live})
+    if len(backends) > 1:  # one backend's rules would advise the others' ranks: never silently
+        raise ValueError(f"its ranks run different A2A backends ({', '.join(backends)}); see the group's "
+                         "backend_mismatch finding")
     widest = max(live, key=lambda state: (state.cap, state.ep_rank))
     config = widest.config
     return group_config(
@@ -83,6 +87,12 @@ def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[in
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return whatif(history, group_config_of_ranks(states, now_s, settings), caps, settings.advisor_for(cluster))
+        group = group_config_of_ranks(states, now_s, settings)
+    except _UNPRICEABLE as error:
+        raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error
+    for cap in caps:  # the group's own backend's range (DeepEP's 1..1024): a cap outside it is a bad question (422)
+        group.backend.check_cap(cap)
+    try:
+        return whatif(history, group, caps, settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error

@@ -7,7 +7,6 @@ prometheus_client's multiprocess mode would break the custom collector and add a
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
@@ -16,6 +15,8 @@ from capwatch.telemetry.exposition import ExpositionRegistry
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app, start_http_server
 from prometheus_client.registry import Collector
+
+from capwatch.telemetry.endpoint import bind_host_problem
 
 MAX_PORT = 65535
 
@@ -37,11 +38,9 @@ class ExporterOptions:
             raise ValueError(
                 f"exporter port {self.base_port} + local rank {self.local_rank} is outside 1..{MAX_PORT}; "
                 "choose a lower base port")
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            if not self.host or any(char.isspace() for char in self.host):
-                raise ValueError(f"exporter host {self.host!r} is neither an IP address nor a host name") from None
+        problem = bind_host_problem(self.host)
+        if problem is not None:
+            raise ValueError(f"exporter host {self.host[:100]!r}: {problem}")
 
     @property
     def port(self) -> int:

@@ -101,9 +101,29 @@ def check_db_path(path, name: str) -> None:
                            "pick another path") from None
 
 
+def read_only_mount(path) -> str | None:
+    """The mount point of the read-only file system ``path`` (or its nearest existing folder) is on, or None."""
+    import os
+
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return None
+    mount = existing if os.path.isdir(existing) else os.path.dirname(existing)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return mount
+
+
 def _check_db_path(path, name: str) -> None:
     import os
 
+    mount = read_only_mount(path)
+    if mount is not None:  # permissions would not explain it: name the mount
+        raise CommandError(f"{name} {path}: the file system mounted at {mount} is read-only, and SQLite writes the "
+                           "database and its -wal and -shm beside it; the database was not touched: mount it "
+                           "read-write, or pick a path on a writable file system")
     if path.exists():
         if path.is_dir():
             raise CommandError(f"{name} {path} is a directory; give a file path such as {path / 'capwatch.db'}")

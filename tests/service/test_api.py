@@ -254,3 +254,10 @@ def test_a_ranks_own_largest_local_batch_is_kept_and_shown(client, clock):
     body["interval"]["max_local_tokens"] = 101  # more than R: impossible
     response = post(client, body)
     assert response.status_code == 422 and "max_local_tokens" in response.text
+
+
+def test_head_of_the_page_answers_like_its_get(client):
+    """Issue #36 (symptom 9): HEAD / answered 405 (uptime checks and curl -I use HEAD)."""
+    head, get = client.head("/"), client.get("/")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]
