@@ -70,6 +70,8 @@ LAYOUT = """{
     clusters: [...document.querySelectorAll("#clusters tbody tr")].map((row) => [row.dataset.cluster, row.dataset.need]),
     facts: [...document.querySelectorAll("#advice-facts div")].map((d) => [d.children[0].textContent, d.children[1].textContent]),
     hotRank: document.getElementById("hot-rank").textContent,
+    caveat: box(document.getElementById("advice-caveat")), caveatText: document.getElementById("advice-caveat").textContent,
+    badge: document.getElementById("action").textContent,
     chart: box(chart), yTop: Number(chart.getAttribute("data-y-top")), zoomed: chart.getAttribute("data-zoomed"),
     labels: [...chart.querySelectorAll("[data-reference-label]")].map((label) => [label.textContent, box(label)]),
     lineTops: [...chart.querySelectorAll("path[data-series^='rank ']")].map((path) =>
@@ -106,6 +108,16 @@ def test_one_peak_labelled_and_ranks_apart_at_low_utilisation(service, tmp_path)
     chart = page["chart"]
     for text, label in page["labels"]:
         assert chart["left"] <= label["left"] and label["right"] <= chart["right"], (text, label, chart)
+
+
+def test_the_advices_own_caveats_lead_its_card(service, tmp_path):
+    """trust-advice's low-confidence state (VPA's LowConfidence): said first on the card and on its badge."""
+    advice = httpx.get(f"{service}/v1/clusters/busy/advice", timeout=30).json()
+    page = evaluate_on_page(tmp_path, f"{service}/?cluster=busy", LAYOUT)
+    assert page["caveat"]["shown"] == bool(advice.get("low_confidence")), (advice.get("low_confidence"), page)
+    if advice.get("low_confidence"):
+        assert "Low confidence" in page["caveatText"] and "low confidence" in page["badge"]
+        assert page["caveat"]["bottom"] <= page["advice"]["bottom"] and page["caveat"]["bottom"] <= 1000
 
 
 def test_the_cap_label_fits_inside_the_chart(service, tmp_path):
