@@ -218,7 +218,7 @@ class DispatchCounters:
 
     def record_counter_words(self, record: "TrafficRecord", counter_words: torch.Tensor) -> None:
         """One dispatch call and its counts as FlashInfer's workspace holds them after it: int32 words
-        (``[2, ep_size]``: sent, received), valid until the next dispatch. Eagerly on CUDA one ``add_`` of
+        (``[2, ep_size]``: sent, received; or a backend's own int64 counts), valid until the next dispatch. Eagerly on CUDA one ``add_`` of
         the words (the kernel casts as it reads; the call counted on the host). On CPU, and under capture,
         a ``copy_`` into the int64 ``record`` and one ``add_`` of it (its leading 1 is the call): on CPU a
         mixed-dtype ``add_`` converts its operand into a new tensor first."""

@@ -4,9 +4,10 @@ Roles follow SGLang's workspaces: the decode one -> ``target``, the speculative 
 layers) -> ``draft``, SP prefill (0.5.23) -> ``sp_prefill``. Each role has one ``DispatchCounters``
 shared by all its layers; the lowest layer id is the step leader (with DeepEP's two-batch overlap, both
 micro-batches' dispatchers of that layer lead: each micro-batch is its own dispatch against the cap).
-A backend's hook module (``hooks/<backend>.py``) counts its dispatchers through :meth:`SchedulerSession.count_layer`
-and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry (reporter, collector) starts at its first dispatch, when
-every layer and workspace of the model is known; the exporter serves from the first moment (base port
+A backend's hook module (``hooks/<backend>.py``) counts each counted object through
+:meth:`SchedulerSession.count_layer` (one ``dispatcher.counting.LayerCounting``, its way into the counters chosen
+by the hook) and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry
+(reporter, collector) starts at its first dispatch, when every layer and workspace of the model is known; the exporter serves from the first moment (base port
 + local GPU index) with the plugin's own info metric.
 """
 
@@ -19,12 +20,13 @@ import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from collections.abc import Callable
+
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
-from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
-from capwatch.dispatcher.instrumented import InstrumentedDispatcher
+from capwatch.dispatcher.counting import LayerCounting, TrafficWay
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.rank import RankTelemetry, rank_config
 from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits
@@ -45,7 +47,7 @@ class RoleWatch:
     role: str
     counters: DispatchCounters
     geometry: dict
-    layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), InstrumentedDispatcher, dispatcher]
+    layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), LayerCounting, dispatcher]
     workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr (or buffer id) -> bytes: each counted once
     # What the reports carry beyond the geometry (rank_config's backend, a2a_backend, flashinfer_version, deepep),
     # from the backend's hook module.
@@ -54,8 +56,8 @@ class RoleWatch:
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
-    def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher, dispatcher) -> None:
-        self.layers.append([math.inf if layer_id is None else layer_id, instrumented, dispatcher])
+    def add_layer(self, layer_id: int | None, counting: LayerCounting, dispatcher) -> None:
+        self.layers.append([math.inf if layer_id is None else layer_id, counting, dispatcher])
         self.elect_leader()
 
     def elect_leader(self) -> None:
@@ -73,54 +75,40 @@ class SchedulerSession:
         self.limits = limits
         self.boot_id = new_boot_id()
         self.roles: dict[str, RoleWatch] = {}
-        self._layers: dict[int, tuple[InstrumentedDispatcher, FlashInferMoeAlltoAllBackend]] = {}  # id(MoeAlltoAll)
+        self._layers: dict[int, LayerCounting] = {}  # id(counted object) -> its counting
         self.status = PluginStatusCollector(state, reason, versions)
         self.role_series = RolesCollector()
         self.exporter = RankExporter(self.status, self.role_series)
         self.exporter.serve(settings.exporter(local_gpu_index))
 
-    # --- adoption, at FlashinferDispatcher construction ------------------------------------------
+    # --- adoption, at a dispatcher's construction (the backend's hook module) ------------------------
 
-    def adopt_layer(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedDispatcher:
-        """Count one MoeAlltoAll of a dispatcher (its own workspace: nothing allocated but the counters)."""
-        backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
-        geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
-                        hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
-                        num_experts=dispatcher.num_experts)
-        instrumented = self.count_layer(alltoall, dispatcher, backend, role, layer_id, geometry, backend.device,
-                                        FLASHINFER)
-        watch = self.roles[role]
-        watch.reported = dict(backend=reported_backend(FLASHINFER), flashinfer_version=self.versions["flashinfer"])
-        watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
-        self._layers[id(alltoall)] = (instrumented, backend)
-        return instrumented
-
-    def count_layer(self, counted, dispatcher, place, role: str, layer_id: int | None, geometry: dict, device,
-                    rules: BackendCapRules, lead_per_micro_batch: bool = False) -> InstrumentedDispatcher:
+    def count_layer(self, counted, dispatcher, role: str, layer_id: int | None, geometry: dict, device,
+                    rules: BackendCapRules, traffic: Callable[[DispatchCounters], TrafficWay],
+                    lead_per_micro_batch: bool = False) -> LayerCounting:
         """One counted object of a dispatcher (``counted``: what ``layer_of`` finds it by), in its role's counters
-        (made with the role's first layer: ``geometry``, the counters' ``device``). ``place`` has the rank's
-        ``ep_rank`` and ``ep_size``; ``rules`` name the cap's variable in overflow messages."""
+        (made with the role's first layer: ``geometry``, the counters' ``device``). ``traffic(counters)``: the
+        layer's way into them (the hook's choice: counter words or a record); ``rules`` name the cap's variable in
+        overflow messages and say which R the cap bounds."""
         watch = self.roles.get(role)
         if watch is None:
             counters = DispatchCounters(geometry["cap"], geometry["ep_size"], device, role=role)
             watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch)
-        instrumented = InstrumentedDispatcher(place, watch.counters, geometry["cap"], rules=rules)
-        watch.add_layer(layer_id, instrumented, dispatcher)
+        counting = LayerCounting(watch.counters, geometry["ep_rank"], geometry["ep_size"], traffic(watch.counters),
+                                 rules=rules)
+        watch.add_layer(layer_id, counting, dispatcher)
         if watch.telemetry is not None:
-            instrumented.on_overflow.append(watch.telemetry.on_overflow)
-        self._layers[id(counted)] = (instrumented, None)
-        return instrumented
+            counting.on_overflow.append(watch.telemetry.on_overflow)
+        self._layers[id(counted)] = counting
+        return counting
 
-    def count_buffer(self, role: str, buffer, size_bytes: int) -> None:
-        """A buffer the role's layers share (DeepEP's one per process): its bytes in the role's reports, once."""
-        self.roles[role].workspaces.setdefault(id(buffer), size_bytes)
+    def count_buffer(self, role: str, key: int, size_bytes: int) -> None:
+        """Memory the role's layers use (a FlashInfer workspace by its data pointer, DeepEP's one buffer per process
+        by its id): its bytes in the role's reports, once per ``key``."""
+        self.roles[role].workspaces.setdefault(key, size_bytes)
 
-    def layer_of(self, alltoall) -> InstrumentedDispatcher | None:
-        found = self._layers.get(id(alltoall))
-        return None if found is None else found[0]
-
-    def traffic_counts(self, alltoall):
-        return self._layers[id(alltoall)][1].traffic_counts()
+    def layer_of(self, counted) -> LayerCounting | None:
+        return self._layers.get(id(counted))
 
     def set_layer_id(self, dispatcher, layer_id: int | None) -> None:
         """A layer id that reaches the plugin after construction (0.5.22: ``create_moe_dispatcher``)."""
@@ -152,8 +140,8 @@ class SchedulerSession:
         telemetry = RankTelemetry(watch.counters, identity, self.config(watch), exporter=None,
                                   reporter=self.settings.reporter(),
                                   final_report_timeout_s=self.settings.final_report_timeout_s).start()
-        for _, instrumented, _ in watch.layers:
-            instrumented.on_overflow.append(telemetry.on_overflow)
+        for _, counting, _ in watch.layers:
+            counting.on_overflow.append(telemetry.on_overflow)
         self.role_series.collectors.append(telemetry.collector)
         watch.telemetry = telemetry
         return telemetry

@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.dispatcher.instrumented import InstrumentedDispatcher
-from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
+from capwatch.dispatcher.counting import CounterWords, LayerCounting
+from capwatch.sizing.backends import DEEPEP
 from torch.profiler import ProfilerActivity, profile
 
 from tests.support.host_reads import forbid_host_reads
@@ -33,9 +33,9 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader, c
     counters = DispatchCounters(CAP, EP_SIZE)
     if captured:
         counters._eager = lambda: False
-    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
     # This rank's row of a FlashInfer workspace; its send and receive counter words as the backend views them.
     words = workspace_counter_words(torch.zeros(EP_SIZE, 256, dtype=torch.uint8)[0], EP_SIZE)
+    layer = LayerCounting(counters, 0, EP_SIZE, CounterWords(words), step_leader=leader)
     words.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))  # what FlashInfer's kernel writes
     received = [torch.zeros(EP_SIZE, 8, 4)]
 
@@ -43,11 +43,9 @@ def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader, c
                   expert_id_payload_index):  # FlashInfer's launch: no torch op on the host here
         return received
 
-    record = counters.traffic_record()
-    counted = counted_dispatch(transport, layer, words, record)
+    counted = layer.counted(transport)  # as the FlashInfer hook shadows MoeAlltoAll.dispatch
     # What it counts into, by name (benchmarks/sglang_dispatch.py rebuilds it around a no-op transport).
-    named = (counted.layer, counted.counter_words, counted.record, counted.transport)
-    assert all(a is b for a, b in zip(named, (layer, words, record, transport), strict=True))
+    assert counted.counting is layer and counted.transport is transport and layer.traffic.words is words
     experts = torch.zeros(5, 8, dtype=torch.int32)
     counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1)  # the step's view is kept now
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
@@ -72,13 +70,13 @@ def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(lead
 
     experts, top_k = 8, 2
     counters = DispatchCounters(CAP, EP_SIZE)
-    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
+    layer = LayerCounting(counters, 0, EP_SIZE, counters.traffic_record(), rules=DEEPEP, step_leader=leader)
     # Each of the 4 local experts' layout range: pairs from each rank in the high words (rank 0 sent 1 + 2 + 0 + 0,
     # rank 1 3 + 4 + 0 + 1), as DeepEP lays it out: [local experts, ranks].
     layout = torch.tensor([[1, 3], [2, 4], [0, 0], [0, 1]], dtype=torch.int64) << 32
     dispatcher = SimpleNamespace(num_experts=experts, num_max_dispatch_tokens_per_rank=CAP, router_topk=top_k,
                                  handle=(None, layout))
-    traffic = Traffic.made(dispatcher, counters)
+    traffic = Traffic.made(dispatcher, layer)
     topk_ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int64)  # ranks 0, 1 | 1, none | 0, 1
 
     def dispatch_a(hidden_states, topk_output):  # DeepEP's launch: what SGLang keeps for dispatch_b
