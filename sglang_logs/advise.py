@@ -21,13 +21,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import Pricing, WorkspacePricing
-from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.pricing import Pricing, WorkspacePricing
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
-from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
+from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
@@ -145,7 +145,8 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     except SizingError as error:
         raise LogError(str(error)) from None
     _refuse_if_unplaced_lines_matter(read, segment, advice.max_peak_runtime_tokens)
-    reasons = [_describe_read(read, segment, current, flags, backend)] + advice.reasons
+    hot = hot_dp_rank(segment)
+    reasons = [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else []) + advice.reasons
     if config.limits is None:
         below = backend.below_floor or "SGLang refuses to start with a cap below it"
         reasons.append("no start-up line: SGLang's start-up floor (prefill chunk, CUDA-graph batches x tokens per "
@@ -254,6 +255,8 @@ def _refuse_if_unplaced_lines_matter(read: LogRead, segment: Segment, peak: int)
 
 
 def _cluster_name(path: str) -> str:
+    if path == STDIN:
+        return "stdin"
     stem = os.path.basename(path).split(".")[0] or "sglang"
     return re.sub(r"[^A-Za-z0-9_.:-]", "-", stem)[:128]
 
@@ -291,7 +294,33 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
         text += f"; {read.late_starts:,} start-up line(s) older than the windows already placed ignored"
     if read.dropped_configurations:
         text += f"; {read.dropped_configurations:,} older configuration(s) let go (more than 64)"
-    if segment.dp_peak_tokens and len(segment.dp_peak_tokens) > 1:
-        hot = max(segment.dp_peak_tokens, key=segment.dp_peak_tokens.get)
-        text += f"; DP rank {hot} drives the peak ({segment.dp_peak_tokens[hot]} tokens)"
     return text
+
+
+def hot_dp_rank(segment: Segment) -> tuple[int, str] | None:
+    """The DP rank that leads the group's peak, and how: the one whose batches alone reached the largest R, or else
+    the one that held most windows' peak, more than half of them; a rank that leads every window included. None
+    with one DP rank, or where no rank leads (the load is even)."""
+    peaks, led = segment.dp_peak_tokens, segment.dp_peak_windows
+    if segment.config.attn_dp_size <= 1 or not peaks:
+        return None
+    windows = sum(led.values())
+    top = max(peaks.values())
+    highest = [rank for rank, tokens in peaks.items() if tokens == top]
+    most = max(sorted(led), key=led.get, default=None)
+    if len(highest) == 1:
+        hot = highest[0]
+    elif most is not None and 2 * led[most] > windows:
+        hot = most
+    else:
+        return None
+    others = {rank: tokens for rank, tokens in peaks.items() if rank != hot}
+    text = (f"DP rank {hot} drives the group's peak: its batches reached {peaks[hot]:,} tokens and it held the "
+            f"peak of {led.get(hot, 0):,} of {windows:,} windows")
+    if others:
+        runner_up = max(sorted(others), key=others.get)
+        text += f" (next: DP rank {runner_up}, {others[runner_up]:,} tokens at most in the windows it led)"
+    else:
+        text += (f" (no other of the {segment.config.attn_dp_size} DP ranks ever held a window's peak): the cap is "
+                 "sized for this rank's load; balancing requests across DP ranks would lower it")
+    return hot, text

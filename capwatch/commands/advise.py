@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "its band), workspace bytes, KV-cache tokens (the /whatif curve)")
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
-                         help="SGLang server log(s), plain or .gz, in any order: rotated, per rank or per node, "
+                         help="SGLang server log(s), plain or .gz, in any order (- reads standard input, a pipe "
+                              "too: kubectl logs POD | capwatch advise --sglang-log -): rotated, per rank or per node, "
                               "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
                               "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
                               "--cluster names the advice (default: the first file's name)")
@@ -139,6 +140,33 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
         raise service_error(base, error) from None
 
 
+STDIN = "-"  # --sglang-log - reads standard input (capwatch.sglang_logs.log_file.STDIN)
+
+
+def check_log_paths(paths: list[str]) -> None:
+    """Each path a readable file or stream (a pipe, /dev/stdin, a process substitution), ``-`` at most once
+    and only from a pipe or a file: a terminal on stdin would wait for typing."""
+    import stat
+    import sys
+
+    if paths.count(STDIN) > 1:
+        raise CommandError("--sglang-log names standard input (-) more than once")
+    for path in paths:
+        if path == STDIN:
+            if sys.stdin is None or sys.stdin.isatty():
+                raise CommandError("--sglang-log - reads the log from standard input, which is a terminal: pipe the "
+                                   "log in (kubectl logs POD | capwatch advise --sglang-log -)")
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as error:
+            raise CommandError(f"--sglang-log {path!r} is not a readable file ({error.strerror})") from None
+        readable = stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+        if stat.S_ISDIR(mode) or not readable or not os.access(path, os.R_OK):
+            raise CommandError(f"--sglang-log {path!r} is not a readable file or stream"
+                               + (" (a directory: name its log files)" if stat.S_ISDIR(mode) else ""))
+
+
 def advise_from_logs(paths: list[str], flags: dict, cluster: str | None,
                      whatif: list[int] | None = None) -> dict | list[dict]:
     """``flags``: the SERVER_FLAGS given, by name."""
@@ -146,15 +174,13 @@ def advise_from_logs(paths: list[str], flags: dict, cluster: str | None,
     import sys
     import zlib
 
-    for path in paths:
-        if not os.path.isfile(path) or not os.access(path, os.R_OK):
-            raise CommandError(f"--sglang-log {path!r} is not a readable file")
+    check_log_paths(paths)
     try:
         from capwatch.sglang_logs.advise import LogError, ServerFlags, advise_from_sglang_logs
     except ImportError as error:
         raise CommandError(f"advice from logs needs {error.name}, which this install lacks: "
                            "pip install --force-reinstall a2a-capwatch") from None
-    total = sum(os.path.getsize(path) for path in paths)
+    total = sum(os.path.getsize(path) for path in paths if path != STDIN and os.path.isfile(path))
     try:
         server = ServerFlags(**flags)
         if sys.stderr.isatty() and total >= PROGRESS_MIN_BYTES:

@@ -4,12 +4,17 @@ objects the service answers (``ClusterAdvice``, ``WhatIf``, dumped to JSON as th
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from rich.console import Console
 
-from capwatch.advice_table import ADVICE_FIELDS, print_advice, print_whatif
+from capwatch.advice_table import ADVICE_FIELDS, percent, print_advice, print_whatif
+
+WEB = Path(__file__).resolve().parents[2] / "service" / "web"
 
 ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -43,7 +48,8 @@ def test_one_advice_is_a_card_with_its_reasons_and_the_line_to_export():
     lines = text.splitlines()
     for label, value in ADVICE_FIELDS:  # every field on a line of its own, label then value
         assert any(label in line and value(advice("demo")) in line for line in lines), label
-    assert "│ bounds" in text and "896 - 2432" in text and "0.00% -> 0.12%" in text and "0.5 (<= 3)" in text
+    assert "│ bounds" in text and "896 - 2432" in text and "0.00% -> 0.12% decay-weighted" in text
+    assert "0.5 (band up to 3)" in text and "88%" in text
     assert "0.44 GiB -> 0.14 GiB" in text and "-1.21 GiB" in text and "70 windows, 2 overflowed" in text
     assert "  - a reason with [bold]brackets[/bold] prints as written" in text  # text, never markup
     assert [line for line in lines if line.strip()][-1] == f"export {ENV_VAR}=1280"
@@ -99,3 +105,26 @@ def test_whatif_rows_show_the_band_the_cost_and_the_floor():
     assert "674" in small and "611..8,640" in small and "-3.00 GiB" in small and "12,571" in small and "yes" in small
     [large] = [line for line in text.splitlines() if line.startswith("│ 4096")]
     assert "+0.00 GiB" in large and " no " in large and large.count(" - ") >= 2
+
+
+SHARES = (0.125, 0.0833, 0.875, 0.005, 0.0995, 0.3, 1.0, 0.0)
+
+
+def test_confidence_reads_as_the_page_writes_it():
+    """Issue #31 symptom 8: confidence 0.125 read "0.12" in the CLI and "13%" on the page. The card writes a share
+    as the page's own formatPercent does (charts.js, run by node)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's charts.js cannot be run")
+    script = (Path(WEB) / "charts.js").read_text() + (
+        f"\nconsole.log(JSON.stringify({json.dumps(SHARES)}.map(Charts.formatPercent)));")
+    page = json.loads(subprocess.run([node, "-"], input=script, capture_output=True, text=True, check=True).stdout)
+    assert [percent(share) for share in SHARES] == page and page[0] == "13%"
+    card = rendered(print_advice, [advice("demo", confidence=0.125)])
+    assert any("confidence" in line and "13%" in line for line in card.splitlines()), card
+
+
+def test_one_window_is_one_window():
+    """Issue #31 symptom 8: "1 windows"."""
+    card = rendered(print_advice, [advice("demo", sample_count=1, overflow_windows=0)])
+    assert "1 window, 0 overflowed" in card and "1 windows" not in card

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import recommend
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import recommend
 from capwatch.service.config import Settings
 from tests.support.simulate import SimulatedRank
 from tests.service.conftest import T0

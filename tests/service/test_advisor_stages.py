@@ -7,17 +7,17 @@ from __future__ import annotations
 import math
 import random
 
-from capwatch.service.advisor.alignment import align
-from capwatch.service.advisor.budget import clamp_to_budget
-from capwatch.service.advisor.evidence import Evidence
-from capwatch.service.advisor.floor import raise_to_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import decide
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import SIZING, recommend
-from capwatch.service.advisor.sample import GroupSample
-from capwatch.service.advisor.tail import size_for_risk
-from capwatch.service.advisor.trend import size_for_trend
+from capwatch.advisor.alignment import align
+from capwatch.advisor.budget import clamp_to_budget
+from capwatch.advisor.evidence import Evidence
+from capwatch.advisor.floor import raise_to_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.hysteresis import decide
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import SIZING, recommend
+from capwatch.advisor.sample import GroupSample
+from capwatch.advisor.tail import size_for_risk
+from capwatch.advisor.trend import size_for_trend
 from capwatch.telemetry.report import SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.service.advisor.pricing import WorkspacePricing, pricing_of
+from capwatch.advisor.pricing import WorkspacePricing, pricing_of
 from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.checks import SizingError

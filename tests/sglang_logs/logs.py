@@ -8,9 +8,9 @@ import random
 import subprocess
 from collections.abc import Callable
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.sample import GroupSample
 from capwatch.sglang_logs.reader import read_logs
 
 from tests.support import launcher

@@ -8,7 +8,7 @@ import os
 import subprocess
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice
+from capwatch.advisor.advice import ClusterAdvice
 
 from tests.sglang_logs.logs import T0, advise, decode_lines, traffic, write
 from tests.support import sglang_logs as sg

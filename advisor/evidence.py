@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from capwatch.service.advisor.alignment import cap_ceiling
-from capwatch.service.advisor.budget import largest_cap_within
-from capwatch.service.advisor.floor import Floor, deployment_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.peaks import Estimate, estimate
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import Pricing
-from capwatch.service.advisor.tail import TailModel, tail_model
-from capwatch.service.advisor.trend import Trend, daily_trend, hourly_trend
+from capwatch.advisor.alignment import cap_ceiling
+from capwatch.advisor.budget import largest_cap_within
+from capwatch.advisor.floor import Floor, deployment_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.peaks import Estimate, estimate
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.pricing import Pricing
+from capwatch.advisor.tail import TailModel, tail_model
+from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
 from capwatch.sizing.backends import FLASHINFER, BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
 

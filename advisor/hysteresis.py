@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.advice import Decision
-from capwatch.service.advisor.stage import Step, pct
+from capwatch.advisor.advice import Decision
+from capwatch.advisor.stage import Step, pct
 from capwatch.sizing.caps import align_down, align_up
 
 if TYPE_CHECKING:
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 def worth_changing(current_cap: int, recommended_cap: int, lower_bound: int, upper_bound: int,

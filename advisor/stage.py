@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:  # evidence.py measures with the stages' own modules, which import this one
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 Value = TypeVar("Value")
 

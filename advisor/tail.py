@@ -20,13 +20,13 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.histogram import DecayingHistogram, bucket_range
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.histogram import DecayingHistogram, bucket_range
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.stage import Step
 
 if TYPE_CHECKING:  # evidence.py measures with tail_model() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 SECONDS_PER_DAY = 86_400.0
 _MAX_SHAPE = 0.2  # a prior: traffic is bounded (max running requests, KV room); shapes above 0.2 come from mixtures

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.stage import Step
 
 if TYPE_CHECKING:  # evidence.py measures with estimate() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)

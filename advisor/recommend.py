@@ -22,20 +22,20 @@ stage taking the tokens the one before it sized for. ``recommend`` only composes
 
 from __future__ import annotations
 
-from capwatch.service.advisor.advice import Advice, Coverage, Decision, Deployment, Forecast, Price, WhatIf
-from capwatch.service.advisor.alignment import align
-from capwatch.service.advisor.budget import clamp_to_budget
-from capwatch.service.advisor.evidence import Evidence, GroupConfig
-from capwatch.service.advisor.floor import raise_to_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import decide
-from capwatch.service.advisor.kv import kv_trade
-from capwatch.service.advisor.outlook import Outlook, outlook, rounded
-from capwatch.service.advisor.peaks import size_for_peaks
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage, Step
-from capwatch.service.advisor.tail import size_for_risk
-from capwatch.service.advisor.trend import size_for_trend
+from capwatch.advisor.advice import Advice, Coverage, Decision, Deployment, Forecast, Price, WhatIf
+from capwatch.advisor.alignment import align
+from capwatch.advisor.budget import clamp_to_budget
+from capwatch.advisor.evidence import Evidence, GroupConfig
+from capwatch.advisor.floor import raise_to_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.hysteresis import decide
+from capwatch.advisor.kv import kv_trade
+from capwatch.advisor.outlook import Outlook, outlook, rounded
+from capwatch.advisor.peaks import size_for_peaks
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.stage import Stage, Step
+from capwatch.advisor.tail import size_for_risk
+from capwatch.advisor.trend import size_for_trend
 from capwatch.sizing.byte_units import format_gib
 
 # The sizing stages in order; each takes the tokens the one before it sized for (the first, 0).
