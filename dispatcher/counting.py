@@ -15,13 +15,19 @@ Which R: the value the backend bounds by its cap. FlashInfer (and any backend wi
 ``local_batch_cap`` (DeepEP) bounds each rank's own batch, so there its R *is* the local batch
 (:meth:`LayerCounting.runtime_tokens`). The local batch is always this rank's own token count (a tensor shape).
 Overflows, their counting and their messages live here too (docs/dispatcher.md, "One counting primitive").
+
+What each layer counts (:func:`elect`; docs/dispatcher.md, "Counting a GPU does not notice"): within one forward
+step every MoE layer dispatches the same tokens, so R, the local batch and an overflow are the same on every
+layer; only the routing differs. The step leader counts the step; every layer guards (host ints) and counts its
+call (a host int eagerly, none captured); only the layers of the traffic sample add their per-rank counts (one
+``add_``): ``TRAFFIC_SAMPLE_STRIDE`` apart, from the leader's layer on.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -83,6 +89,10 @@ class CapOverflowError(RuntimeError):
 
 OverflowCallback = Callable[[OverflowEvent], None]
 
+# The traffic sample: the step leader's layer and every this-many-th layer after it (FlashInfer: 4 of DeepSeek-V3's
+# 58 MoE layers). None: the leader's layer alone (DeepEP, whose traffic is eight ops a layer).
+TRAFFIC_SAMPLE_STRIDE = 16
+
 
 class CounterWords:
     """The way into the counters of a transport that leaves its counts in place: ``words``, a ``[2, ep_size]``
@@ -102,7 +112,8 @@ class LayerCounting:
     its role's shared ``counters``.
 
     ``step_leader``: of the layers sharing ``counters``, exactly one (the lowest layer; with DeepEP's two-batch
-    overlap both micro-batches' of it) records the forward step; every layer records its dispatch. A step that
+    overlap both micro-batches' of it) records the forward step; every layer records its dispatch call, and those
+    of the traffic sample (``counts_traffic``, see :func:`elect`) its per-rank counts. A step that
     overflows is recorded before the guard raises, so it lands in the R histogram (bin ``cap + 1``). Overflows are
     counted per step: a chunked one (and its rounds) only by the step leader, though every layer guards and chunks
     alike; a raised one by the layer that raises, which ends the step. ``on_overflow``: callbacks run with each
@@ -112,7 +123,7 @@ class LayerCounting:
 
     def __init__(self, counters: DispatchCounters, ep_rank: int, ep_size: int, traffic: TrafficWay,
                  rules: BackendCapRules = FLASHINFER, step_leader: bool = True,
-                 on_overflow: Iterable[OverflowCallback] = ()):
+                 on_overflow: Iterable[OverflowCallback] = (), counts_traffic: bool = True):
         if counters.ep_size != ep_size:
             raise ValueError(f"counters are for ep_size {counters.ep_size}, this layer's group has {ep_size}")
         if not isinstance(traffic, (CounterWords, TrafficRecord)):
@@ -129,6 +140,17 @@ class LayerCounting:
                 counters.record_counter_words, counters.traffic_record(), traffic.words)
         else:
             self.record_traffic = functools.partial(counters.record_traffic, traffic)
+        self.counts_traffic = counts_traffic
+
+    @property
+    def counts_traffic(self) -> bool:
+        """Whether this layer is in the traffic sample: its dispatch adds its per-rank counts (one op), or only its
+        call (a host int eagerly, nothing captured)."""
+        return self.count_dispatch == self.record_traffic
+
+    @counts_traffic.setter
+    def counts_traffic(self, sampled: bool) -> None:
+        self.count_dispatch: Callable[[], None] = self.record_traffic if sampled else self.counters.record_call
 
     def runtime_tokens(self, runtime_max_tokens_per_rank: int | None, local_tokens: int) -> int:
         """The R the cap bounds: the engine's group-wide R, or this rank's own batch where the backend's cap
@@ -184,11 +206,11 @@ class LayerCounting:
 
     def counted(self, transport: Callable) -> Callable:
         """``transport`` (FlashInfer's ``MoeAlltoAll.dispatch`` signature: the tokens' experts first, R third)
-        counted: the hot path. The guard on host ints, the transport, the step on the leader, the traffic; nothing
-        else. Its ``counting`` and ``transport`` name what it counts into and what it wraps (a benchmark rebuilds
+        counted: the hot path. The guard on host ints, the transport, the step on the leader, the call and (in the
+        traffic sample) the traffic; nothing else. Its ``counting`` and ``transport`` name what it counts into and what it wraps (a benchmark rebuilds
         it around another transport; not ``__wrapped__``: inspect would take the transport's signature)."""
         counting, cap = self, self.cap
-        record_step, record_traffic = self.counters.record_step, self.record_traffic
+        record_step = self.counters.record_step
         local_cap = self.rules.local_batch_cap
 
         def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
@@ -201,8 +223,24 @@ class LayerCounting:
                                  invalid_token_expert_id, expert_id_payload_index, **more)
             if counting.step_leader:
                 record_step(runtime_tokens, local_tokens)
-            record_traffic()
+            counting.count_dispatch()  # the call, and the traffic where this layer is sampled
             return received
 
         counted.counting, counted.transport = self, transport
         return counted
+
+
+def elect(counters: DispatchCounters, layers: Sequence[LayerCounting], positions: Sequence[int],
+          traffic_stride: int | None = TRAFFIC_SAMPLE_STRIDE) -> None:
+    """Who counts what, among the layers sharing ``counters``: ``positions[i]`` is layer i's place among the role's
+    layers in model order (0: the lowest; a micro-batch's twin dispatcher of one layer shares its place). Place 0
+    leads the step; places ``0, stride, 2 x stride, ...`` are the traffic sample (``None``: place 0 alone); the
+    counters' ``layers_per_step`` (the calls a captured step stands for) is the number of places."""
+    if len(layers) != len(positions):
+        raise ValueError(f"{len(layers)} layers but {len(positions)} positions")
+    if traffic_stride is not None and traffic_stride < 1:
+        raise ValueError(f"traffic_stride must be a positive number of layers or None, got {traffic_stride!r}")
+    for layer, position in zip(layers, positions):
+        layer.step_leader = position == 0
+        layer.counts_traffic = position == 0 if traffic_stride is None else position % traffic_stride == 0
+    counters.layers_per_step = len(set(positions)) or 1

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
-from capwatch.dispatcher.counting import LayerCounting, TrafficWay
+from capwatch.dispatcher.counting import LayerCounting, TrafficWay, elect
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
 from capwatch.sizing.backends import BackendCapRules
@@ -53,6 +53,7 @@ class RoleWatch:
     # from the backend's hook module.
     reported: dict = field(default_factory=dict)
     lead_per_micro_batch: bool = False  # every dispatcher of the lowest layer id leads (DeepEP's two-batch overlap)
+    traffic_stride: int | None = None  # the traffic sample (dispatcher.counting.elect): the backend's hook says
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
@@ -61,10 +62,16 @@ class RoleWatch:
         self.elect_leader()
 
     def elect_leader(self) -> None:
-        lowest = min(entry[0] for entry in self.layers)
-        leader = min(range(len(self.layers)), key=lambda index: self.layers[index][0])  # first of equals
-        for index, (layer_id, each, _) in enumerate(self.layers):
-            each.step_leader = index == leader or (self.lead_per_micro_batch and layer_id == lowest)
+        """Each layer's place in model order (by layer id, first adopted first; a micro-batch's twin dispatcher of
+        one layer id shares its place where the role leads per micro-batch), then who leads and who is sampled."""
+        order = sorted(range(len(self.layers)), key=lambda index: self.layers[index][0])
+        positions, place, previous = [0] * len(self.layers), -1, None
+        for index in order:
+            layer_id = self.layers[index][0]
+            if not (self.lead_per_micro_batch and layer_id == previous and layer_id != math.inf):
+                place += 1
+            positions[index], previous = place, layer_id
+        elect(self.counters, [entry[1] for entry in self.layers], positions, self.traffic_stride)
 
 
 class SchedulerSession:
@@ -85,15 +92,17 @@ class SchedulerSession:
 
     def count_layer(self, counted, dispatcher, role: str, layer_id: int | None, geometry: dict, device,
                     rules: BackendCapRules, traffic: Callable[[DispatchCounters], TrafficWay],
-                    lead_per_micro_batch: bool = False) -> LayerCounting:
+                    traffic_stride: int | None = None, lead_per_micro_batch: bool = False) -> LayerCounting:
         """One counted object of a dispatcher (``counted``: what ``layer_of`` finds it by), in its role's counters
         (made with the role's first layer: ``geometry``, the counters' ``device``). ``traffic(counters)``: the
         layer's way into them (the hook's choice: counter words or a record); ``rules`` name the cap's variable in
-        overflow messages and say which R the cap bounds."""
+        overflow messages and say which R the cap bounds. ``traffic_stride``: the role's traffic sample
+        (``dispatcher.counting.elect``: every this-many-th layer from the leader's; None, the leader's alone)."""
         watch = self.roles.get(role)
         if watch is None:
             counters = DispatchCounters(geometry["cap"], geometry["ep_size"], device, role=role)
-            watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch)
+            watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch,
+                                                 traffic_stride=traffic_stride)
         counting = LayerCounting(watch.counters, geometry["ep_rank"], geometry["ep_size"], traffic(watch.counters),
                                  rules=rules)
         watch.add_layer(layer_id, counting, dispatcher)

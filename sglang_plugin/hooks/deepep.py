@@ -131,7 +131,8 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
                     num_experts=dispatcher.num_experts)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
-                                traffic=lambda counters: counters.traffic_record(), lead_per_micro_batch=True)
+                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
+                                lead_per_micro_batch=True)
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
 
 
@@ -221,6 +222,8 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic):
         state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
         if layer.step_leader:
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what DeepEP checks
+        if not layer.counts_traffic:  # outside the traffic sample: dispatch_b counts the call alone
+            return state
         pairs = state[1].flatten()  # topk_ids, int64; -1: no expert (DeepEP sends nothing for it)
         destination, weight = traffic.destination[:pairs.numel()], traffic.sent[:pairs.numel()]
         torch.clamp(pairs, min=0, out=destination).div_(experts_per_rank, rounding_mode="floor")
@@ -235,10 +238,13 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic):
 def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic):
     """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)
     into the layer's record, then its traffic (the record's one ``add_``)."""
-    record_traffic, received = layer.record_traffic, traffic.counts[1]
+    record_traffic, record_call, received = layer.record_traffic, layer.counters.record_call, traffic.counts[1]
 
     def counted(*state):
         output = dispatch_b(*state)
+        if not layer.counts_traffic:
+            record_call()  # a host int eagerly, nothing captured
+            return output
         torch.bitwise_right_shift(dispatcher.handle[1], 32, out=traffic.received_per_expert)
         torch.sum(traffic.received_per_expert, dim=0, out=received)
         record_traffic()
