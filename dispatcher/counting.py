@@ -13,7 +13,7 @@ counted object. Its way into the counters is chosen at construction:
 Which R: the value the backend bounds by its cap. FlashInfer (and any backend with a group-wide R) bounds SGLang's
 ``runtime_max_tokens_per_rank``, the largest local batch of the step over the group; a backend whose rules say
 ``local_batch_cap`` (DeepEP) bounds each rank's own batch, so there its R *is* the local batch
-(:meth:`LayerCounting.runtime_tokens`). The local batch is always this rank's own token count (a tensor shape).
+(``LayerCounting.counted``; DeepEP's hook passes its batch as R). The local batch is always this rank's own token count (a tensor shape).
 Overflows, their counting and their messages live here too (docs/dispatcher.md, "One counting primitive").
 
 What each layer counts (:func:`elect`; docs/dispatcher.md, "Counting a GPU does not notice"): within one forward
@@ -152,12 +152,6 @@ class LayerCounting:
     def counts_traffic(self, sampled: bool) -> None:
         self.count_dispatch: Callable[[], None] = self.record_traffic if sampled else self.counters.record_call
 
-    def runtime_tokens(self, runtime_max_tokens_per_rank: int | None, local_tokens: int) -> int:
-        """The R the cap bounds: the engine's group-wide R, or this rank's own batch where the backend's cap
-        bounds that (``rules.local_batch_cap``: DeepEP, which has no group-wide R)."""
-        return local_tokens if self.rules.local_batch_cap or runtime_max_tokens_per_rank is None \
-            else runtime_max_tokens_per_rank
-
     # --- the guard past the cap --------------------------------------------------------------------
 
     def guard(self, runtime_tokens: int, local_tokens: int) -> None:
@@ -207,8 +201,9 @@ class LayerCounting:
     def counted(self, transport: Callable) -> Callable:
         """``transport`` (FlashInfer's ``MoeAlltoAll.dispatch`` signature: the tokens' experts first, R third)
         counted: the hot path. The guard on host ints, the transport, the step on the leader, the call and (in the
-        traffic sample) the traffic; nothing else. Its ``counting`` and ``transport`` name what it counts into and what it wraps (a benchmark rebuilds
-        it around another transport; not ``__wrapped__``: inspect would take the transport's signature)."""
+        traffic sample) the traffic; nothing else. Its ``counting`` and ``transport`` name what it counts into and
+        what it wraps (a benchmark rebuilds it around another transport; not ``__wrapped__``: inspect would take
+        the transport's signature)."""
         counting, cap = self, self.cap
         record_step = self.counters.record_step
         local_cap = self.rules.local_batch_cap

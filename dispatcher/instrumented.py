@@ -165,6 +165,6 @@ class InstrumentedDispatcher:
                 token_selected_experts[start:stop], [payload[start:stop] for payload in payloads], round_tokens,
                 invalid_token_expert_id, expert_id_payload_index,
             )
-            counting.record_traffic()
+            counting.count_dispatch()  # each round is a call (and its traffic, where this layer is sampled)
             outputs.append(self.backend.combine(expert_fn(received), round_tokens))
         return torch.cat(outputs, dim=0)

@@ -7,8 +7,8 @@ micro-batches' dispatchers of that layer lead: each micro-batch is its own dispa
 A backend's hook module (``hooks/<backend>.py``) counts each counted object through
 :meth:`SchedulerSession.count_layer` (one ``dispatcher.counting.LayerCounting``, its way into the counters chosen
 by the hook) and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry
-(reporter, collector) starts at its first dispatch, when every layer and workspace of the model is known; the exporter serves from the first moment (base port
-+ local GPU index) with the plugin's own info metric.
+(reporter, collector) starts at its first dispatch, when every layer and workspace of the model is known; the
+exporter serves from the first moment (base port + local GPU index) with the plugin's own info metric.
 """
 
 from __future__ import annotations

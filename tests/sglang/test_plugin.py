@@ -76,9 +76,12 @@ def expected_geometry(run: RankRun, plan: dict) -> dict[tuple[int, str], dict]:
         role = _role_of(step, run.sglang_release)
         runtime_tokens = max(step["dp_tokens"])
         layer_ids = _layers(plan, role)
+        # Model order: by layer id where the plugin learns it at construction; 0.5.22 learns it only from
+        # create_moe_dispatcher, which these ranks do not call, so there the layers keep their adoption order.
+        in_order = layer_ids if ADAPTERS[run.sglang_release].layer_id_at_create else sorted(layer_ids)
         for layer_id in layer_ids:
-            # The traffic sample: every TRAFFIC_SAMPLE_STRIDE-th layer in model order, from the lowest (the leader).
-            sampled = sorted(layer_ids).index(layer_id) % TRAFFIC_SAMPLE_STRIDE == 0
+            # The traffic sample: every TRAFFIC_SAMPLE_STRIDE-th layer in model order, from the first (the leader).
+            sampled = in_order.index(layer_id) % TRAFFIC_SAMPLE_STRIDE == 0
             targets = []
             for rank in range(world):
                 targets.append(_targets(records[rank]["topk_ids"][cursors[rank]], world))
