@@ -129,10 +129,11 @@ def _in_run(sglang, dispatcher, calls: int) -> dict:
     alltoall = dispatcher.moe_a2a
     original = vars(alltoall)["dispatch"]
     layer, counters = original.counting, original.counting.counters
-    # The layer's counting, its two counting calls timed: the step (through its counters) and its traffic.
+    # The layer's counting, its two counting calls timed: the step (through its counters) and its dispatch (the
+    # call and the counter words: the plugin's only layer is its role's traffic sample).
     proxy = copy.copy(layer)
     proxy.counters, proxy.step_leader = SimpleNamespace(record_step=step), True
-    proxy.record_traffic = timed("counter_words", layer.record_traffic)
+    proxy.count_dispatch = timed("counter_words", layer.count_dispatch)
     tokens = 8
     set_dp_buffer_len(tokens * WORLD_SIZE, tokens, False, [tokens] * WORLD_SIZE)
     x = torch.randn(tokens, MODEL["hidden_size"]).to(torch.bfloat16)
@@ -146,7 +147,7 @@ def _in_run(sglang, dispatcher, calls: int) -> dict:
             started = clock()
             parts["clock_pair"].append(clock() - started)
             for name, call, args in (("step_back_to_back", counters.record_step, (tokens, tokens)),
-                                     ("counter_words_back_to_back", layer.record_traffic, ())):
+                                     ("counter_words_back_to_back", layer.count_dispatch, ())):
                 call(*args)  # warm: then timed right after itself
                 timed(name, call)(*args)
     finally:
