@@ -17,10 +17,8 @@ import contextlib
 import logging
 import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-
-from collections.abc import Callable
 
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
 from capwatch.dispatcher.counting import LayerCounting, TrafficWay, elect

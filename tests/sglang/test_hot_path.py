@@ -70,7 +70,7 @@ def test_a_counted_flashinfer_dispatch_runs_the_designs_ops_and_allocates_nothin
     counters._words_direct = cuda_words
     if captured:
         counters._eager = lambda: False
-    layers, words = flashinfer_layers(counters)
+    layers, _ = flashinfer_layers(counters)
     layer = layers[KINDS[kind]]
     received = [torch.zeros(EP_SIZE, 8, 4)]
 
@@ -112,7 +112,7 @@ def test_every_step_of_a_model_counts_r_the_local_batch_and_calls_exactly_and_th
     counters = DispatchCounters(CAP, EP_SIZE)
     if captured:
         counters._eager = lambda: False
-    layers, words = flashinfer_layers(counters)
+    layers, _ = flashinfer_layers(counters)
     counted = [layer.counted(lambda *args: None) for layer in layers]
     steps = [(8, 5), (16, 16), (3, 1), (12, 7)]
     for runtime, local in steps:
