@@ -32,3 +32,14 @@ Stage = Callable[["Evidence", float], Step[Value]]
 
 def pct(rate: float) -> str:
     return f"{rate:.2%}" if rate else "0%"
+
+
+def duration(seconds: float) -> str:
+    """A span of history in the unit that reads: 40 s, 25 min, 3.0 h, 2.5 days."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} days"

@@ -125,8 +125,8 @@ class TailModel:
                     "all lie within one histogram bucket (no tail to fit): the empirical histogram predicts overflows")
         if self.fit is None:
             return (f"{self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold are "
-                    "too few for a tail fit: the empirical histogram predicts overflows (its band's high end is "
-                    "distribution-free: 3 / windows seen above the largest sample)")
+                    "too few for a tail fit: the empirical histogram predicts overflows (above the largest sample its "
+                    "band's high end is the distribution-free rule of three: 3 in as many windows as were seen)")
         kind = ("heavy (power-law)" if self.fit.shape > 0.05 else
                 "bounded" if self.fit.shape < -0.05 else "exponential")
         return (f"generalized Pareto tail above {self.threshold} tokens ({self.effective_exceedances:.0f} "

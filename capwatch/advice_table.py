@@ -2,8 +2,8 @@
 
 It reads the objects ``GET /v1/clusters/{cluster}/advice`` and ``/whatif`` answer (plain dicts, so the
 CLI needs no service install to print them). ``ADVICE_FIELDS`` is the one list of what a reader sees of
-an advice and how each value is written: one advice reads as a card (a field a line), several as a table
-(a cluster a row); then each cluster's reasons and the line to export, or why it cannot be advised.
+an advice and how each value is written: each advice reads as a card (a field a line, fitting 80 columns),
+then its reasons and the line to export, or why it cannot be advised.
 """
 
 from __future__ import annotations
@@ -101,50 +101,41 @@ def _stdout():
     return Console()
 
 
-def advice_table(advices: list[dict]):
-    """One advice: a card; several: a row per cluster. Values are text, never markup."""
+def advice_card(advice: dict):
+    """One advice as a card: a field a line, label then value. Its width is the longest label and value, about
+    60 columns, so it fits an 80-column terminal and a pipe; a value longer than the room folds, never cut.
+    Values are text, never markup."""
     from rich.table import Table
     from rich.text import Text
 
-    if len(advices) == 1:
-        [advice] = advices
-        table = Table(title=f"capwatch advice for cluster '{advice['cluster']}'", title_justify="left",
-                      show_header=False)
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column(overflow="fold")
-        for label, value in ADVICE_FIELDS:
-            table.add_row(label, Text(value(advice)))
-        return table
-    variables = sorted({advice["cap_variable"] for advice in advices})  # each advice names its backend's
-    table = Table(title=f"capwatch advice: {', '.join(variables)}")
-    table.add_column("cluster")
-    for label, _ in ADVICE_FIELDS:
-        table.add_column(label, justify="left" if label == "action" else "right")
-    for advice in advices:
-        table.add_row(Text(advice["cluster"]), *(Text(value(advice)) for _, value in ADVICE_FIELDS))
+    table = Table(title=f"capwatch advice for cluster '{advice['cluster']}'", title_justify="left",
+                  show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in ADVICE_FIELDS:
+        table.add_row(label, Text(value(advice)))
     return table
 
 
 def print_advice(advices: list[dict], console=None) -> None:
-    """The table, then per cluster its reasons and the line to export; a cluster that cannot be advised
-    (an ``{"cluster", "error"}`` entry) says why, and one without ranks of the role asked about (an
-    ``{"cluster", "skipped"}`` entry) says that. On ``console`` (a rich Console; default: stdout)."""
+    """Per cluster its card, its reasons and the line to export (one card per cluster, never a row too wide to
+    read); then the clusters that cannot be advised (an ``{"cluster", "error"}`` entry) say why, and those
+    without ranks of the role asked about (an ``{"cluster", "skipped"}`` entry) say that. On ``console`` (a rich
+    Console; default: stdout)."""
     console = console or _stdout()
     advisable = [advice for advice in advices if "error" not in advice and "skipped" not in advice]
-    several = len(advisable) > 1
-    if advisable:
-        console.print(advice_table(advisable))
-    for advice in advisable:
-        if several:
-            console.print(f"{advice['cluster']}:", style="bold", markup=False, highlight=False)
+    for index, advice in enumerate(advisable):
+        if index:
+            console.print()
+        console.print(advice_card(advice))
         for reason in advice["reasons"]:
             console.print(f"  - {reason}", soft_wrap=True, markup=False, highlight=False)
         if advice["env"]:
             console.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False, highlight=False)
         else:
             console.print("no change suggested yet", markup=False, highlight=False)
-        if several:
-            console.print()
+    if advisable and len(advisable) < len(advices):
+        console.print()
     for advice in advices:
         if "error" in advice:
             console.print(f"{advice['cluster']}: cannot be advised: {advice['error']}", soft_wrap=True, markup=False,
@@ -162,7 +153,7 @@ def print_whatif(rows: list[dict], console=None) -> None:
     table = Table(title="capwatch what-if: predicted overflows and cost per cap")
     for column in ("cap", "overflow windows/day", "band", "workspace/rank", "group change", "KV tokens/rank freed",
                    "below floor"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", overflow="fold")  # narrow: wrapped, never cut
     for row in rows:
         low = row.get("predicted_overflow_windows_per_day_low")
         high = row.get("predicted_overflow_windows_per_day_high")

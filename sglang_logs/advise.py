@@ -1,5 +1,5 @@
 """The advisor over what SGLang logs show (``capwatch advise --sglang-log``): the latest configuration's
-group samples, priced by the model the args (or the flags) name, advised by the service's own chain, for
+group samples, priced by the model the args (or the flags) name, advised by the advisor's chain (as the service's), for
 the cap variable of the A2A backend the server runs (``sizing/backends.py``).
 
 Flags stand in for what the log does not say, and override what it does: ``--cap``, ``--model`` (or
@@ -23,10 +23,11 @@ from dataclasses import dataclass
 
 from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.group import group_config
 from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.pricing import Pricing, WorkspacePricing
 from capwatch.advisor.recommend import recommend, whatif
-from capwatch.service.config import Settings
+from capwatch.advisor.settings import AdvisorSettings
 from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
@@ -34,7 +35,7 @@ from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
 from capwatch.sizing.backends import BACKENDS, DEEPEP, BackendCapRules, backend_rules
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, plan_deepep_buffer, prefill_dispatched
+from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, plan_deepep_buffer
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry, model_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
@@ -112,10 +113,12 @@ class OfflineAdvice:
         return whatif(self.segment.history, self.group, caps, self.policy)
 
 
-def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags(), *, settings: Settings | None = None,
-                            cluster: str | None = None, progress: Callable[[int], None] | None = None) -> OfflineAdvice:
-    """The service's advisor and policy on what the logs show, for their latest configuration."""
-    settings = settings or Settings()
+def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags(), *,
+                            settings: AdvisorSettings | None = None, cluster: str | None = None,
+                            progress: Callable[[int], None] | None = None) -> OfflineAdvice:
+    """The advisor and its policy (the service's CAPWATCH_ADVISOR__* and CAPWATCH_WINDOW_S) on what the logs show,
+    for their latest configuration."""
+    settings = settings or AdvisorSettings()
     policy = settings.advisor
     try:
         flag_geometry = flags.geometry()
@@ -132,21 +135,27 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     except ValueError as error:
         raise LogError(str(error)) from None
     current = segment.cap_in_use
-    pricing, prefill_through_cap = _pricing(backend, config, geometry, flags.ep_size or config.a2a_group_size)
+    deepep_mode = (config.deepep_mode or DEEPEP_MODES[0]) if backend is DEEPEP else None
+    pricing = _pricing(config, geometry, flags.ep_size or config.a2a_group_size, deepep_mode)
     limits = None if config.limits is None else config.limits.model_copy(
         update={"cap_source": "default" if flags.cap is None and segment.cap_seen is None else "env"})
     if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
-    group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv, backend=backend,
-                        prefill_dispatched=prefill_through_cap)
+    cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
+    group = group_config(cap=current, pricing=pricing, a2a_backend=backend, deepep_mode=deepep_mode, sglang=[limits],
+                         kv_bytes_per_token=kv, cap_source=cap_source,
+                         cap_at_least=segment.peak_without_assertion or None,
+                         mem_fraction_static=config.mem_fraction_static)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
         raise LogError(str(error)) from None
     _refuse_if_unplaced_lines_matter(read, segment, advice.max_peak_runtime_tokens)
     hot = hot_dp_rank(segment)
-    reasons = [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else []) + advice.reasons
+    first = advice.reasons[:1] if advice.low_confidence else []  # said first (recommend.low_confidence_reason)
+    reasons = (first + [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else [])
+               + advice.reasons[len(first):])
     if config.limits is None:
         below = backend.below_floor or "SGLang refuses to start with a cap below it"
         reasons.append("no start-up line: SGLang's start-up floor (prefill chunk, CUDA-graph batches x tokens per "
@@ -187,23 +196,23 @@ def _latest_with_data(read: LogRead, paths: list[str], flags: ServerFlags) -> Se
     raise LogError(f"no SGLang decode lines ('Decode batch, #running-req: ...') in {where}{hint}")
 
 
-def _pricing(backend: BackendCapRules, config: ServerConfig, geometry: ModelGeometry,
-             ep_size: int) -> tuple[Pricing, bool]:
-    """The backend's memory per rank at any cap for this server, and whether its prefill batches meet the cap."""
-    if backend is not DEEPEP:
+def _pricing(config: ServerConfig, geometry: ModelGeometry, ep_size: int, deepep_mode: str | None) -> Pricing:
+    """The backend's memory per rank at any cap for this server: DeepEP's buffer in ``deepep_mode``, else
+    FlashInfer's workspace."""
+    if deepep_mode is None:
         return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
-                                combine_bytes_per_token(geometry.hidden_size)), True
-    mode = config.deepep_mode or DEEPEP_MODES[0]
+                                combine_bytes_per_token(geometry.hidden_size))
+    mode = deepep_mode
     if mode not in DEEPEP_MODES:
         raise LogError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token cap; "
                        "no advice")
     try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
-        plan = plan_deepep_buffer(geometry, ep_size, backend.alignment, mode, config.redundant_experts,
+        plan = plan_deepep_buffer(geometry, ep_size, DEEPEP.alignment, mode, config.redundant_experts,
                                   geometry.shared_experts if config.shared_experts_fusion else 0)
     except SizingError as error:
         raise LogError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
     return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
-                         plan.normal_rdma_bytes), prefill_dispatched(mode)
+                         plan.normal_rdma_bytes)
 
 
 def _backend(config: ServerConfig, flags: ServerFlags, segment: Segment) -> BackendCapRules:
@@ -266,8 +275,8 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
     config = segment.config
     where = ("given with --cap" if flags.cap is not None else
              "the max_num_tokens of the log's overflow assertions" if segment.cap_seen is not None else
-             f"{config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}: "
-             "the env var is not in the log")
+             f"assumed: {config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}, "
+             "but the env var is not in the log (pass --cap)")
     interval = (f"one line per {config.decode_log_interval} decode steps" if config.decode_log_interval
                 else "decode_log_interval unknown")
     source = ("configured by flags (no start-up line)" if segment.from_flags else

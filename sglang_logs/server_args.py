@@ -112,6 +112,7 @@ class ServerConfig:
     deepep_mode: str | None = None
     redundant_experts: int = 0
     shared_experts_fusion: bool = False
+    mem_fraction_static: float | None = None  # as resolved (SGLang's automatic value, or the flag); None: unknown
 
     @property
     def a2a_group_size(self) -> int:
@@ -181,7 +182,7 @@ def _int(args: dict, key: str, default: int | None = None, *, limit: int = MAX_C
         return default
     if isinstance(value, str):
         text = value.strip()
-        if not text.lstrip("-").isdigit() or len(text) > 12:
+        if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit()) or len(text) > 12:
             return default  # SGLang's own "auto"-like strings: not set
         value = int(text)
     if isinstance(value, float):
@@ -195,11 +196,40 @@ def _int(args: dict, key: str, default: int | None = None, *, limit: int = MAX_C
     return value
 
 
+def _size(args: dict, key: str, default: int, least: int) -> int:
+    """A parallel size or an expert count: ``_int``'s value, refused below ``least`` (SGLang would not start with
+    tp_size -5; taking it as 1 would advise a group that never ran)."""
+    value = _int(args, key, default, limit=MAX_PARALLEL_SIZE)
+    if value is not None and value < least:
+        raise UnreadableArgs(f"{key}={shown(value)} is not a plausible value (at least {least})")
+    return default if value is None else value
+
+
+def _backend_name(args: dict) -> str | None:
+    """``moe_a2a_backend``: None when the args do not name it (a release before the option); a value that is no
+    backend name at all (a number, a long string) is refused, never read as "not named"."""
+    if "moe_a2a_backend" not in args or args["moe_a2a_backend"] is None:
+        return None
+    value = args["moe_a2a_backend"]
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+        raise UnreadableArgs(f"moe_a2a_backend={shown(value)} is not a backend name (e.g. 'flashinfer', 'deepep', "
+                             "'none')")
+    return value
+
+
 def _phase(args: dict, phase: str) -> dict:
     config = args.get("cuda_graph_config")
     if isinstance(config, dict) and isinstance(config.get(phase), dict):
         return config[phase]
     return {}
+
+
+def _fraction(args: dict, key: str) -> float | None:
+    """A share in (0, 1]; None when absent or anything else (a fraction capwatch would not act on)."""
+    value = args.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0.0 < value <= 1.0 else None
 
 
 def _text(args: dict, key: str) -> str | None:
@@ -229,8 +259,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
     mode = args.get("disaggregation_mode") or "null"
     if mode not in ("null", "prefill", "decode"):
         mode = "null"
-    sizes = {key: max(1, _int(args, key, 1, limit=MAX_PARALLEL_SIZE) or 1) for key in ("tp_size", "ep_size", "dp_size")}
-    attn_dp_size = max(1, _int(args, "attn_dp_size", 0, limit=MAX_PARALLEL_SIZE) or 0)
+    sizes = {key: max(1, _size(args, key, 1, least=1)) for key in ("tp_size", "ep_size", "dp_size")}
+    attn_dp_size = max(1, _size(args, "attn_dp_size", 0, least=0))
     if attn_dp_size == 1 and args.get("enable_dp_attention"):  # before attn_dp_size was logged (< 0.5.22)
         attn_dp_size = sizes["dp_size"]
     decode = _phase(args, "decode")
@@ -262,7 +292,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         tokens_per_request=tokens_per_request, cap_source="default",
         floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
-    backend = _text(args, "moe_a2a_backend")
+    backend = _backend_name(args)
     rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(
         max(0, _int(args, "chunked_prefill_size", 0) or 0), "chunked prefill")
     return ServerConfig(
@@ -272,9 +302,10 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
         kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
-        redundant_experts=max(0, _int(args, "ep_num_redundant_experts", 0, limit=MAX_PARALLEL_SIZE) or 0),
+        redundant_experts=_size(args, "ep_num_redundant_experts", 0, least=0),
         shared_experts_fusion=bool(args.get("enforce_shared_experts_fusion"))
-        and not args.get("disable_shared_experts_fusion"))
+        and not args.get("disable_shared_experts_fusion"),
+        mem_fraction_static=_fraction(args, "mem_fraction_static"))
 
 
 def read_server_args(text: str) -> ServerConfig:

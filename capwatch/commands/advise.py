@@ -1,5 +1,5 @@
 """``capwatch advise``: the advice of a running capwatch service, or of SGLang logs (``--sglang-log``),
-as a table or JSON (the same object ``GET /v1/clusters/{cluster}/advice`` answers)."""
+as a table, JSON Lines (each the object ``GET /v1/clusters/{cluster}/advice`` answers) or CSV."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 import os
 
 from capwatch.arguments import checked, wait_seconds
+from capwatch.output_format import add_format_arguments
+from capwatch.service_client import fetch_advice, response_detail, service_client, service_error
 from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
@@ -32,7 +34,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the service's base URL (default $CAPWATCH_URL or http://127.0.0.1:8321)")
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
     parser.add_argument("--role", default="target", choices=ROLES, help="which dispatcher")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_arguments(parser)
     parser.add_argument("--timeout", type=wait_seconds, default=10.0,
                         help="seconds to wait for the service, 0.1..3600 (default 10)")
     parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",
@@ -43,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="SGLang server log(s), plain or .gz, in any order (- reads standard input, a pipe "
                               "too: kubectl logs POD | capwatch advise --sglang-log -): rotated, per rank or per node, "
                               "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
-                              "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
+                              "--timestamps, Ray); the advisor and its policy (CAPWATCH_ADVISOR__*, as serve's) read them; "
                               "--cluster names the advice (default: the first file's name)")
     offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's "
                                                          "overflow assertions show, else SGLang's default rule)")
@@ -59,85 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     offline.add_argument("--a2a-backend", choices=sorted(BACKENDS),
                          help="size this A2A backend's cap (default: the log's moe_a2a_backend)")
     parser.set_defaults(run=run)
-
-
-def service_error(base: str, error: Exception) -> Exception:
-    """One line for what went wrong talking to the service: unreachable, or an unexpected answer."""
-    import httpx
-
-    if isinstance(error, httpx.HTTPStatusError):
-        return CommandError(f"the service at {base} answered {error.response.status_code}: "
-                            f"{error.response.text[:200]}")
-    return CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
-                        "`capwatch serve` or pass --url")
-
-
-def service_client(url: str, timeout: float):
-    """An httpx client for the service at ``url``, with the bearer token from ``CAPWATCH_TOKEN`` when it is set
-    (a service with CAPWATCH_READS_NEED_TOKEN needs it on reads)."""
-    import httpx
-
-    from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
-
-    base = url.rstrip("/")
-    problem = http_url_problem(base)
-    if problem is not None:
-        raise CommandError(f"--url {url[:200]!r}: {problem}")
-    token = os.environ.get("CAPWATCH_TOKEN") or None
-    if token is not None and bearer_token_problem(token) is not None:
-        raise CommandError(f"CAPWATCH_TOKEN: {bearer_token_problem(token)}")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=base, timeout=timeout, headers=headers)
-
-
-def _detail(response) -> str:
-    try:
-        return str(response.json().get("detail", response.text))[:300]
-    except ValueError:
-        return response.text[:300]
-
-
-def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
-    """The advice of one cluster, or of every cluster with ranks of ``role``: a cluster that cannot be advised is
-    an entry with its ``error``, one without such ranks an entry that says so (``skipped``); neither stops the
-    others."""
-    import httpx
-
-    base = url.rstrip("/")
-    try:
-        with service_client(url, timeout) as client:
-            if cluster is not None:
-                response = client.get(f"/v1/clusters/{cluster}/advice", params={"role": role})
-                if response.status_code in (404, 409):  # unknown cluster or role; a group that cannot be advised
-                    raise CommandError(_detail(response))
-                if response.status_code == 422:
-                    raise CommandError(f"{cluster!r} is not a valid cluster name (letters, digits, _ . : -)")
-                response.raise_for_status()
-                return [response.json()]
-            listing = client.get("/v1/clusters")
-            listing.raise_for_status()
-            summaries = listing.json()
-            if not summaries:
-                raise CommandError(f"the service at {base} knows no cluster yet: no rank has reported")
-            results = []
-            for summary in summaries:
-                name, roles = summary["cluster"], summary.get("roles", [])
-                if role not in roles:  # nothing to advise for this role: said, not an error
-                    results.append({"cluster": name, "role": role,
-                                    "skipped": f"no {role!r} ranks (roles: {', '.join(roles)})"})
-                    continue
-                response = client.get(f"/v1/clusters/{name}/advice", params={"role": role})
-                if response.status_code in (404, 409):  # gone since the listing; cannot be advised
-                    results.append({"cluster": name, "role": role, "error": _detail(response)})
-                    continue
-                response.raise_for_status()
-                results.append(response.json())
-            if all("skipped" in result for result in results):
-                raise CommandError(f"no cluster has {role!r} ranks (clusters: "
-                                   f"{', '.join(result['cluster'] for result in results)[:300]})")
-            return results
-    except httpx.HTTPError as error:
-        raise service_error(base, error) from None
 
 
 STDIN = "-"  # --sglang-log - reads standard input (capwatch.sglang_logs.log_file.STDIN)
@@ -213,7 +136,7 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
         with service_client(url, timeout) as client:
             response = client.get(f"/v1/clusters/{cluster}/whatif", params={"role": role, "cap": caps})
             if response.status_code in (404, 409, 422):
-                raise CommandError(_detail(response))
+                raise CommandError(response_detail(response))
             response.raise_for_status()
             return response.json()
     except httpx.HTTPError as error:
@@ -221,15 +144,15 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from capwatch.advice_table import print_advice, print_whatif
+    from capwatch.output_format import print_objects
 
+    output = args.output or "table"
     if args.sglang_log:
         flags = {name: getattr(args, name) for name in SERVER_FLAGS}
         answer = advise_from_logs(args.sglang_log, flags, args.cluster, args.whatif)
-        if args.json:
-            print(json.dumps(answer, indent=2))
+        if output != "table":
+            print_objects(answer if args.whatif else [answer], output)
         elif args.whatif:
             print_whatif(answer)
         else:
@@ -240,11 +163,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{', '.join(given)} go(es) with --sglang-log (a service knows its ranks' configuration)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
-        print(json.dumps(rows, indent=2)) if args.json else print_whatif(rows)
+        print_objects(rows, output) if output != "table" else print_whatif(rows)
         return 0
     advices = fetch_advice(args.url, args.cluster, args.role, args.timeout)
-    if args.json:
-        print(json.dumps(advices[0] if args.cluster else advices, indent=2))
+    if output != "table":
+        print_objects(advices, output)
     else:
         print_advice(advices)
     return 0

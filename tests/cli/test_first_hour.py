@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
@@ -39,7 +38,7 @@ def test_version_has_one_source():
 
 def test_a_pipe_closed_early_ends_quietly(tmp_path):
     """`capwatch plan ... --json | head -1` printed a BrokenPipeError traceback."""
-    command = (f"cd {tmp_path} && {sys.executable} -m capwatch plan --model deepseek-v3 --ep-size 8 "
+    command = (f"cd {tmp_path} && {launcher.PYTHON} -m capwatch plan --model deepseek-v3 --ep-size 8 "
                "--cap 128:524288:128 --json 2>capwatch.err | head -1 >/dev/null; echo ${PIPESTATUS[0]}")
     completed = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
                                env=launcher.environment(), cwd=launcher.outside_checkout(tmp_path))

@@ -62,14 +62,34 @@ def test_several_advices_are_a_row_each_then_each_clusters_reasons_and_errors():
                      reasons=["5 group samples covering 0 min"])
     text = rendered(print_advice, [advice("prod-a"), holding, {"cluster": "prod-c", "role": "target",
                                                                "error": "ranks disagree on the cap"}])
-    assert f"capwatch advice: {ENV_VAR}" in text
-    rows = [line for line in text.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["prod-a", "prod-b"]
-    cells = [cell.strip() for cell in rows[1].split("│")[1:-1]]
-    assert cells[:6] == ["prod-b", "insufficient_data", "flashinfer", "4096", "-", "-"] and cells[-2] == "-"
-    after = text[text.index("prod-a:"):]
-    assert after.index("prod-a:") < after.index(f"export {ENV_VAR}=1280") < after.index("prod-b:") \
-        < after.index("no change suggested yet") < after.index("prod-c: cannot be advised: ranks disagree on the cap")
+    titles = [line.strip() for line in text.splitlines() if line.startswith("capwatch advice for cluster")]
+    assert titles == ["capwatch advice for cluster 'prod-a'", "capwatch advice for cluster 'prod-b'"]
+    second = text[text.index("cluster 'prod-b'"):]
+    assert any("action" in line and "insufficient_data" in line for line in second.splitlines())
+    assert any("bounds" in line and "\u2502 - " in line for line in second.splitlines())
+    assert text.index("cluster 'prod-a'") < text.index(f"export {ENV_VAR}=1280") < text.index("cluster 'prod-b'") \
+        < text.index("no change suggested yet") < text.index("prod-c: cannot be advised: ranks disagree on the cap")
+
+
+CUT = "\u2026"  # rich's ellipsis: a value cut to fit
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_several_clusters_fit_the_terminal_and_no_value_is_cut(width):
+    """Issue #31, symptom 7: with several clusters `capwatch advise` printed one row per cluster, about 220
+    columns: at 80 or 120 the values themselves were cut ("flash\u2026", "0.83..4.\u2026"), in a pipe too."""
+    advices = [advice("prod-a"), advice("decode-pool-eu-west", a2a_backend="deepep",
+                                        cap_variable="SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                                        current_cap=1024, recommended_cap=384,
+                                        env="SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=384"),
+               advice("prod-c", confidence=0.8333)]
+    text = rendered(print_advice, advices, width=width)
+    boxed = [line for line in text.splitlines() if line.startswith(("\u2502", "\u250c", "\u2514"))]
+    assert boxed and max(len(line.rstrip()) for line in boxed) <= width
+    assert CUT not in text
+    for item in advices:
+        for label, value in ADVICE_FIELDS:
+            assert any(label in line and value(item) in line for line in text.splitlines()), (item["cluster"], label)
 
 
 def test_each_backend_names_its_own_variable():
@@ -80,7 +100,7 @@ def test_each_backend_names_its_own_variable():
     assert card.strip().splitlines()[-1] == f"export {deepep}=384"
     both = rendered(print_advice, [advice("prod-a"), advice("decode", a2a_backend="deepep", cap_variable=deepep,
                                                                     env=f"{deepep}=384")])
-    assert f"capwatch advice: {deepep}, {ENV_VAR}" in both
+    assert "cluster 'decode'" in both and "cluster 'prod-a'" in both
     assert f"export {deepep}=384" in both and f"export {ENV_VAR}=1280" in both
 
 
