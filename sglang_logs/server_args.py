@@ -52,6 +52,9 @@ DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
 ARGS_MARK = "server_args="
 # SGLang's args line is tens of KiB (0.5.23: about 20 KiB for 542 fields); beyond this it is not one.
 MAX_ARGS_CHARS = 1 << 20
+# Items (commas) an args line may hold: SGLang's have a few hundred. Parsing builds a node per item, about 1 KB
+# each: a line of 1 Mi characters of "1," cost 529 MB (issue 36, F7b) before this bound.
+MAX_ARGS_ITEMS = 20_000
 MAX_TOKENS_PER_REQUEST = 1024  # SGLangLimits' bound: no speculative config drafts more per step
 MAX_PARALLEL_SIZE = 1 << 16  # tp/ep/dp sizes: far beyond any cluster
 _MAX_DEPTH = 32  # nesting of records in the args (SGLang's is 3)
@@ -132,6 +135,9 @@ def parse_args(text: str) -> dict[str, Any]:
     body = text.strip()
     if len(body) > MAX_ARGS_CHARS:
         raise UnreadableArgs(f"{len(body):,} characters, more than any SGLang args line ({MAX_ARGS_CHARS:,} at most)")
+    items = body.count(",")
+    if items > MAX_ARGS_ITEMS:
+        raise UnreadableArgs(f"{items:,} items, more than any SGLang args line ({MAX_ARGS_ITEMS:,} at most)")
     if not body.startswith("{") and not re.match(r"[A-Za-z_]\w*\(", body):
         raise UnreadableArgs(f"{shown(body)} is neither a dict nor a ServerArgs(...) repr")
     try:
