@@ -33,7 +33,7 @@ import time
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token

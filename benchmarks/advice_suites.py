@@ -29,7 +29,7 @@ from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import deployment_floor
 from capwatch.service.advisor.history import SampleHistory
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend
 from capwatch.service.advisor.sample import GroupSample
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up

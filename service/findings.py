@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from capwatch.service.advisor.pricing import pricing_of
+from capwatch.backends import pricing_of
 from capwatch.service.sources.contract import RankState
 from capwatch.sizing.backends import backend_rules
 from capwatch.sizing.byte_units import format_gib

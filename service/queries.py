@@ -8,13 +8,12 @@ from capwatch.service.advisor.advice import Advice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.floor import merged_sglang_limits
 from capwatch.service.advisor.kv import kv_bytes_per_token_of
-from capwatch.service.advisor.pricing import pricing_of
+from capwatch.backends import pricing_of, spec_of
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.sources.contract import ClusterSource, RankState
 from capwatch.sizing.backends import backend_rules
-from capwatch.sizing.deepep_plan import prefill_dispatched
 
 
 class UnknownCluster(LookupError):
@@ -62,9 +61,10 @@ def group_config(states: list[RankState], now_s: float, settings: Settings) -> G
     graph_batches = [state.config.cuda_graph_max_batch_size for state in live]
     graph_batches = [batch for batch in graph_batches if batch is not None]
     config = widest.config
+    spec = spec_of(config.a2a_backend)
     return GroupConfig(
-        cap=widest.cap, pricing=pricing_of(config, ep_size), backend=backend_rules(config.a2a_backend),
-        prefill_dispatched=config.deepep is None or prefill_dispatched(config.deepep.mode),
+        cap=widest.cap, pricing=pricing_of(config, ep_size), backend=spec.rules,
+        prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)),
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(state.config.speculative_tokens for state in live),
         sglang=merged_sglang_limits(state.config.sglang for state in live),

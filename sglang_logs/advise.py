@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import Pricing, WorkspacePricing
+from capwatch.backends import Pricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED

@@ -132,7 +132,7 @@ class DeepEPPricing:
     def of_config(cls, config, ep_size: int) -> DeepEPPricing:
         """The pricing of a rank's reported config (a ``RankConfig`` of a deepep rank, or a source's
         ``UnpricedConfig``)."""
-        return cls.of_buffer(ep_size, config.hidden_size, config.deepep)
+        return cls.of_buffer(ep_size, config.hidden_size, getattr(config, "deepep", None))
 
     def bytes_per_rank(self, cap: int) -> int:
         if self.hidden_size is None or self.buffer_experts is None:

@@ -43,7 +43,7 @@ from capwatch.dispatcher.instrumented import CapOverflowError
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_plugin.session import reported_backend
 from capwatch.sizing.backends import DEEPEP
-from capwatch.telemetry.report import DeepEPBuffer
+from capwatch.backends.deepep import DeepEPBuffer
 
 logger = logging.getLogger("capwatch.sglang")
 

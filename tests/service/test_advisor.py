@@ -11,7 +11,7 @@ from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, 
 from capwatch.service.advisor.history import SampleHistory, overflow_bump
 from capwatch.service.advisor.hysteresis import worth_changing
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.advisor.sample import RankInterval, group_samples
 from capwatch.sizing.backends import FLASHINFER

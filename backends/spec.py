@@ -1,0 +1,87 @@
+"""What one A2A backend is to capwatch, in one object: its cap rules, its parameters on the wire, its pricing,
+its series. Each backend module (``backends/<name>.py``) exports one ``BackendSpec``; ``capwatch.backends``
+registers them, and every shared part loops over that registry instead of naming a backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.model_presets import ModelGeometry
+from pydantic import BaseModel
+
+
+class Pricing(Protocol):
+    """What a group's A2A memory costs per rank at any cap (everything but the cap fixed)."""
+
+    ep_size: int
+
+    def bytes_per_rank(self, cap: int) -> int: ...
+
+    def known_bytes_per_rank(self, cap: int) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class RankSizes:
+    """A rank's payload bytes per token and its memory at its cap, as its backend sizes them."""
+
+    dispatch_bytes_per_token: int
+    combine_bytes_per_token: int
+    workspace_bytes_per_rank: int
+
+
+@dataclass(frozen=True)
+class GaugeSeries:
+    """One number of a backend's parameters as a gauge: ``moe_a2a_<backend>_<field>``."""
+
+    field: str
+    help: str
+    unit: str
+
+
+@dataclass(frozen=True)
+class BackendSeries:
+    """A backend's own series beside ``moe_a2a_info``, read from its parameters: an info
+    (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number."""
+
+    info_help: str
+    info_labels: tuple[str, ...]
+    gauges: tuple[GaugeSeries, ...]
+
+
+# A rank's config: a RankConfig (telemetry/report.py) or a source's UnpricedConfig; typed loosely here because
+# both sit above this layer.
+Config = Any
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One A2A backend. ``params`` is the model of what prices it beyond the cap and the geometry, carried on the
+    wire as ``RankConfig.<name>`` (None: the config's shared fields say all); ``series`` exports those
+    parameters (None: nothing beyond the shared series)."""
+
+    rules: BackendCapRules  # range, alignment, hard limit, what happens past them (sizing/backends.py)
+    params: type[BaseModel] | None
+    # What the backend refuses of a rank's config (its params included), in words; None: nothing.
+    refusal: Callable[[Config], str | None]
+    # What it refuses of that config in a group of ep_size ranks (the group's limits, its pricing at the cap).
+    group_refusal: Callable[[Config, int], str | None]
+    # The config's pricing in a group of ep_size ranks; never raises (a pricing that cannot price says so
+    # through known_bytes_per_rank).
+    pricing: Callable[[Config, int], Pricing]
+    # The sizes a rank reports: (cap, ep_size, geometry, the rank_config keywords: payload_format,
+    # flashinfer_version, eplb_stats_num_experts and the params under the backend's name). SizingError.
+    sizes: Callable[[int, int, ModelGeometry, Mapping[str, Any]], RankSizes]
+    # Whether a rank's prefill batches go through this cap, from its params (None: not known).
+    prefill_dispatched: Callable[[BaseModel | None], bool]
+    series: BackendSeries | None = None
+
+    @property
+    def name(self) -> str:
+        return self.rules.name
+
+    def params_of(self, config: Config) -> BaseModel | None:
+        """This backend's parameters in ``config`` (None where it has none, or the config does not carry them)."""
+        return getattr(config, self.name, None) if self.params is not None else None
