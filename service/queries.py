@@ -13,7 +13,6 @@ from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.sources.contract import ClusterSource, RankState
-from capwatch.sizing.backends import backend_rules
 
 
 class UnknownCluster(LookupError):

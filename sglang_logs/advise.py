@@ -21,11 +21,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from capwatch.backends import DEFAULT_BACKEND, SPECS, Pricing, spec_of
 from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.advisor.evidence import GroupConfig
 from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.backends import Pricing
-from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
@@ -33,11 +32,10 @@ from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
-from capwatch.sizing.backends import BACKENDS, DEEPEP, BackendCapRules, backend_rules
+from capwatch.sglang_plugin.floors import FLOORS
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, plan_deepep_buffer, prefill_dispatched
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry, model_geometry
-from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
 NO_BACKEND = "none"  # SGLang's --moe-a2a-backend when MoE tokens move without an all-to-all
 
@@ -190,35 +188,25 @@ def _latest_with_data(read: LogRead, paths: list[str], flags: ServerFlags) -> Se
 def _pricing(backend: BackendCapRules, config: ServerConfig, geometry: ModelGeometry,
              ep_size: int) -> tuple[Pricing, bool]:
     """The backend's memory per rank at any cap for this server, and whether its prefill batches meet the cap."""
-    if backend is not DEEPEP:
-        return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
-                                combine_bytes_per_token(geometry.hidden_size)), True
-    mode = config.deepep_mode or DEEPEP_MODES[0]
-    if mode not in DEEPEP_MODES:
-        raise LogError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token cap; "
-                       "no advice")
-    try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
-        plan = plan_deepep_buffer(geometry, ep_size, backend.alignment, mode, config.redundant_experts,
-                                  geometry.shared_experts if config.shared_experts_fusion else 0)
+    try:
+        return FLOORS[backend.name].server_pricing(dict(config.a2a_params), geometry, ep_size, backend.alignment)
     except SizingError as error:
-        raise LogError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
-    return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
-                         plan.normal_rdma_bytes), prefill_dispatched(mode)
+        raise LogError(str(error)) from None
 
 
 def _backend(config: ServerConfig, flags: ServerFlags, segment: Segment) -> BackendCapRules:
     name = config.moe_a2a_backend
     if name is None:
         if segment.from_flags:
-            return backend_rules(next(iter(BACKENDS)))  # flags alone: the one capwatch sizes, named in the reasons
+            return DEFAULT_BACKEND.rules  # flags alone: the one capwatch sizes, named in the reasons
         raise LogError("the server_args name no moe_a2a_backend (a release before the option): pass --a2a-backend "
-                       f"({', '.join(sorted(BACKENDS))}) to size that backend's cap for this traffic")
+                       f"({', '.join(sorted(SPECS))}) to size that backend's cap for this traffic")
     if name == NO_BACKEND:
         raise LogError(f"the server runs moe_a2a_backend={NO_BACKEND!r}: MoE tokens move without an all-to-all, so "
                        "there is no per-rank dispatch cap; pass --a2a-backend "
-                       f"({', '.join(sorted(BACKENDS))}) to size one for this traffic")
+                       f"({', '.join(sorted(SPECS))}) to size one for this traffic")
     try:
-        return backend_rules(name)
+        return spec_of(name).rules
     except SizingError as error:
         raise LogError(f"the server runs the {name!r} A2A backend: {error}; no advice") from None
 

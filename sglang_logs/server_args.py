@@ -43,7 +43,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from capwatch.sizing.backends import BACKENDS
+from capwatch.backends import SPECS
+from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.telemetry.report import SGLangLimits
 
@@ -80,13 +81,13 @@ class DefaultCapRule:
     prefill_name: str  # "prefill buffer" (0.5.22+) or "chunked prefill" (before)
 
     def cap(self, backend: str | None) -> int:
-        rules = BACKENDS.get(backend or "")
+        rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return rules.default_cap
         return max(self.prefill_tokens, SGLANG_DEFAULT_MIN_CAP)
 
     def words(self, backend: str | None) -> str:
-        rules = BACKENDS.get(backend or "")
+        rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return f"SGLang's default {rules.default_cap} for {rules.name}"
         return f"SGLang's default max({self.prefill_name} {self.prefill_tokens}, {SGLANG_DEFAULT_MIN_CAP})"
@@ -108,10 +109,8 @@ class ServerConfig:
     speculative_algorithm: str | None = None
     decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
     kv_cache_dtype: str | None = None
-    # DeepEP's buffer beyond the model: --deepep-mode, --ep-num-redundant-experts, --enforce-shared-experts-fusion.
-    deepep_mode: str | None = None
-    redundant_experts: int = 0
-    shared_experts_fusion: bool = False
+    # What sizes the backend beyond the model, as its SGLang floor module reads it (``server_params``).
+    a2a_params: tuple[tuple[str, object], ...] = ()
 
     @property
     def a2a_group_size(self) -> int:
@@ -207,6 +206,22 @@ def _text(args: dict, key: str) -> str | None:
     return value if isinstance(value, str) and len(value) <= 4096 else None
 
 
+@dataclass(frozen=True)
+class _Args:
+    """The args as a backend's floor module reads them (``floors.graph_terms.ArgsReader``)."""
+
+    args: dict
+
+    def text(self, key: str) -> str | None:
+        return _text(self.args, key)
+
+    def integer(self, key: str, default: int | None = None, *, limit: int) -> int | None:
+        return _int(self.args, key, default, limit=limit)
+
+    def flag(self, key: str) -> bool:
+        return bool(self.args.get(key))
+
+
 def max_prefill_buffer_tokens(args: dict) -> int:
     chunked = _int(args, "chunked_prefill_size", 0) or 0
     tokens = chunked if chunked > 0 else 0
@@ -271,10 +286,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         tokens_per_request=tokens_per_request, limits=limits, default_cap=rule.cap(backend), default_rule=rule,
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
-        kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
-        redundant_experts=max(0, _int(args, "ep_num_redundant_experts", 0, limit=MAX_PARALLEL_SIZE) or 0),
-        shared_experts_fusion=bool(args.get("enforce_shared_experts_fusion"))
-        and not args.get("disable_shared_experts_fusion"))
+        kv_cache_dtype=_text(args, "kv_cache_dtype"),
+        a2a_params=FLOORS[backend].server_params(_Args(args)) if backend in FLOORS else ())
 
 
 def read_server_args(text: str) -> ServerConfig:

@@ -24,7 +24,8 @@ from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.rank import RankTelemetry, rank_config
 from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits

@@ -43,8 +43,8 @@ CAP_TOKENS = MetricSpec(
     "tokens")
 WORKSPACE_BYTES = MetricSpec(
     "moe_a2a_workspace_bytes", "gauge",
-    "A2A memory of this rank at its cap by its backend's sizing: FlashInfer's workspace formula, or DeepEP's "
-    "buffer as SGLang allocates it.", "bytes")
+    "A2A memory of this rank at its cap by its backend's sizing: its workspace or buffer as the engine "
+    "allocates it.", "bytes")
 WORKSPACE_ALLOCATED_BYTES = MetricSpec(
     "moe_a2a_workspace_allocated_bytes", "gauge",
     "A2A workspace or buffer bytes this rank's backend actually allocated (only where the backend knows).", "bytes")

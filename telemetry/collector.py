@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from capwatch.sizing.backends import backend_rules
+from capwatch.backends import spec_of
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.catalogue import MetricSpec
 from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
@@ -72,7 +72,7 @@ class DispatchCollector(Collector):
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
         self._info = {"ep_size": str(identity.ep_size),
                       **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS},
-                      "cap_variable": backend_rules(config.a2a_backend).cap_env_var}
+                      "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
             label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}

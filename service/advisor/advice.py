@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from capwatch.service.vocabulary import Action
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from pydantic import BaseModel
 
 

@@ -22,27 +22,25 @@ REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang
 
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": {
-        "capwatch/commands/plan.py", "dashboards/overview.py", "dashboards/rank_detail.py", "sglang_logs/advise.py",
-        "sglang_logs/server_args.py", "sizing/backends.py", "telemetry/catalogue.py",
+        "capwatch/commands/plan.py",
     },
     "flashinfer": {
         "backends/deepep.py", "capwatch/commands/demo.py", "capwatch/commands/plan.py", "capwatch/demo/trace.py",
-        "dashboards/overview.py", "dashboards/rank_detail.py", "dispatcher/instrumented.py",
-        "service/advisor/advice.py", "service/advisor/evidence.py", "service/advisor/floor.py",
-        "service/api/routes/advice.py", "service/api/routes/reports.py", "service/main.py",
-        "service/sources/contract.py", "service/sources/prometheus/rank_config.py", "sglang_logs/advise.py",
-        "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py", "sglang_plugin/session.py", "sizing/backends.py",
-        "sizing/deepep_low_latency.py", "sizing/plan.py", "telemetry/catalogue.py", "telemetry/rank.py",
-        "telemetry/report.py",
+        "dashboards/overview.py", "dispatcher/instrumented.py", "service/advisor/advice.py",
+        "service/advisor/evidence.py", "service/advisor/floor.py", "service/api/routes/advice.py",
+        "service/api/routes/reports.py", "service/main.py", "service/sources/contract.py",
+        "service/sources/prometheus/rank_config.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
+        "sglang_plugin/session.py", "sizing/deepep_low_latency.py", "sizing/plan.py", "telemetry/catalogue.py",
+        "telemetry/rank.py", "telemetry/report.py",
     },
     ENGINE: {
         "backends/deepep.py", "capwatch/commands/advise.py", "capwatch/commands/demo.py", "capwatch/commands/plan.py",
-        "dashboards/overview.py", "service/advisor/advice.py", "service/advisor/evidence.py",
-        "service/advisor/floor.py", "service/advisor/recommend.py", "service/findings.py", "service/main.py",
-        "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
+        "service/advisor/advice.py", "service/advisor/evidence.py", "service/advisor/floor.py",
+        "service/advisor/recommend.py", "service/findings.py", "service/main.py", "service/queries.py",
+        "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/backends.py", "sizing/deepep_low_latency.py",
-        "sizing/deepep_plan.py", "sizing/plan.py", "telemetry/catalogue.py", "telemetry/collector.py",
-        "telemetry/report.py",
+        "sizing/deepep_plan.py", "sizing/flashinfer_releases.py", "sizing/plan.py", "telemetry/catalogue.py",
+        "telemetry/collector.py", "telemetry/report.py",
     },
 }
 

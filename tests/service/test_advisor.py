@@ -14,7 +14,7 @@ from capwatch.service.advisor.policy import AdvisorPolicy
 from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.advisor.sample import RankInterval, group_samples
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
