@@ -8,10 +8,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from capwatch.backends.spec import BackendSeries, BackendSpec, Config, GaugeSeries, RankSizes
-from capwatch.sizing.backends import DEEPEP
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size, low_latency_layout
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, check_buffer_experts, prefill_dispatched
+from capwatch.sizing.deepep_plan import DEEPEP, DEEPEP_MODES, DeepEPPricing, check_buffer_experts, prefill_dispatched
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 

@@ -10,10 +10,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from capwatch.backends.spec import BackendSpec, Config, RankSizes
-from capwatch.sizing.backends import FLASHINFER
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
-from capwatch.sizing.flashinfer_releases import FlashInferVersion, check_routing
+from capwatch.sizing.flashinfer_releases import FLASHINFER, FlashInferVersion, check_routing
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import hidden_bytes_per_token
 from capwatch.sizing.plan import WorkspacePlan, plan_workspace

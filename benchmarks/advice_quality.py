@@ -30,12 +30,12 @@ import math
 import sys
 import time
 
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.service.advisor.recommend import recommend
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.recommend import recommend
+from capwatch.advisor.sample import GroupSample
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
 from benchmarks.advice_suites import SHORT_SUITES, run_suites

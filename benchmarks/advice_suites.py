@@ -25,13 +25,13 @@ import random
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.floor import deployment_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.floor import deployment_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.service.advisor.recommend import recommend
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.recommend import recommend
+from capwatch.advisor.sample import GroupSample
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token

@@ -2,13 +2,14 @@
 
 It reads the objects ``GET /v1/clusters/{cluster}/advice`` and ``/whatif`` answer (plain dicts, so the
 CLI needs no service install to print them). ``ADVICE_FIELDS`` is the one list of what a reader sees of
-an advice and how each value is written: one advice reads as a card (a field a line), several as a table
-(a cluster a row); then each cluster's reasons and the line to export, or why it cannot be advised.
+an advice and how each value is written: each advice reads as a card (a field a line, fitting 80 columns),
+then its reasons and the line to export, or why it cannot be advised.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from decimal import ROUND_HALF_UP, Decimal
 
 from capwatch.sizing.byte_units import format_gib
 
@@ -25,6 +26,19 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.2%}"
 
 
+def percent(value: float | None) -> str:
+    """A share as the web page writes it (charts.js ``formatPercent``): one decimal below 10 %, none above, halves
+    rounded up on the float's exact value (JavaScript's toFixed), so the CLI and the page show the same text."""
+    if value is None:
+        return "-"
+    places = Decimal("0.1") if 0 < value < 0.1 else Decimal("1")
+    return f"{Decimal(value * 100).quantize(places, ROUND_HALF_UP)}%"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def _count(value: float) -> str:
     """A predicted count: three significant digits, whole numbers from 100 on (8,640, not 8.64e+03)."""
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
@@ -33,7 +47,7 @@ def _count(value: float) -> str:
 def _per_day(value: float | None, high: float | None = None) -> str:
     if value is None:
         return "-"
-    return _count(value) + ("" if high is None else f" (<= {_count(high)})")
+    return _count(value) + ("" if high is None else f" (band up to {_count(high)})")
 
 
 def _tokens(value: int | None) -> str:
@@ -44,24 +58,40 @@ def _bounds(advice: dict) -> str:
     return "-" if advice["lower_bound"] is None else f"{advice['lower_bound']} - {advice['upper_bound']}"
 
 
+def _action(advice: dict) -> str:
+    """The action, with what qualifies it first: a cap in use that is unknown, low confidence."""
+    marks = [mark for mark, on in (("cap unknown", advice.get("cap_known") is False),
+                                   ("low confidence", advice.get("low_confidence"))) if on]
+    return advice["action"] + (f" ({', '.join(marks)})" if marks else "")
+
+
+def _current_cap(advice: dict) -> str:
+    """The cap in use; one the advice only assumed (a log read without --cap) says so."""
+    text = _tokens(advice["current_cap"])
+    return text if advice.get("cap_known", True) else f"unknown (assumed {text})"
+
+
 # (label, how the value reads): the card's lines and the table's columns, in this order.
 ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
-    ("action", lambda advice: advice["action"]),
+    ("action", _action),
     ("backend", lambda advice: advice["a2a_backend"]),
-    ("current cap", lambda advice: _tokens(advice["current_cap"])),
+    ("current cap", _current_cap),
     ("recommended cap", lambda advice: _tokens(advice["recommended_cap"])),
     ("bounds", _bounds),
-    ("confidence", lambda advice: f"{advice['confidence']:.2f}"),
+    ("confidence", lambda advice: percent(advice["confidence"])),
     ("group peak R seen", lambda advice: _tokens(advice["max_peak_runtime_tokens"])),
-    ("overflow rate now -> after", lambda advice: f"{_rate(advice['predicted_overflow_rate_current'])} -> "
-                                                  f"{_rate(advice['predicted_overflow_rate_recommended'])}"),
+    # The share of windows above a cap in the decaying histogram (recent windows weigh more), not a count.
+    ("overflow share now -> after", lambda advice: f"{_rate(advice['predicted_overflow_rate_current'])} -> "
+                                                   f"{_rate(advice['predicted_overflow_rate_recommended'])} "
+                                                   "decay-weighted"),
     ("overflow windows/day after", lambda advice: _per_day(
         advice.get("predicted_overflow_windows_per_day_recommended"),
         advice.get("predicted_overflow_windows_per_day_recommended_high"))),
     ("workspace/rank now -> after", lambda advice: f"{_gib(advice['workspace_bytes_per_rank_current'])} -> "
                                                    f"{_gib(advice['workspace_bytes_per_rank_recommended'])}"),
     ("group change", lambda advice: _signed_gib(advice["workspace_bytes_group_delta"])),
-    ("samples", lambda advice: f"{advice['sample_count']} windows, {advice['overflow_windows']} overflowed"),
+    ("windows seen", lambda advice: f"{plural(advice['sample_count'], 'window')}, {advice['overflow_windows']:,} "
+                                    "overflowed"),
 )
 
 
@@ -71,50 +101,41 @@ def _stdout():
     return Console()
 
 
-def advice_table(advices: list[dict]):
-    """One advice: a card; several: a row per cluster. Values are text, never markup."""
+def advice_card(advice: dict):
+    """One advice as a card: a field a line, label then value. Its width is the longest label and value, about
+    60 columns, so it fits an 80-column terminal and a pipe; a value longer than the room folds, never cut.
+    Values are text, never markup."""
     from rich.table import Table
     from rich.text import Text
 
-    if len(advices) == 1:
-        [advice] = advices
-        table = Table(title=f"capwatch advice for cluster '{advice['cluster']}'", title_justify="left",
-                      show_header=False)
-        table.add_column(style="bold", no_wrap=True)
-        table.add_column(overflow="fold")
-        for label, value in ADVICE_FIELDS:
-            table.add_row(label, Text(value(advice)))
-        return table
-    variables = sorted({advice["cap_variable"] for advice in advices})  # each advice names its backend's
-    table = Table(title=f"capwatch advice: {', '.join(variables)}")
-    table.add_column("cluster")
-    for label, _ in ADVICE_FIELDS:
-        table.add_column(label, justify="left" if label == "action" else "right")
-    for advice in advices:
-        table.add_row(Text(advice["cluster"]), *(Text(value(advice)) for _, value in ADVICE_FIELDS))
+    table = Table(title=f"capwatch advice for cluster '{advice['cluster']}'", title_justify="left",
+                  show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    for label, value in ADVICE_FIELDS:
+        table.add_row(label, Text(value(advice)))
     return table
 
 
 def print_advice(advices: list[dict], console=None) -> None:
-    """The table, then per cluster its reasons and the line to export; a cluster that cannot be advised
-    (an ``{"cluster", "error"}`` entry) says why, and one without ranks of the role asked about (an
-    ``{"cluster", "skipped"}`` entry) says that. On ``console`` (a rich Console; default: stdout)."""
+    """Per cluster its card, its reasons and the line to export (one card per cluster, never a row too wide to
+    read); then the clusters that cannot be advised (an ``{"cluster", "error"}`` entry) say why, and those
+    without ranks of the role asked about (an ``{"cluster", "skipped"}`` entry) say that. On ``console`` (a rich
+    Console; default: stdout)."""
     console = console or _stdout()
     advisable = [advice for advice in advices if "error" not in advice and "skipped" not in advice]
-    several = len(advisable) > 1
-    if advisable:
-        console.print(advice_table(advisable))
-    for advice in advisable:
-        if several:
-            console.print(f"{advice['cluster']}:", style="bold", markup=False, highlight=False)
+    for index, advice in enumerate(advisable):
+        if index:
+            console.print()
+        console.print(advice_card(advice))
         for reason in advice["reasons"]:
             console.print(f"  - {reason}", soft_wrap=True, markup=False, highlight=False)
         if advice["env"]:
             console.print(f"export {advice['env']}", soft_wrap=True, style="green", markup=False, highlight=False)
         else:
             console.print("no change suggested yet", markup=False, highlight=False)
-        if several:
-            console.print()
+    if advisable and len(advisable) < len(advices):
+        console.print()
     for advice in advices:
         if "error" in advice:
             console.print(f"{advice['cluster']}: cannot be advised: {advice['error']}", soft_wrap=True, markup=False,
@@ -132,7 +153,7 @@ def print_whatif(rows: list[dict], console=None) -> None:
     table = Table(title="capwatch what-if: predicted overflows and cost per cap")
     for column in ("cap", "overflow windows/day", "band", "workspace/rank", "group change", "KV tokens/rank freed",
                    "below floor"):
-        table.add_column(column, justify="right")
+        table.add_column(column, justify="right", overflow="fold")  # narrow: wrapped, never cut
     for row in rows:
         low = row.get("predicted_overflow_windows_per_day_low")
         high = row.get("predicted_overflow_windows_per_day_high")

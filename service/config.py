@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from capwatch.service.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
-from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
+from capwatch.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
+from capwatch.advisor.sample import DEFAULT_WINDOW_S
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic.fields import FieldInfo

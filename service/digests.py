@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from capwatch.service.advisor.advice import Advice
+from capwatch.advisor.advice import Advice
 from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
 from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_view, role_states

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 
+from capwatch.advisor.vocabulary import ACTIONS
 from capwatch.dashboards import service_metrics as names
 from capwatch.service.digests import GroupDigest, GroupDigests
 from capwatch.service.findings import FINDING_KINDS
-from capwatch.service.vocabulary import ACTIONS, DROP_REASONS, RANK_STATUSES
+from capwatch.service.vocabulary import DROP_REASONS, RANK_STATUSES
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString

@@ -4,12 +4,12 @@ source's rank states and history. Routes and the group digests come through here
 
 from __future__ import annotations
 
-from capwatch.service.advisor.advice import Advice, WhatIf
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.floor import merged_sglang_limits
-from capwatch.service.advisor.kv import kv_bytes_per_token_of
+from capwatch.advisor.advice import Advice, WhatIf
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.floor import merged_sglang_limits
+from capwatch.advisor.kv import kv_bytes_per_token_of
 from capwatch.backends import pricing_of, spec_of
-from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
 from capwatch.service.sources.contract import ClusterSource, RankState

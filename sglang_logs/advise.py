@@ -21,13 +21,13 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.backends import DEFAULT_BACKEND, SPECS, Pricing, spec_of
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import recommend, whatif
 from capwatch.service.config import Settings
-from capwatch.sglang_logs.log_file import LATE, UNCONFIGURED, UNSTAMPED
+from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
@@ -137,14 +137,19 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
+    cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
     group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv, backend=backend,
-                        prefill_dispatched=prefill_through_cap)
+                        prefill_dispatched=prefill_through_cap, cap_known=cap_source != "assumed",
+                        cap_source=cap_source, cap_at_least=segment.peak_without_assertion or None)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
         raise LogError(str(error)) from None
     _refuse_if_unplaced_lines_matter(read, segment, advice.max_peak_runtime_tokens)
-    reasons = [_describe_read(read, segment, current, flags, backend)] + advice.reasons
+    hot = hot_dp_rank(segment)
+    first = advice.reasons[:1] if advice.low_confidence else []  # said first (recommend.low_confidence_reason)
+    reasons = (first + [_describe_read(read, segment, current, flags, backend)] + ([hot[1]] if hot else [])
+               + advice.reasons[len(first):])
     if config.limits is None:
         below = backend.below_floor or "SGLang refuses to start with a cap below it"
         reasons.append("no start-up line: SGLang's start-up floor (prefill chunk, CUDA-graph batches x tokens per "
@@ -243,6 +248,8 @@ def _refuse_if_unplaced_lines_matter(read: LogRead, segment: Segment, peak: int)
 
 
 def _cluster_name(path: str) -> str:
+    if path == STDIN:
+        return "stdin"
     stem = os.path.basename(path).split(".")[0] or "sglang"
     return re.sub(r"[^A-Za-z0-9_.:-]", "-", stem)[:128]
 
@@ -252,8 +259,8 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
     config = segment.config
     where = ("given with --cap" if flags.cap is not None else
              "the max_num_tokens of the log's overflow assertions" if segment.cap_seen is not None else
-             f"{config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}: "
-             "the env var is not in the log")
+             f"assumed: {config.default_rule.words(backend.name) if config.default_rule else 'SGLang default'}, "
+             "but the env var is not in the log (pass --cap)")
     interval = (f"one line per {config.decode_log_interval} decode steps" if config.decode_log_interval
                 else "decode_log_interval unknown")
     source = ("configured by flags (no start-up line)" if segment.from_flags else
@@ -280,7 +287,33 @@ def _describe_read(read: LogRead, segment: Segment, current: int, flags: ServerF
         text += f"; {read.late_starts:,} start-up line(s) older than the windows already placed ignored"
     if read.dropped_configurations:
         text += f"; {read.dropped_configurations:,} older configuration(s) let go (more than 64)"
-    if segment.dp_peak_tokens and len(segment.dp_peak_tokens) > 1:
-        hot = max(segment.dp_peak_tokens, key=segment.dp_peak_tokens.get)
-        text += f"; DP rank {hot} drives the peak ({segment.dp_peak_tokens[hot]} tokens)"
     return text
+
+
+def hot_dp_rank(segment: Segment) -> tuple[int, str] | None:
+    """The DP rank that leads the group's peak, and how: the one whose batches alone reached the largest R, or else
+    the one that held most windows' peak, more than half of them; a rank that leads every window included. None
+    with one DP rank, or where no rank leads (the load is even)."""
+    peaks, led = segment.dp_peak_tokens, segment.dp_peak_windows
+    if segment.config.attn_dp_size <= 1 or not peaks:
+        return None
+    windows = sum(led.values())
+    top = max(peaks.values())
+    highest = [rank for rank, tokens in peaks.items() if tokens == top]
+    most = max(sorted(led), key=led.get, default=None)
+    if len(highest) == 1:
+        hot = highest[0]
+    elif most is not None and 2 * led[most] > windows:
+        hot = most
+    else:
+        return None
+    others = {rank: tokens for rank, tokens in peaks.items() if rank != hot}
+    text = (f"DP rank {hot} drives the group's peak: its batches reached {peaks[hot]:,} tokens and it held the "
+            f"peak of {led.get(hot, 0):,} of {windows:,} windows")
+    if others:
+        runner_up = max(sorted(others), key=others.get)
+        text += f" (next: DP rank {runner_up}, {others[runner_up]:,} tokens at most in the windows it led)"
+    else:
+        text += (f" (no other of the {segment.config.attn_dp_size} DP ranks ever held a window's peak): the cap is "
+                 "sized for this rank's load; balancing requests across DP ranks would lower it")
+    return hot, text

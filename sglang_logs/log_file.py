@@ -17,6 +17,7 @@ Memory: one chunk, and a line of at most ``MAX_LINE_BYTES`` bytes (a longer one 
 from __future__ import annotations
 
 import gzip
+import sys
 from collections import Counter, OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -114,15 +115,26 @@ _OVERFLOW = OVERFLOW_MARK.encode()
 _DECODE = DECODE_MARK.encode()
 
 
+STDIN = "-"  # the path that names standard input (``kubectl logs ... | capwatch advise --sglang-log -``)
+
+
 def open_log(path: str) -> tuple[BinaryIO, BinaryIO]:
     """(the file on disk, its content) for a plain or gzip log, told by the magic number (rotated logs
-    are renamed freely). The file's position tells how far the reading got, compressed or not."""
-    raw = open(path, "rb")
-    if raw.read(2) == b"\x1f\x8b":
-        raw.seek(0)
+    are renamed freely). The file's position tells how far the reading got, compressed or not. ``-`` is
+    standard input; it and any other stream (a pipe, ``/dev/stdin``, ``<(zcat ...)``) are read without
+    seeking: the magic number is peeked at."""
+    raw = open(sys.stdin.fileno(), "rb", closefd=False) if path == STDIN else open(path, "rb")
+    if raw.peek(2)[:2] == b"\x1f\x8b":
         return raw, gzip.GzipFile(fileobj=raw)
-    raw.seek(0)
     return raw, raw
+
+
+def _position(raw: BinaryIO, known: int) -> int:
+    """How far ``raw`` has been read; a stream that cannot say (a pipe) keeps ``known``."""
+    try:
+        return raw.tell()
+    except OSError:
+        return known
 
 
 def _text(data: bytes) -> str:
@@ -197,12 +209,12 @@ class LogFile:
                 records = self._chunk(buffer, last + 1)
                 carry = bytes(buffer[last + 1:filled])
                 del buffer  # a suspended file keeps its records, not its text
-                self.position = raw.tell()
+                self.position = _position(raw, self.position)
                 yield from records
             if carry:
                 text = b"\n" + carry + b"\n"
                 yield from self._chunk(text, len(text))
-            self.position = raw.tell()
+            self.position = _position(raw, self.position)
         yield from self._end()
 
     def _drop_long_line(self, content: BinaryIO) -> bytes:

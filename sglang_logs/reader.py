@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from operator import itemgetter
 
-from capwatch.service.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
-from capwatch.service.advisor.sample import DEFAULT_WINDOW_S
+from capwatch.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
+from capwatch.advisor.sample import DEFAULT_WINDOW_S
 from capwatch.sglang_logs.log_file import CHUNK_BYTES, UNSTAMPED, LogFile, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.timeline import Segment, Timeline

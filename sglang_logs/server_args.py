@@ -180,7 +180,7 @@ def _int(args: dict, key: str, default: int | None = None, *, limit: int = MAX_C
         return default
     if isinstance(value, str):
         text = value.strip()
-        if not text.lstrip("-").isdigit() or len(text) > 12:
+        if not (text.lstrip("-").isascii() and text.lstrip("-").isdigit()) or len(text) > 12:
             return default  # SGLang's own "auto"-like strings: not set
         value = int(text)
     if isinstance(value, float):

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from functools import reduce
 from operator import itemgetter, or_
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.sample import GroupSample
 from capwatch.sglang_logs.line_shapes import dp_rank
 from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
@@ -50,14 +50,19 @@ class Segment:
 
     config: ServerConfig
     history: SampleHistory
-    cap_in_use: int | None  # --cap, else the cap the latest overflow assertion showed, else SGLang's default
+    # --cap, else the cap the latest overflow assertion showed, else SGLang's default: an assumption (cap_known)
+    cap_in_use: int | None
     from_flags: bool = False
     starts: int = 0
     first_start_s: float | None = None  # its first start-up line (-inf: configured by flags)
     decode_lines: int = 0
     overflow_lines: int = 0
     cap_seen: int | None = None  # max_num_tokens of an assertion: the cap that was really in use
+    # The largest R that ran without an overflow assertion in its window: every backend asserts on a batch above
+    # its cap, so the cap in use was at least this (what bounds a cap the log does not show).
+    peak_without_assertion: int = 0
     dp_peak_tokens: dict[int, int] = field(default_factory=dict)  # DP rank -> its largest R
+    dp_peak_windows: dict[int, int] = field(default_factory=dict)  # DP rank -> windows whose peak it held
     first_unix_s: float | None = None
     last_unix_s: float | None = None
 
@@ -297,15 +302,24 @@ class Timeline:
         if peak == 0 and not overflows:
             return
         cap = max(segment.cap_in_use or 0, window.cap_seen)
+        if not overflows:
+            segment.peak_without_assertion = max(segment.peak_without_assertion, peak)
+            if self.cap is None:  # the cap is not given: a window without an assertion did not overflow
+                cap = max(cap, peak)
         segment.history.add(GroupSample(start, peak, cap, overflows), self.policy.bump_factor,
                             self.policy.bump_min_tokens)
         ranks = segment.dp_peak_tokens
+        leader = None
         if decode_peak:
-            rank = dp_rank(window.tags)
+            rank = leader = dp_rank(window.tags)
             ranks[rank] = max(ranks.get(rank, 0), decode_peak)
         if window.overflow_needed:
             rank = dp_rank(window.overflow_tags)
             ranks[rank] = max(ranks.get(rank, 0), window.overflow_needed)
+            if window.overflow_needed >= decode_peak:
+                leader = rank
+        if leader is not None:
+            segment.dp_peak_windows[leader] = segment.dp_peak_windows.get(leader, 0) + 1
         segment.first_unix_s = start if segment.first_unix_s is None else min(segment.first_unix_s, start)
         segment.last_unix_s = start if segment.last_unix_s is None else max(segment.last_unix_s, start)
 

@@ -1,17 +1,43 @@
 """capwatch inside SGLang 0.5.19 - 0.5.23: an ``sglang.srt.plugins`` entry point that instruments every
 ``FlashinferDispatcher`` of a scheduler process, with no change to SGLang.
 
-Enabled with ``SGLANG_PLUGINS=capwatch`` (or by SGLang loading every installed plugin), configured by
-``CAPWATCH_*`` variables (``settings.py``). ``register`` runs in every SGLang process that loads
-plugins; it only hooks ``configure_scheduler_process``, and the rest happens in scheduler processes:
-``releases.py`` picks the installed release's adapters (``hooks/``, ``floors/``). See docs/sglang.md.
+SGLang loads every installed plugin while ``SGLANG_PLUGINS`` is empty (its default): installing the package
+enables the plugin. ``CAPWATCH_ENABLED=0`` switches it off (``switch.py``: nothing imported, hooked or bound);
+``SGLANG_PLUGINS=<others>`` leaves it out. Configured by ``CAPWATCH_*`` variables (``settings.py``).
+``register`` runs in every SGLang process that loads plugins; it only hooks ``configure_scheduler_process``,
+and the rest happens in scheduler processes: ``releases.py`` picks the installed release's adapters
+(``hooks/``, ``floors/``). See docs/sglang.md.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import logging
+import os
+import sys
+
+from capwatch.sglang_plugin import switch
+from capwatch.sglang_plugin.releases import SCHEDULER_MODULE
+
+logger = logging.getLogger("capwatch.sglang")
+
+# What the plugin imports beyond SGLang's own environment: the ``sglang`` extra (and the server's torch).
+NEEDS = ("torch", "prometheus_client", "pydantic", "httpx")
+
 
 def register() -> None:
-    """The entry point SGLang's ``load_plugins()`` calls."""
+    """The entry point SGLang's ``load_plugins()`` calls: off, or without its extra, it does nothing but say so
+    (once, in scheduler processes) and SGLang runs as shipped."""
+    on, line = switch.enabled(os.environ)
+    if on:
+        missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
+        if missing:
+            on, line = False, (f"capwatch: disabled: {', '.join(missing)} not installed in this environment "
+                               "(pip install 'a2a-capwatch[sglang]' into the server's); SGLang runs without capwatch")
+    if not on:
+        if SCHEDULER_MODULE in sys.modules:  # one line per scheduler, as every other state of the plugin
+            (logger.info if line.startswith("capwatch: off") else logger.warning)(line)
+        return
     from capwatch.sglang_plugin.plugin import install
 
     install()

@@ -74,7 +74,12 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
         logger.warning("capwatch: disabled: %s; SGLang runs without capwatch (%s)", reason, where)
         return None
     limits = floor.limits(server_args, found["sglang"], choice.adapter)
-    session = SchedulerSession(settings, found, limits, local_gpu_index)
+    try:
+        session = SchedulerSession(settings, found, limits, local_gpu_index)
+    except OSError as error:  # the port is taken (another scheduler, another exporter): one line, no traceback
+        logger.error("capwatch: disabled: %s (CAPWATCH_METRICS_BASE_PORT=%d + GPU %d); SGLang runs without capwatch",
+                     error.strerror or error, settings.metrics_base_port, local_gpu_index)
+        return None
     atexit.register(session.close)
     _register(session, backend, adapter)
     logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s", choice.describe(), backend.NAME,

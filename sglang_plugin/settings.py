@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from capwatch.sglang_plugin.switch import switch
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.report import RankIdentity
@@ -61,10 +62,10 @@ def _number(environ: Mapping[str, str], name: str, kind: type, default):
 
 
 def _switch(environ: Mapping[str, str], name: str) -> bool:
-    raw = (environ.get(PREFIX + name) or "0").strip().lower()
-    if raw not in ("0", "1", "false", "true"):
-        raise SettingsError(f"{PREFIX}{name}={environ[PREFIX + name]!r} must be 1 or 0")
-    return raw in ("1", "true")
+    try:
+        return switch(environ, PREFIX + name, default=False)
+    except ValueError as error:
+        raise SettingsError(str(error)) from None
 
 
 def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:

@@ -82,6 +82,12 @@ def prefill_dispatched(deepep_mode: str) -> bool:
     return deepep_mode == "low_latency"
 
 
+def memory_bytes_per_rank(num_rdma_bytes: int, num_nvl_bytes: int) -> int:
+    """What one rank's GPU gives up for the buffer: the RDMA buffer as NVSHMEM maps it (rounded up to its 512 MiB
+    steps), the NVLink buffer and DeepEP's 32 MiB workspace."""
+    return align_up(num_rdma_bytes, NVSHMEM_HEAP_STEP_BYTES) + num_nvl_bytes + DEEPEP_WORKSPACE_BYTES
+
+
 def nvshmem_qp_depth(cap: int, environment_value: int | None = None) -> int:
     """The ``NVSHMEM_QP_DEPTH`` SGLang sets before building the buffer (``_set_nvshmem_qp_depth``)."""
     current = NVSHMEM_QP_DEPTH_DEFAULT if environment_value is None else environment_value
@@ -115,6 +121,9 @@ class DeepEPBufferPlan:
     # around it
     nvshmem_qp_depth: int
     nvshmem_heap_bytes_at_least: int  # num_rdma_bytes rounded up to NVSHMEM's 512 MiB steps
+    # what the rank's GPU gives up for it: the NVSHMEM heap the RDMA buffer takes (512 MiB steps), the NVLink
+    # buffer and DeepEP's workspace; what a --budget is held against
+    memory_bytes_per_rank: int
     sglang_reserve_bytes: int  # what SGLang's automatic memory fraction sets aside for all of it
     over_sglang_reserve_bytes: int  # buffer bytes beyond that reserve (0: within it)
 
@@ -196,6 +205,7 @@ def plan_deepep_buffer(geometry: ModelGeometry, ep_size: int, cap: int, deepep_m
         buffer_bytes_group=per_rank * ep_size,
         nvshmem_qp_depth=nvshmem_qp_depth(cap, qp_depth_environment),
         nvshmem_heap_bytes_at_least=align_up(num_rdma, NVSHMEM_HEAP_STEP_BYTES),
+        memory_bytes_per_rank=memory_bytes_per_rank(num_rdma, normal_nvl),
         sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES,
         over_sglang_reserve_bytes=max(0, per_rank - SGLANG_DEEPEP_RESERVE_BYTES),
     )
@@ -204,14 +214,20 @@ def plan_deepep_buffer(geometry: ModelGeometry, ep_size: int, cap: int, deepep_m
 def largest_deepep_plan_within(budget_bytes: int, geometry: ModelGeometry, ep_size: int, deepep_mode: str = "auto",
                                redundant_experts: int = 0, fused_shared_experts: int = 0, *,
                                alignment: int = CAP_ALIGNMENT) -> DeepEPBufferPlan:
-    """The plan of the largest multiple of ``alignment`` (at most 1024) whose buffer fits ``budget_bytes``;
-    ``NoDeepEPCapFits`` when not even ``alignment`` tokens fit."""
+    """The plan of the largest multiple of ``alignment`` (at most 1024) whose memory per rank (the NVSHMEM heap
+    its RDMA buffer takes, the NVLink buffer, DeepEP's workspace: ``memory_bytes_per_rank``) fits
+    ``budget_bytes``; ``NoDeepEPCapFits`` when not even ``alignment`` tokens fit."""
     check_positive("budget_bytes", budget_bytes)
-    smallest = plan_deepep_buffer(geometry, ep_size, alignment, deepep_mode, redundant_experts, fused_shared_experts)
-    pricing = DeepEPPricing(ep_size, geometry.hidden_size, smallest.buffer_experts, smallest.normal_nvl_bytes,
-                            smallest.normal_rdma_bytes)
-    cap = pricing.largest_cap_within(budget_bytes, alignment)
+
+    def plan(cap: int) -> DeepEPBufferPlan:
+        return plan_deepep_buffer(geometry, ep_size, cap, deepep_mode, redundant_experts, fused_shared_experts)
+
+    smallest = plan(alignment) if alignment <= MAX_DISPATCH_TOKENS_PER_RANK else None
+    cap = largest_aligned_cap(lambda cap: plan(cap).memory_bytes_per_rank <= budget_bytes, alignment,
+                              MAX_DISPATCH_TOKENS_PER_RANK)
     if cap is None:
+        needed = f"already needs {smallest.memory_bytes_per_rank} bytes (its buffer's NVSHMEM heap, NVLink buffer " \
+                 "and DeepEP's workspace)" if smallest else f"is above DeepEP's {MAX_DISPATCH_TOKENS_PER_RANK}"
         raise NoDeepEPCapFits(f"no cap fits {budget_bytes} bytes per rank: the smallest aligned cap, {alignment}, "
-                              f"already needs {smallest.buffer_bytes_per_rank} bytes of DeepEP buffer")
-    return plan_deepep_buffer(geometry, ep_size, cap, deepep_mode, redundant_experts, fused_shared_experts)
+                              f"{needed}")
+    return plan(cap)

@@ -64,7 +64,7 @@ PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # capwatch.backends: one spec per backend
 # Who computed SGLang's floor and what happens below it (SGLangLimits): SGLang at start-up, or capwatch for a
 # release without the check, with or without the prefill chunk as a term. Strictest first: a group of mixed
-# releases takes the first its ranks report (service/advisor/floor.py).
+# releases takes the first its ranks report (advisor/floor.py).
 FloorRule = Literal["sglang", "capwatch_prefill", "capwatch"]
 
 

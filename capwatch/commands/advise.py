@@ -1,5 +1,5 @@
 """``capwatch advise``: the advice of a running capwatch service, or of SGLang logs (``--sglang-log``),
-as a table or JSON (the same object ``GET /v1/clusters/{cluster}/advice`` answers)."""
+as a table, JSON Lines (each the object ``GET /v1/clusters/{cluster}/advice`` answers) or CSV."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 from capwatch.arguments import checked, wait_seconds
 from capwatch.backends import SPECS
+from capwatch.output_format import add_format_arguments
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.usage_errors import CommandError
@@ -32,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="the service's base URL (default $CAPWATCH_URL or http://127.0.0.1:8321)")
     parser.add_argument("--cluster", help="one EP group (default: every cluster the service knows)")
     parser.add_argument("--role", default="target", choices=ROLES, help="which dispatcher")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_format_arguments(parser)
     parser.add_argument("--timeout", type=wait_seconds, default=10.0,
                         help="seconds to wait for the service, 0.1..3600 (default 10)")
     parser.add_argument("--whatif", nargs="+", type=cap_tokens, metavar="CAP",
@@ -40,7 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "its band), workspace bytes, KV-cache tokens (the /whatif curve)")
     offline = parser.add_argument_group("advice from SGLang logs (instead of a service)")
     offline.add_argument("--sglang-log", nargs="+", metavar="FILE",
-                         help="SGLang server log(s), plain or .gz, in any order: rotated, per rank or per node, "
+                         help="SGLang server log(s), plain or .gz, in any order (- reads standard input, a pipe "
+                              "too: kubectl logs POD | capwatch advise --sglang-log -): rotated, per rank or per node, "
                               "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
                               "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
                               "--cluster names the advice (default: the first file's name)")
@@ -139,6 +141,33 @@ def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> li
         raise service_error(base, error) from None
 
 
+STDIN = "-"  # --sglang-log - reads standard input (capwatch.sglang_logs.log_file.STDIN)
+
+
+def check_log_paths(paths: list[str]) -> None:
+    """Each path a readable file or stream (a pipe, /dev/stdin, a process substitution), ``-`` at most once
+    and only from a pipe or a file: a terminal on stdin would wait for typing."""
+    import stat
+    import sys
+
+    if paths.count(STDIN) > 1:
+        raise CommandError("--sglang-log names standard input (-) more than once")
+    for path in paths:
+        if path == STDIN:
+            if sys.stdin is None or sys.stdin.isatty():
+                raise CommandError("--sglang-log - reads the log from standard input, which is a terminal: pipe the "
+                                   "log in (kubectl logs POD | capwatch advise --sglang-log -)")
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except OSError as error:
+            raise CommandError(f"--sglang-log {path!r} is not a readable file ({error.strerror})") from None
+        readable = stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode) or stat.S_ISSOCK(mode)
+        if stat.S_ISDIR(mode) or not readable or not os.access(path, os.R_OK):
+            raise CommandError(f"--sglang-log {path!r} is not a readable file or stream"
+                               + (" (a directory: name its log files)" if stat.S_ISDIR(mode) else ""))
+
+
 def advise_from_logs(paths: list[str], flags: dict, cluster: str | None,
                      whatif: list[int] | None = None) -> dict | list[dict]:
     """``flags``: the SERVER_FLAGS given, by name."""
@@ -146,15 +175,13 @@ def advise_from_logs(paths: list[str], flags: dict, cluster: str | None,
     import sys
     import zlib
 
-    for path in paths:
-        if not os.path.isfile(path) or not os.access(path, os.R_OK):
-            raise CommandError(f"--sglang-log {path!r} is not a readable file")
+    check_log_paths(paths)
     try:
         from capwatch.sglang_logs.advise import LogError, ServerFlags, advise_from_sglang_logs
     except ImportError as error:
         raise CommandError(f"advice from logs needs {error.name}, which this install lacks: "
                            "pip install --force-reinstall a2a-capwatch") from None
-    total = sum(os.path.getsize(path) for path in paths)
+    total = sum(os.path.getsize(path) for path in paths if path != STDIN and os.path.isfile(path))
     try:
         server = ServerFlags(**flags)
         if sys.stderr.isatty() and total >= PROGRESS_MIN_BYTES:
@@ -195,15 +222,15 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
-
     from capwatch.advice_table import print_advice, print_whatif
+    from capwatch.output_format import print_objects
 
+    output = args.output or "table"
     if args.sglang_log:
         flags = {name: getattr(args, name) for name in SERVER_FLAGS}
         answer = advise_from_logs(args.sglang_log, flags, args.cluster, args.whatif)
-        if args.json:
-            print(json.dumps(answer, indent=2))
+        if output != "table":
+            print_objects(answer if args.whatif else [answer], output)
         elif args.whatif:
             print_whatif(answer)
         else:
@@ -214,11 +241,11 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"{', '.join(given)} go(es) with --sglang-log (a service knows its ranks' configuration)")
     if args.whatif:
         rows = fetch_whatif(args.url, args.cluster, args.role, args.whatif, args.timeout)
-        print(json.dumps(rows, indent=2)) if args.json else print_whatif(rows)
+        print_objects(rows, output) if output != "table" else print_whatif(rows)
         return 0
     advices = fetch_advice(args.url, args.cluster, args.role, args.timeout)
-    if args.json:
-        print(json.dumps(advices[0] if args.cluster else advices, indent=2))
+    if output != "table":
+        print_objects(advices, output)
     else:
         print_advice(advices)
     return 0

@@ -68,6 +68,9 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from capwatch.extras import require_extra
+
+    require_extra("demo", "demo")  # before the state folder is created or anything starts
     from capwatch.demo.session import DemoOptions, run_demo
     from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
 

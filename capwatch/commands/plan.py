@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import functools
 
-from capwatch.sizing.backends import BACKENDS
+from capwatch.backends import SPECS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 
 # Plain constants (no sizing work at import): the limits --help states.
@@ -24,9 +24,13 @@ Caps: --cap N, repeatable; a comma list (--cap 1024,2048); an inclusive range ST
 (--cap 256:4096:256; STEP defaults to 128). Or --budget SIZE for the largest 128-aligned cap whose
 per-rank workspace fits (units: bytes, KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 2GiB, 512MiB).
 
-Modes: flashinfer = FlashInfer's formula for the payload format; sglang = what SGLang allocates
-(bf16 floor on dispatch bytes, +128 B with --draft); sglang-legacy = SGLang before PR #25907
-(cap x ep_size passed as max_num_tokens, an ep_size-fold over-allocation).
+Modes: sglang (default) = what SGLang allocates (bf16 floor on dispatch bytes, so nvfp4 and fp8 cost the
+bf16 figure; +128 B with --draft); flashinfer = FlashInfer's formula for the payload format, as a caller
+other than SGLang allocates it; sglang-legacy = SGLang before PR #25907 (cap x ep_size passed as
+max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in its title.
+
+Output: --format table (default), json (one object per cap or budget answer, a line each) or csv;
+--json = --format json. A payload format given to --format (--format nvfp4) is --payload-format.
 
 --backend deepep prices SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (1..1024) in the deep_ep.Buffer SGLang
 allocates for --moe-a2a-backend deepep: the low-latency RDMA buffer, plus normal mode's buffers with
@@ -63,21 +67,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              f"{MAX_CAPS} caps)")
     parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB (at most "
                                                          f"{MAX_NUMBER_CHARACTERS} characters)")
-    parser.add_argument("--format", dest="payload_format", metavar="FORMAT", default=None,
+    parser.add_argument("--payload-format", dest="payload_format", metavar="FORMAT", default=None,
                         help="dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, deepseek-fp8 (default bf16)")
+    parser.add_argument("--format", dest="format_given", metavar="FORMAT", default=None,
+                        help="output: table (default), json (one object per line) or csv; a payload format here "
+                             "(--format nvfp4) is read as --payload-format, as before")
     parser.add_argument("--eplb-stats-experts", metavar="S", default=None,
                         help="experts in FlashInfer's EPLB stats region (0.6.16+; 0..num_experts; default 0)")
     parser.add_argument("--flashinfer-version", metavar="X.Y.Z", default=None,
                         help="flashinfer-python release (default 0.7.2.post1, the newest with MoeAlltoAll; "
                              "0.7.4 sizes NVLinkOneSidedAlltoAll)")
     parser.add_argument("--mode", default=None, metavar="MODE",
-                        help="flashinfer (default), sglang or sglang-legacy")
+                        help="sglang (default: what SGLang allocates, bf16 dispatch bytes at least), flashinfer "
+                             "(FlashInfer's own formula for the payload) or sglang-legacy")
     parser.add_argument("--draft", action="store_true", help="size SGLang's speculative draft dispatcher (+128 B)")
     parser.add_argument("--lamport-tokens", metavar="T", default=None,
                         help=f"0.7.4 only: Lamport transport token limit the run settles on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; "
                              "default 0 = off)")
     parser.add_argument("--backend", metavar="NAME", default="flashinfer",
-                        help=f"A2A backend, as --moe-a2a-backend names it: {', '.join(BACKENDS)} (default flashinfer)")
+                        help=f"A2A backend, as --moe-a2a-backend names it: {', '.join(SPECS)} (default flashinfer)")
     deepep = parser.add_argument_group("DeepEP (--backend deepep)")
     deepep.add_argument("--deepep-mode", metavar="MODE", default=None,
                         help="auto (default, SGLang's: low-latency and normal buffers) or low_latency")
@@ -87,7 +95,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="SGLang's --enforce-shared-experts-fusion: one expert slot per rank per shared expert")
     deepep.add_argument("--shared-experts", metavar="S", default=None,
                         help="shared experts of a custom geometry (a preset knows its own)")
-    parser.add_argument("--json", action="store_true", help="JSON: one object per cap, a list for several")
+    parser.add_argument("--json", dest="output", action="store_const", const="json",
+                        help="the same as --format json: one object per cap, a line each")
     parser.set_defaults(run=run)
 
 
@@ -135,7 +144,7 @@ def parse_caps(values: list[str]) -> list[int]:
 
 
 # Each backend's own options: given with the other backend, they are refused rather than ignored.
-FLASHINFER_OPTIONS = {"payload_format": "--format", "eplb_stats_experts": "--eplb-stats-experts",
+FLASHINFER_OPTIONS = {"payload_format": "--payload-format", "eplb_stats_experts": "--eplb-stats-experts",
                       "flashinfer_version": "--flashinfer-version", "mode": "--mode", "draft": "--draft",
                       "lamport_tokens": "--lamport-tokens"}
 DEEPEP_OPTIONS = {"deepep_mode": "--deepep-mode", "redundant_experts": "--redundant-experts",
@@ -178,27 +187,61 @@ def _budget(args: argparse.Namespace) -> int:
     return parse_byte_size(args.budget)
 
 
-def run(args: argparse.Namespace) -> int:
-    from capwatch.sizing.backends import DEEPEP, backend_rules
+def _output(args: argparse.Namespace) -> None:
+    """Split ``--format``: an output format (table, json, csv) or, as before, a payload format."""
+    from capwatch.output_format import OUTPUT_FORMATS
     from capwatch.sizing.checks import SizingError
 
-    rules = backend_rules(args.backend.strip().lower())
+    given = args.format_given
+    if given is not None and given.strip().lower() in OUTPUT_FORMATS:
+        if args.output is not None and args.output != given.strip().lower():
+            raise SizingError(f"--format {given} and --json disagree: give one of them")
+        args.output = given.strip().lower()
+    elif given is not None:
+        if args.payload_format is not None:
+            raise SizingError(f"--format {given} and --payload-format {args.payload_format}: give the payload once")
+        args.payload_format = given
+        args.payload_flag = "--format"  # as the user spelled it, in messages
+    args.output = args.output or "table"
+
+
+def run(args: argparse.Namespace) -> int:
+    from capwatch.backends import spec_of
+    from capwatch.sizing.deepep_plan import DEEPEP
+    from capwatch.sizing.checks import SizingError
+
+    _output(args)
+    rules = spec_of(args.backend.strip().lower()).rules
     if (args.cap is None) == (args.budget is None):
         raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
     if args.ep_size is None:
         raise SizingError("give --ep-size N, the ranks in the expert-parallel group")
-    foreign = _given(args, FLASHINFER_OPTIONS if rules is DEEPEP else DEEPEP_OPTIONS)
+    foreign = [getattr(args, "payload_flag", flag) if flag == "--payload-format" else flag
+               for flag in _given(args, FLASHINFER_OPTIONS if rules is DEEPEP else DEEPEP_OPTIONS)]
     if foreign:
         raise SizingError(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not an option of the "
                           f"{rules.name} backend (see capwatch plan --help)")
     return _run_deepep(args, rules) if rules is DEEPEP else _run_flashinfer(args, rules)
 
 
+def _default_mode(args: argparse.Namespace) -> str:
+    """``sglang`` (what SGLang allocates: the cap is SGLang's variable), unless the question is one SGLang never
+    asks: a flashinfer release without the MoeAlltoAll SGLang calls (0.7.4), or an EPLB stats region."""
+    from capwatch.sizing.checks import SizingError
+    from capwatch.sizing.flashinfer_releases import LAYOUT_MOE_A2A, FlashInferVersion
+
+    try:
+        layout = FlashInferVersion.parse(args.flashinfer_version).layout
+    except SizingError:  # an unknown release: plan_workspace says so in its own words
+        return "sglang"
+    return "sglang" if layout == LAYOUT_MOE_A2A and not args.eplb_stats_experts else "flashinfer"
+
+
 def _run_flashinfer(args: argparse.Namespace, rules) -> int:
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.plan import MODES, largest_plan_within, plan_workspace
 
-    mode = args.mode or "flashinfer"
+    mode = args.mode or _default_mode(args)
     if mode not in MODES:
         raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
     geometry = _geometry(args)
@@ -211,7 +254,8 @@ def _run_flashinfer(args: argparse.Namespace, rules) -> int:
     )
     return _answer(args, lambda cap: plan_workspace(cap=cap, **options),
                    lambda budget: largest_plan_within(budget, **options, alignment=rules.alignment),
-                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank", rules.alignment)
+                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank", rules.alignment,
+                   rules)
 
 
 def _run_deepep(args: argparse.Namespace, rules) -> int:
@@ -231,15 +275,18 @@ def _run_deepep(args: argparse.Namespace, rules) -> int:
                    fused_shared_experts=geometry.shared_experts if args.shared_experts_fusion else 0)
     return _answer(args, lambda cap: plan_deepep_buffer(cap=cap, **options),
                    lambda budget: largest_deepep_plan_within(budget, **options, alignment=rules.alignment),
-                   _print_deepep_table, "buffer_bytes_per_rank", rules.alignment)
+                   _print_deepep_table, "memory_bytes_per_rank", rules.alignment, rules)
 
 
-def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str, alignment: int) -> int:
+def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str, alignment: int,
+            rules=None) -> int:
     """The caps asked for, or the largest within ``--budget`` and the next aligned one (to show it does not fit):
-    JSON or ``print_table``. ``plan_at(cap)`` and ``largest_within(budget)`` are the backend's planner, its caps
-    multiples of ``alignment`` (the backend's, ``sizing/backends.py``)."""
-    import json
+    a table (``print_table``), JSON Lines or CSV. ``plan_at(cap)`` and ``largest_within(budget)`` are the
+    backend's planner, its caps multiples of ``alignment`` (the backend's, ``sizing/backends.py``); a cap asked
+    for off the backend's required alignment is flagged, as ``advise`` flags it (``rules.why_aligned``)."""
+    import sys
 
+    from capwatch.output_format import print_objects
     from capwatch.sizing.checks import SizingError
 
     if args.budget is not None:
@@ -249,18 +296,25 @@ def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, byte
             above = plan_at(best.cap + alignment)
         except SizingError:  # past the most the backend takes
             above = None
-        if args.json:
-            print(json.dumps({**best.as_dict(), "budget_bytes": budget, "next_cap": above.cap if above else None,
-                              f"next_cap_{bytes_field}": getattr(above, bytes_field) if above else None}, indent=2))
+        if args.output != "table":
+            print_objects([{**best.as_dict(), "budget_bytes": budget, "next_cap": above.cap if above else None,
+                            f"next_cap_{bytes_field}": getattr(above, bytes_field) if above else None}], args.output)
         else:
             print_table([best] + ([above] if above else []), title_note=f"budget {args.budget} = {budget:,} B per rank",
                         budget=budget)
         return 0
-    plans = [plan_at(cap) for cap in parse_caps(args.cap)]
-    if args.json:
-        print(json.dumps(plans[0].as_dict() if len(plans) == 1 else [plan.as_dict() for plan in plans], indent=2))
+    caps = parse_caps(args.cap)
+    plans = [plan_at(cap) for cap in caps]
+    off = [cap for cap in caps if rules is not None and cap % rules.required_alignment]
+    if args.output != "table":
+        print_objects([{**plan.as_dict(), "aligned": plan.cap not in off} for plan in plans], args.output)
     else:
         print_table(plans)
+    if off:
+        shown = ", ".join(map(str, off[:8])) + (f" and {len(off) - 8} more" if len(off) > 8 else "")
+        print(f"warning: cap {shown} {'is' if len(off) == 1 else 'are'} not a multiple of {rules.required_alignment}: "
+              f"{rules.why_aligned}; set a multiple of {rules.required_alignment}",
+              file=sys.stderr if args.output != "table" else sys.stdout)
     return 0
 
 
@@ -268,16 +322,15 @@ def _console():
     from rich.console import Console
 
     console = Console()
-    console.width = max(console.width, 150)  # piped output defaults to 80 columns and would wrap
+    console.width = max(console.width, 170)  # piped output defaults to 80 columns and would wrap
     return console
 
 
 def _print_deepep_table(plans, budget: int | None = None, title_note: str = "") -> None:
     from rich.table import Table
 
-    from capwatch.sizing.backends import DEEPEP
     from capwatch.sizing.byte_units import format_bytes, format_gib
-    from capwatch.sizing.deepep_plan import DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES
+    from capwatch.sizing.deepep_plan import DEEPEP, DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES
 
     first, console = plans[0], _console()
     extra = "".join(part for part in (
@@ -288,9 +341,9 @@ def _print_deepep_table(plans, budget: int | None = None, title_note: str = "") 
     table = Table(title=title, caption=title_note or None)
     normal = first.deepep_mode == "auto"
     headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
-        ["buffer/rank", "bytes/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"]
+        ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"]
     for header in headers:
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")  # a narrow terminal wraps, never cuts
     if budget is not None:
         table.add_column("fits", justify="center")
     for plan in plans:
@@ -298,18 +351,19 @@ def _print_deepep_table(plans, budget: int | None = None, title_note: str = "") 
         if normal:
             row += [format_bytes(plan.normal_nvl_bytes), format_bytes(plan.normal_rdma_bytes)]
         row += [format_bytes(plan.buffer_bytes_per_rank), f"{plan.buffer_bytes_per_rank:,}",
-                format_bytes(plan.buffer_bytes_group), f"{plan.nvshmem_qp_depth:,}",
+                format_bytes(plan.memory_bytes_per_rank), format_bytes(plan.buffer_bytes_group), f"{plan.nvshmem_qp_depth:,}",
                 f"+{format_bytes(plan.over_sglang_reserve_bytes)} over" if plan.over_sglang_reserve_bytes else "within"]
         if budget is not None:
-            row.append("yes" if plan.buffer_bytes_per_rank <= budget else "no")
+            row.append("yes" if plan.memory_bytes_per_rank <= budget else "no")
         table.add_row(*row)
     console.print(table)
     if budget is not None:
-        console.print(f"largest 128-aligned cap within budget: {first.cap}")
+        console.print(f"largest 128-aligned cap whose memory/rank is within budget: {first.cap}")
     largest = max(plans, key=lambda plan: plan.cap)
-    console.print(f"not counted: DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace; NVSHMEM maps its heap in "
-                  f"{format_bytes(NVSHMEM_HEAP_STEP_BYTES)} steps, so the RDMA buffer takes at least "
-                  f"{format_bytes(largest.nvshmem_heap_bytes_at_least)} of it at cap {largest.cap}",
+    console.print(f"memory/rank = the RDMA buffer as NVSHMEM maps it ({format_bytes(NVSHMEM_HEAP_STEP_BYTES)} steps: "
+                  f"{format_bytes(largest.nvshmem_heap_bytes_at_least)} at cap {largest.cap})"
+                  + (" + the NVLink buffer" if normal else "")
+                  + f" + DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace: what a budget is held against",
                   soft_wrap=True, highlight=False)
     over = [plan for plan in plans if plan.over_sglang_reserve_bytes]
     if over:
@@ -334,7 +388,7 @@ def _print_table(plans, geometry, title_note: str = "", budget: int | None = Non
     table = Table(title=title, caption=title_note or None)
     for header in ("cap/rank", "max_num_tokens", "dispatch B/tok", "combine B/tok", "aux",
                    "workspace/rank", "bytes/rank", "EP group", "expert rows"):
-        table.add_column(header, justify="right")
+        table.add_column(header, justify="right", overflow="fold")  # a narrow terminal wraps, never cuts
     show_lamport = any(plan.lamport_bytes for plan in plans)
     if show_lamport:
         table.add_column("of which Lamport", justify="right")
@@ -352,7 +406,7 @@ def _print_table(plans, geometry, title_note: str = "", budget: int | None = Non
         table.add_row(*row)
     console.print(table)
     if budget is not None:
-        from capwatch.sizing.backends import FLASHINFER
+        from capwatch.sizing.flashinfer_releases import FLASHINFER
 
         at_limit = first.cap == FLASHINFER.max_cap_tokens
         console.print(f"largest 128-aligned cap within budget: {first.cap}" +

@@ -165,10 +165,18 @@ def raise_open_files_limit(max_connections: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
 
 
+def listening_url(host: str, port: int) -> str:
+    """The URL the service answers on (an IPv6 address in brackets)."""
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}/"
+
+
 def run(args: argparse.Namespace) -> int:
     import sqlite3
     import sys
 
+    from capwatch.extras import require_extra
+
+    require_extra("serve", "service")  # before anything is read, bound or written
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
@@ -210,7 +218,14 @@ def run(args: argparse.Namespace) -> int:
         except sqlite3.Error as error:
             raise CommandError(f"{db_name} {settings.db_path}: cannot use it as a SQLite database ({error}); "
                                "pick another path") from None
-        serve(bounded_server(app, settings, args.log_level), [listener])
+        server = bounded_server(app, settings, args.log_level)
+        listener.listen(server.config.backlog)  # connections wait from now on, so the URL below is true at once
+        print(f"capwatch serve: listening on {listening_url(settings.host, settings.port)} (the web page; API "
+              f"under /v1, metrics at /metrics; "
+              + (f"ranks read from {settings.prometheus_url})" if settings.prometheus_url
+                 else f"reports kept in {settings.db_path})"),
+              file=sys.stderr, flush=True)
+        serve(server, [listener])
     finally:
         listener.close()
     return 0

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from capwatch.service.advisor.sample import RankInterval, group_samples, window_start
+from capwatch.advisor.sample import RankInterval, group_samples, window_start
 from capwatch.service.sources.contract import ClusterSource, IntervalRow
 from pydantic_core import to_json
 

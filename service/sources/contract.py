@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from capwatch.service.advisor.history import SampleHistory
+from capwatch.advisor.history import SampleHistory
 from capwatch.telemetry.report import RankConfig, SGLangLimits
 
 

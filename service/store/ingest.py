@@ -6,7 +6,7 @@ from __future__ import annotations
 import sqlite3
 from dataclasses import dataclass
 
-from capwatch.service.advisor.sample import RankInterval
+from capwatch.advisor.sample import RankInterval
 from capwatch.service.store.messages import PendingReport
 from capwatch.service.store.rank_cache import RankCache, RankKey
 from capwatch.service.store.rank_state import ReportedRank, apply_report

@@ -8,7 +8,7 @@ import logging
 import sqlite3
 from collections.abc import Callable
 
-from capwatch.service.advisor.folding import fold
+from capwatch.advisor.folding import fold
 from capwatch.service.store.checkpoints import Checkpoints
 from capwatch.service.store.options import StoreOptions
 from capwatch.service.store.rank_cache import RankCache

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from capwatch.service.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
+from capwatch.advisor.policy import DEFAULT_POLICY, AdvisorPolicy
 
 
 @dataclass(frozen=True)

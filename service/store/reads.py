@@ -5,9 +5,9 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Callable, Iterator
 
-from capwatch.service.advisor.folding import history_of
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.advisor.folding import history_of
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.service.sources.contract import IntervalPages, IntervalRow
 from capwatch.service.store.windows import FoldedHistories, read_windows
 

@@ -10,7 +10,7 @@ migration at the end, never edit one: databases in the field were written by eac
 
 import functools
 
-from capwatch.service.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, Combine
+from capwatch.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, Combine
 
 SCHEMA_V1 = """
 CREATE TABLE IF NOT EXISTS reports (

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from capwatch.service.advisor.history import SampleHistory
+from capwatch.advisor.history import SampleHistory
 from capwatch.service.sources.contract import IntervalPages, IntervalRow, SourceUnavailable
 from capwatch.service.store import reads
 from capwatch.service.store.admission import CLOSED, Admission

@@ -9,8 +9,8 @@ import json
 import logging
 import sqlite3
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.sample import (WINDOW_FIELDS, GroupSample, RankInterval, ran_steps, sample_of,
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.sample import (WINDOW_FIELDS, GroupSample, RankInterval, ran_steps, sample_of,
                                              window_start, window_values)
 from capwatch.telemetry.report import MAX_STORED_COUNT, RankReport
 

@@ -6,7 +6,7 @@ ends the rank at run time, at CUDA-graph capture for the largest decode batch. S
 in every release (``floor_rule="capwatch"``) from the functions all of them have (``floors/graph_terms.py``):
 the decode/verify CUDA-graph batch x tokens per request, the prefill CUDA-graph batch and the prefill chunk.
 Which of them reach the low-latency buffer depends on ``--deepep-mode`` (auto sends prefill to normal mode):
-the advisor decides that from the rank's reported mode (``service/advisor/floor.py``).
+the advisor decides that from the rank's reported mode (``advisor/floor.py``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ config), ``floor_rule="sglang"``. 0.5.19 - 0.5.21 have none of those functions a
 CuteDSL one, env x ep_size): capwatch computes the same rule from the functions those releases do have
 (``resolved_view``, ``max_prefill_buffer_tokens``, ``max_speculative_num_draft_tokens``),
 ``floor_rule="capwatch"``; there eager prefill goes through an all-gather, so the advisor leaves the
-prefill chunk out of the floor (``service/advisor/floor.py``).
+prefill chunk out of the floor (``advisor/floor.py``).
 """
 
 from __future__ import annotations

@@ -293,6 +293,8 @@ def lint_rules(rule_file: dict) -> list[str]:
                 findings.append(f"alert {name} needs a severity label (info, warning or critical)")
             if not {"summary", "description"} <= set(rule.get("annotations", {})):
                 findings.append(f"alert {name} needs summary and description annotations")
+            if not rule.get("annotations", {}).get("runbook_url"):
+                findings.append(f"alert {name} needs a runbook_url annotation (a heading of docs/runbook.md)")
         findings += [f"{name}: {finding}" for finding in lint_expression(rule["expr"], dashboard=False,
                                                                           recorded=recorded)]
     return findings

@@ -12,7 +12,7 @@ import signal
 import time
 
 import pytest
-from capwatch.service.advisor.sample import window_start
+from capwatch.advisor.sample import window_start
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

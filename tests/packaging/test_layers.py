@@ -17,14 +17,17 @@ import pytest
 
 from tests.support.checkout import REPO_ROOT
 
-# Lowest first. `capwatch.vocabulary` is the shared words every layer may use; the rest of `capwatch/` is the
+# Lowest first. `capwatch.vocabulary` is the shared words every layer may use, `capwatch.version` the installed
+# version every layer may state (the CLI's --version, the build-info metric); the rest of `capwatch/` is the
 # command line and the demo, on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("capwatch.sizing", "capwatch.vocabulary"),
+    ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
     ("capwatch.backends",),  # one spec per A2A backend over its sizing, and the registry every layer above loops over
     ("capwatch.dispatcher",),
     ("capwatch.telemetry",),
     ("capwatch.dashboards",),
+    # The advisor: a library below both of its users, the service and the log reader.
+    ("capwatch.advisor",),
     ("capwatch.service", "capwatch.sglang_plugin"),
     ("capwatch.sglang_logs",),
     ("capwatch",),
@@ -93,11 +96,13 @@ def test_every_import_points_down_or_stays_in_its_package():
 
 
 def test_the_layer_check_sees_an_upward_import(tmp_path):
-    """The check above can fail: a sizing module importing the service is flagged."""
+    """The check above can fail: a sizing module importing the advisor, or the advisor importing the service,
+    is flagged."""
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from capwatch.service.advisor import policy\n")
-    (line, target), = capwatch_imports(bad)
-    assert package_of(target) == "capwatch.service" and rank_of("capwatch.service") > rank_of("capwatch.sizing")
+    bad.write_text("def f():\n    from capwatch.advisor import policy\n    from capwatch.service import config\n")
+    (_, advisor), (_, service) = capwatch_imports(bad)
+    assert package_of(advisor) == "capwatch.advisor" and rank_of("capwatch.advisor") > rank_of("capwatch.sizing")
+    assert package_of(service) == "capwatch.service" and rank_of("capwatch.service") > rank_of("capwatch.advisor")
 
 
 def test_every_product_package_is_in_a_layer():

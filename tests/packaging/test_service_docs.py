@@ -33,7 +33,7 @@ def test_every_numeric_setting_is_bounded_at_both_ends():
     at both ends; a setting added without one fails here."""
     import typing
 
-    from capwatch.service.advisor.policy import AdvisorPolicy
+    from capwatch.advisor.policy import AdvisorPolicy
     from capwatch.service.config import Settings
 
     numeric = {f"{prefix}{name.upper()}" for prefix, model in (("CAPWATCH_", Settings), ("CAPWATCH_ADVISOR__",

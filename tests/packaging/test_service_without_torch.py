@@ -123,3 +123,37 @@ def test_a_base_install_command_imports_only_the_base_dependencies(tmp_path, com
     used, base, result = _base_command_imports(*args)
     assert result.returncode == 0, result.stderr[-2000:]
     assert used - base == set(), f"`capwatch {command}` imports beyond `pip install a2a-capwatch`: {used - base}"
+
+
+# SGLang's load_plugins(), reduced to what touches the entry point, in a scheduler process (its module loaded).
+LOAD_PLUGINS = """
+import logging, sys, types
+from importlib.metadata import entry_points
+logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s: %(message)s")
+sys.modules["sglang.srt.managers.scheduler"] = types.ModuleType("sglang.srt.managers.scheduler")
+(plugin,) = [ep for ep in entry_points(group="sglang.srt.plugins") if ep.name == "capwatch"]
+plugin.load()()
+print("loaded and ran")
+"""
+
+
+def test_the_sglang_entry_point_is_harmless_without_its_extra():
+    """Where the ``sglang`` extra's imports are missing (here torch), loading and calling the entry point raises
+    nothing: one line says what to install, and nothing else of capwatch's is imported."""
+    completed = launcher.run("-c", LOAD_PLUGINS + "print(sorted(m for m in sys.modules if m.startswith('capwatch.')))",
+                             python=INSTALLED_PYTHON, env=OPERATOR_ENV, inherit_env=False, timeout_s=60)
+    assert completed.returncode == 0, completed.stderr
+    assert "loaded and ran" in completed.stdout
+    lines = [line for line in completed.stderr.splitlines() if "capwatch:" in line]
+    assert len(lines) == 1 and "capwatch: disabled: torch not installed" in lines[0] \
+        and "a2a-capwatch[sglang]" in lines[0], completed.stderr
+    assert "capwatch.sglang_plugin.plugin" not in completed.stdout and "capwatch.telemetry" not in completed.stdout
+
+
+def test_the_kill_switch_reads_before_anything_else():
+    """``CAPWATCH_ENABLED=0``: the one line says the plugin is off (not that an extra is missing)."""
+    completed = launcher.run("-c", LOAD_PLUGINS, python=INSTALLED_PYTHON, env={**OPERATOR_ENV, "CAPWATCH_ENABLED": "0"},
+                             inherit_env=False, timeout_s=60)
+    assert completed.returncode == 0, completed.stderr
+    lines = [line for line in completed.stderr.splitlines() if "capwatch:" in line]
+    assert len(lines) == 1 and "capwatch: off (CAPWATCH_ENABLED=0)" in lines[0], completed.stderr

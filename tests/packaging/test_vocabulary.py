@@ -1,5 +1,5 @@
 """The shared vocabulary: one spelling of every word (``capwatch.vocabulary`` for every layer,
-``capwatch.service.vocabulary`` for the service's own), one cap alignment (``capwatch.sizing.caps``),
+``capwatch.advisor.vocabulary`` for the advisor's own, ``capwatch.service.vocabulary`` for the service's own), one cap alignment (``capwatch.sizing.caps``),
 and no product module with a copy of its own."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import ast
 import typing
 
 import pytest
+from capwatch.advisor import vocabulary as advisor_vocabulary
 from capwatch.service import vocabulary as service_vocabulary
 from capwatch.sizing import caps
 from capwatch.backends import SPECS
@@ -21,7 +22,7 @@ from tests.support.checkout import PRODUCT_FOLDERS, REPO_ROOT
 @pytest.mark.parametrize("literal, values", [
     (vocabulary.Role, vocabulary.ROLES), (vocabulary.OverflowPolicy, vocabulary.OVERFLOW_POLICIES),
     (vocabulary.OverflowKind, vocabulary.OVERFLOW_KINDS), (vocabulary.OverflowOutcome, vocabulary.OVERFLOW_OUTCOMES),
-    (service_vocabulary.Action, service_vocabulary.ACTIONS),
+    (advisor_vocabulary.Action, advisor_vocabulary.ACTIONS),
     (service_vocabulary.RankStatus, service_vocabulary.RANK_STATUSES),
 ])
 def test_each_tuple_is_its_literal(literal, values):
@@ -44,7 +45,7 @@ def test_alignment_defaults_to_the_cap_grain_and_refuses_nonsense():
         caps.align_up(5, 0)
 
 
-# Each is defined once (capwatch/vocabulary.py, service/vocabulary.py, sizing/caps.py) and imported elsewhere.
+# Each is defined once (capwatch/vocabulary.py, advisor/vocabulary.py, service/vocabulary.py, sizing/caps.py) and imported elsewhere.
 ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUTCOMES", "ACTIONS", "RANK_STATUSES",
                    "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
 

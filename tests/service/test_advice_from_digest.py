@@ -9,7 +9,7 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from capwatch.service.advisor.advice import ClusterAdvice
+from capwatch.advisor.advice import ClusterAdvice
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
 from capwatch.service.queries import AdviceUnavailable, cluster_advice

@@ -4,12 +4,17 @@ objects the service answers (``ClusterAdvice``, ``WhatIf``, dumped to JSON as th
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from rich.console import Console
 
-from capwatch.advice_table import ADVICE_FIELDS, print_advice, print_whatif
+from capwatch.advice_table import ADVICE_FIELDS, percent, print_advice, print_whatif
+
+WEB = Path(__file__).resolve().parents[2] / "service" / "web"
 
 ENV_VAR = "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
 
@@ -43,7 +48,8 @@ def test_one_advice_is_a_card_with_its_reasons_and_the_line_to_export():
     lines = text.splitlines()
     for label, value in ADVICE_FIELDS:  # every field on a line of its own, label then value
         assert any(label in line and value(advice("demo")) in line for line in lines), label
-    assert "│ bounds" in text and "896 - 2432" in text and "0.00% -> 0.12%" in text and "0.5 (<= 3)" in text
+    assert "│ bounds" in text and "896 - 2432" in text and "0.00% -> 0.12% decay-weighted" in text
+    assert "0.5 (band up to 3)" in text and "88%" in text
     assert "0.44 GiB -> 0.14 GiB" in text and "-1.21 GiB" in text and "70 windows, 2 overflowed" in text
     assert "  - a reason with [bold]brackets[/bold] prints as written" in text  # text, never markup
     assert [line for line in lines if line.strip()][-1] == f"export {ENV_VAR}=1280"
@@ -56,14 +62,34 @@ def test_several_advices_are_a_row_each_then_each_clusters_reasons_and_errors():
                      reasons=["5 group samples covering 0 min"])
     text = rendered(print_advice, [advice("prod-a"), holding, {"cluster": "prod-c", "role": "target",
                                                                "error": "ranks disagree on the cap"}])
-    assert f"capwatch advice: {ENV_VAR}" in text
-    rows = [line for line in text.splitlines() if line.startswith("│")]
-    assert [row.split("│")[1].strip() for row in rows] == ["prod-a", "prod-b"]
-    cells = [cell.strip() for cell in rows[1].split("│")[1:-1]]
-    assert cells[:6] == ["prod-b", "insufficient_data", "flashinfer", "4096", "-", "-"] and cells[-2] == "-"
-    after = text[text.index("prod-a:"):]
-    assert after.index("prod-a:") < after.index(f"export {ENV_VAR}=1280") < after.index("prod-b:") \
-        < after.index("no change suggested yet") < after.index("prod-c: cannot be advised: ranks disagree on the cap")
+    titles = [line.strip() for line in text.splitlines() if line.startswith("capwatch advice for cluster")]
+    assert titles == ["capwatch advice for cluster 'prod-a'", "capwatch advice for cluster 'prod-b'"]
+    second = text[text.index("cluster 'prod-b'"):]
+    assert any("action" in line and "insufficient_data" in line for line in second.splitlines())
+    assert any("bounds" in line and "\u2502 - " in line for line in second.splitlines())
+    assert text.index("cluster 'prod-a'") < text.index(f"export {ENV_VAR}=1280") < text.index("cluster 'prod-b'") \
+        < text.index("no change suggested yet") < text.index("prod-c: cannot be advised: ranks disagree on the cap")
+
+
+CUT = "\u2026"  # rich's ellipsis: a value cut to fit
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_several_clusters_fit_the_terminal_and_no_value_is_cut(width):
+    """Issue #31, symptom 7: with several clusters `capwatch advise` printed one row per cluster, about 220
+    columns: at 80 or 120 the values themselves were cut ("flash\u2026", "0.83..4.\u2026"), in a pipe too."""
+    advices = [advice("prod-a"), advice("decode-pool-eu-west", a2a_backend="deepep",
+                                        cap_variable="SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                                        current_cap=1024, recommended_cap=384,
+                                        env="SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK=384"),
+               advice("prod-c", confidence=0.8333)]
+    text = rendered(print_advice, advices, width=width)
+    boxed = [line for line in text.splitlines() if line.startswith(("\u2502", "\u250c", "\u2514"))]
+    assert boxed and max(len(line.rstrip()) for line in boxed) <= width
+    assert CUT not in text
+    for item in advices:
+        for label, value in ADVICE_FIELDS:
+            assert any(label in line and value(item) in line for line in text.splitlines()), (item["cluster"], label)
 
 
 def test_each_backend_names_its_own_variable():
@@ -74,7 +100,7 @@ def test_each_backend_names_its_own_variable():
     assert card.strip().splitlines()[-1] == f"export {deepep}=384"
     both = rendered(print_advice, [advice("prod-a"), advice("decode", a2a_backend="deepep", cap_variable=deepep,
                                                                     env=f"{deepep}=384")])
-    assert f"capwatch advice: {deepep}, {ENV_VAR}" in both
+    assert "cluster 'decode'" in both and "cluster 'prod-a'" in both
     assert f"export {deepep}=384" in both and f"export {ENV_VAR}=1280" in both
 
 
@@ -99,3 +125,26 @@ def test_whatif_rows_show_the_band_the_cost_and_the_floor():
     assert "674" in small and "611..8,640" in small and "-3.00 GiB" in small and "12,571" in small and "yes" in small
     [large] = [line for line in text.splitlines() if line.startswith("│ 4096")]
     assert "+0.00 GiB" in large and " no " in large and large.count(" - ") >= 2
+
+
+SHARES = (0.125, 0.0833, 0.875, 0.005, 0.0995, 0.3, 1.0, 0.0)
+
+
+def test_confidence_reads_as_the_page_writes_it():
+    """Issue #31 symptom 8: confidence 0.125 read "0.12" in the CLI and "13%" on the page. The card writes a share
+    as the page's own formatPercent does (charts.js, run by node)."""
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's charts.js cannot be run")
+    script = (Path(WEB) / "charts.js").read_text() + (
+        f"\nconsole.log(JSON.stringify({json.dumps(SHARES)}.map(Charts.formatPercent)));")
+    page = json.loads(subprocess.run([node, "-"], input=script, capture_output=True, text=True, check=True).stdout)
+    assert [percent(share) for share in SHARES] == page and page[0] == "13%"
+    card = rendered(print_advice, [advice("demo", confidence=0.125)])
+    assert any("confidence" in line and "13%" in line for line in card.splitlines()), card
+
+
+def test_one_window_is_one_window():
+    """Issue #31 symptom 8: "1 windows"."""
+    card = rendered(print_advice, [advice("demo", sample_count=1, overflow_windows=0)])
+    assert "1 window, 0 overflowed" in card and "1 windows" not in card

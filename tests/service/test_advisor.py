@@ -5,15 +5,15 @@ from __future__ import annotations
 import random
 
 import pytest
-from capwatch.service.advisor.budget import largest_cap_within
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
-from capwatch.service.advisor.history import SampleHistory, overflow_bump
-from capwatch.service.advisor.hysteresis import worth_changing
-from capwatch.service.advisor.policy import AdvisorPolicy
+from capwatch.advisor.budget import largest_cap_within
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.histogram import DecayingHistogram, bucket_index, bucket_range
+from capwatch.advisor.history import SampleHistory, overflow_bump
+from capwatch.advisor.hysteresis import worth_changing
+from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.service.advisor.recommend import recommend, whatif
-from capwatch.service.advisor.sample import RankInterval, group_samples
+from capwatch.advisor.recommend import recommend, whatif
+from capwatch.advisor.sample import RankInterval, group_samples
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token

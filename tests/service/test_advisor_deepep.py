@@ -6,9 +6,9 @@ scales), a warning where the buffer outgrows SGLang's flat 2048 MB reserve; the 
 from __future__ import annotations
 
 import pytest
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.sizing.deepep_plan import DEEPEP
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_RESERVE_BYTES, DeepEPPricing, plan_deepep_buffer

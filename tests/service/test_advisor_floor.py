@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from capwatch.service.advisor.floor import deployment_floor, merged_sglang_limits
-from capwatch.service.advisor.recommend import recommend, whatif
+from capwatch.advisor.floor import deployment_floor, merged_sglang_limits
+from capwatch.advisor.recommend import recommend, whatif
 from capwatch.telemetry.report import SGLangLimits
 from tests.service.test_advisor import POLICY, PRICING, day_of, group, history_from
 

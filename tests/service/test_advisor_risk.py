@@ -6,12 +6,12 @@ import math
 import random
 
 import pytest
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import recommend, whatif
-from capwatch.service.advisor.sample import GroupSample
-from capwatch.service.advisor.tail import fit_pwm, tail_model
-from capwatch.service.advisor.trend import daily_trend, mann_kendall_p
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import recommend, whatif
+from capwatch.advisor.sample import GroupSample
+from capwatch.advisor.tail import fit_pwm, tail_model
+from capwatch.advisor.trend import daily_trend, mann_kendall_p
 from capwatch.sizing.model_presets import model_geometry, preset_for_geometry
 
 from tests.service.test_advisor import group
@@ -180,7 +180,7 @@ def test_every_advice_states_the_kv_tokens_its_bytes_buy_or_cost():
 
 
 def test_a_ranks_reported_geometry_finds_its_kv_cost():
-    from capwatch.service.advisor.kv import kv_bytes_per_token_of
+    from capwatch.advisor.kv import kv_bytes_per_token_of
 
     assert kv_bytes_per_token_of(7168, 8, 256) == 70_272  # DeepSeek-V3 / R1: the same MLA cache
     assert kv_bytes_per_token_of(4096, 8, 128) == 2 * 4 * 128 * 94 * 2  # Qwen3-235B-A22B

@@ -8,10 +8,10 @@ import math
 import random
 
 import pytest
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.recommend import recommend
-from capwatch.service.advisor.sample import GroupSample
-from capwatch.service.advisor.trend import hourly_trend
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.recommend import recommend
+from capwatch.advisor.sample import GroupSample
+from capwatch.advisor.trend import hourly_trend
 from capwatch.sglang_logs.advise import advise_from_sglang_logs
 
 from tests.service.test_advisor import group

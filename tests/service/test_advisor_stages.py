@@ -7,17 +7,17 @@ from __future__ import annotations
 import math
 import random
 
-from capwatch.service.advisor.alignment import align
-from capwatch.service.advisor.budget import clamp_to_budget
-from capwatch.service.advisor.evidence import Evidence
-from capwatch.service.advisor.floor import raise_to_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import decide
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import SIZING, recommend
-from capwatch.service.advisor.sample import GroupSample
-from capwatch.service.advisor.tail import size_for_risk
-from capwatch.service.advisor.trend import size_for_trend
+from capwatch.advisor.alignment import align
+from capwatch.advisor.budget import clamp_to_budget
+from capwatch.advisor.evidence import Evidence
+from capwatch.advisor.floor import raise_to_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.hysteresis import decide
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import SIZING, low_confidence_reason, recommend
+from capwatch.advisor.sample import GroupSample
+from capwatch.advisor.tail import size_for_risk
+from capwatch.advisor.trend import size_for_trend
 from capwatch.telemetry.report import SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -114,4 +114,5 @@ def test_the_advice_gives_the_stages_reasons_in_chain_order(evidence):
         sized, reasons = step.value, reasons + list(step.reasons)
     decided = decide(evidence, sized)
     assert advice.target_cap == decided.value.target_cap and advice.action == decided.value.action
-    assert advice.reasons[:len(reasons) + 1] == [*reasons, *decided.reasons]
+    lead = [low_confidence_reason(evidence)] if decided.value.low_confidence else []  # said first
+    assert advice.reasons[:len(lead) + len(reasons) + 1] == [*lead, *reasons, *decided.reasons]

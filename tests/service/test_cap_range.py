@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from capwatch.service.advisor.floor import deployment_floor
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.recommend import recommend
+from capwatch.advisor.floor import deployment_floor
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.recommend import recommend
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.caps import MAX_CAP_TOKENS, align_down, align_up
 from capwatch.sizing.checks import INT32_MAX, SizingError

@@ -10,7 +10,7 @@ import time
 
 import httpx
 import pytest
-from capwatch.service.advisor.sample import RankInterval, group_samples
+from capwatch.advisor.sample import RankInterval, group_samples
 from capwatch.service.api.history_stream import history_json
 from capwatch.service.api.routes.clusters import ClusterHistory
 from capwatch.service.sources.contract import IntervalRow, pages_of

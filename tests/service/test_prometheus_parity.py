@@ -15,11 +15,11 @@ import pytest
 from fastapi.testclient import TestClient
 
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.service.advisor.evidence import GroupConfig
-from capwatch.service.advisor.floor import merged_sglang_limits
-from capwatch.service.advisor.kv import kv_bytes_per_token_of
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.floor import merged_sglang_limits
+from capwatch.advisor.kv import kv_bytes_per_token_of
 from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.service.advisor.recommend import recommend
+from capwatch.advisor.recommend import recommend
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options
 from capwatch.service.sources.prometheus.source import PrometheusSource

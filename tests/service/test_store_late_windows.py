@@ -4,7 +4,7 @@ window not yet folded still counts."""
 
 from __future__ import annotations
 
-from capwatch.service.advisor.sample import window_start
+from capwatch.advisor.sample import window_start
 from tests.support.simulate import SimulatedRank
 from capwatch.service.store.options import StoreOptions
 from capwatch.service.store.sqlite import Store

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capwatch.service.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, RankInterval, combined, group_samples
+from capwatch.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, RankInterval, combined, group_samples
 from capwatch.service.config import Settings
 from capwatch.service.sources.prometheus.source import PrometheusSource
 from capwatch.service.store.options import StoreOptions

@@ -188,6 +188,15 @@ def start_rank(plan: dict, rank: int) -> SGLangRank:
     return SGLangRank(rank, world, plan["model"], dispatcher_module, floor)
 
 
+def what_plugins_did() -> dict:
+    """Which plugins hold hooks in SGLang's registry, and which of capwatch's modules this process imported."""
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    plugins = {source.plugin_name for hooks in HookRegistry._hooks.values() for _, _, source in hooks if source}
+    return {"hook_plugins": sorted(plugins),
+            "capwatch_modules": sorted(name for name in sys.modules if name.split(".")[0] == "capwatch")}
+
+
 def main(run_dir: Path, rank: int) -> None:
     import torch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len, set_is_extend_in_batch
@@ -202,7 +211,7 @@ def main(run_dir: Path, rank: int) -> None:
     model = plan["model"]
     generator = torch.Generator().manual_seed(1000 + rank)
     record = {"outputs": [], "topk_ids": [], "workspace_size": target[0].workspace_size,
-              "floor": sglang.floor}
+              "floor": sglang.floor, **what_plugins_did()}
 
     def run_layers(layers, local_tokens: int) -> None:
         for layer in layers:

@@ -7,6 +7,7 @@ before the rank dies, outputs unchanged when the plugin stands aside, a newer re
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 
 import pytest
@@ -195,7 +196,7 @@ def test_reports_reach_the_service_and_advice_comes_back(enabled_run, service):
 
 
 def test_advice_floor_is_the_releases_own_rule(enabled_run, service):
-    """0.5.22 on: the advisor's floor (service/advisor/floor.py, from RankConfig.sglang) is what SGLang's own
+    """0.5.22 on: the advisor's floor (advisor/floor.py, from RankConfig.sglang) is what SGLang's own
     ``_required_flashinfer_a2a_dispatch_tokens_per_rank`` says for this server. 0.5.19 - 0.5.21 have no such
     function: capwatch's computation of the rule, which leaves out the prefill chunk (their prefill goes
     through an all-gather): cross-checked against 0.5.22's own function run on this release's settings."""
@@ -305,6 +306,59 @@ def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, newer_r
             assert "Skipping plugin capwatch (not in SGLANG_PLUGINS)" in log and not disabled_lines
         else:
             assert len(disabled_lines) == 1, log[-3000:]
+
+
+# What the plugin's entry point imports before it reads the kill switch (standard library besides).
+IMPORTED_WHEN_OFF = {"capwatch", "capwatch.sglang_plugin", "capwatch.sglang_plugin.releases",
+                     "capwatch.sglang_plugin.switch"}
+
+
+@pytest.mark.parametrize("enabled_run", RELEASES, indirect=True, ids=release_id)
+def test_the_kill_switch_leaves_sglang_as_shipped(tmp_path, enabled_run):
+    """CAPWATCH_ENABLED=0 with SGLANG_PLUGINS empty (SGLang's default: it loads every installed plugin), on every
+    release: SGLang loads the entry point, which hooks nothing, imports nothing else of capwatch's and binds no
+    port; the outputs are the instrumented run's; one line per scheduler says so."""
+    enabled = enabled_run[0]
+    release = enabled.sglang_release
+    run = launch(tmp_path, 2, plan_for(release), env={"SGLANG_PLUGINS": "", "CAPWATCH_ENABLED": "0"},
+                 release=release)
+    run.wait_ready()
+    for rank in range(run.world):
+        with pytest.raises(OSError):  # nothing listens on the rank's exporter port
+            run.metrics(rank)
+    assert run.release() == [0, 0], run.logs()
+    for rank in range(run.world):
+        expected, got = enabled.record(rank), run.record(rank)
+        assert len(got["outputs"]) == len(expected["outputs"])
+        assert all(torch.equal(a, b) for a, b in zip(expected["outputs"], got["outputs"]))
+        assert "capwatch" in expected["hook_plugins"] and "capwatch" not in got["hook_plugins"]
+        plugin_modules = {name for name in got["capwatch_modules"]  # the stand-in imports capwatch's dispatcher
+                          if name.startswith(("capwatch.sglang_plugin", "capwatch.telemetry"))}
+        assert plugin_modules <= IMPORTED_WHEN_OFF and "capwatch.sglang_plugin.plugin" in expected["capwatch_modules"], \
+            got["capwatch_modules"]
+        log = run.log(rank)
+        assert "Loaded plugin capwatch" in log and "Executed general plugin: capwatch" in log, log[-3000:]
+        lines = [line for line in log.splitlines() if "capwatch:" in line]
+        assert len(lines) == 1 and "capwatch: off (CAPWATCH_ENABLED=0): nothing hooked, no port bound" in lines[0], \
+            log[-3000:]
+
+
+def test_a_taken_port_is_one_line_and_sglang_runs_on(tmp_path):
+    """Another process (dcgm-exporter, another server) holds rank 0's exporter port: that scheduler says so in
+    one line, without a traceback, and runs as without the plugin; rank 1's port is free and it is instrumented."""
+    run = configured(tmp_path, 2)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", run.metrics_base_port))
+        holder.listen()
+        run.start(PLAN)
+        run.wait_ready()
+        assert value(run.metrics(1), "capwatch_sglang_plugin_info", state="enabled") == 1
+        assert run.release() == [0, 0], run.logs()
+    log = run.log(0)
+    lines = [line for line in log.splitlines() if "capwatch:" in line]
+    assert len(lines) == 1 and f"capwatch: disabled: cannot serve /metrics on 127.0.0.1:{run.metrics_base_port} " \
+        f"(Address already in use)" in lines[0] and "CAPWATCH_METRICS_BASE_PORT" in lines[0], log[-3000:]
+    assert "Traceback" not in log
 
 
 def test_a_newer_release_runs_on_four_ranks_on_the_newest_adapters_when_the_operator_opts_in(tmp_path, newer_release):

@@ -8,9 +8,9 @@ import random
 import subprocess
 from collections.abc import Callable
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.sample import GroupSample
 from capwatch.sglang_logs.reader import read_logs
 
 from tests.support import launcher
@@ -84,3 +84,8 @@ def every_line_counted_once(result) -> bool:
 def advise(*args: str, timeout_s: float = 300, **options) -> subprocess.CompletedProcess:
     """``capwatch advise ARGS`` as a user runs it (tests.support.launcher)."""
     return launcher.run_capwatch("advise", *args, timeout_s=timeout_s, **options)
+
+
+def read_description(reasons: list[str]) -> str:
+    """The advice's reason about what was read: the first, or the second after a low-confidence lead."""
+    return next(reason for reason in reasons[:2] if reason.startswith("read "))

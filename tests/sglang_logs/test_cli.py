@@ -8,9 +8,9 @@ import os
 import subprocess
 
 import pytest
-from capwatch.service.advisor.advice import ClusterAdvice
+from capwatch.advisor.advice import ClusterAdvice
 
-from tests.sglang_logs.logs import T0, advise, decode_lines, traffic, write
+from tests.sglang_logs.logs import T0, advise, decode_lines, read_description, traffic, write
 from tests.support import sglang_logs as sg
 
 LOG = sg.FORMAT["sglang-0.5.19+"]
@@ -48,10 +48,12 @@ def test_a_0_5_21_log_is_advised_by_that_releases_rules(tmp_path):
     new = write(tmp_path / "new.log", LOG.start(T0 - 30) + load)
     old_advice, new_advice = (json.loads(run_cli("--sglang-log", path, "--json").stdout) for path in (old, new))
     assert new_advice["floor_cap"] == 8192 and new_advice["recommended_cap"] >= 8192
-    assert "max(prefill buffer 8192, 4096)" in new_advice["reasons"][0]
+    assert "max(prefill buffer 8192, 4096)" in read_description(new_advice["reasons"])
     assert old_advice["floor_cap"] == 256 and "decode CUDA-graph batch" in old_advice["floor_binds"]
-    assert old_advice["action"] == "lower" and 256 <= old_advice["recommended_cap"] < 8192
-    assert old_advice["current_cap"] == 8192 and "max(chunked prefill 8192, 4096)" in old_advice["reasons"][0]
+    # Read without --cap: the cap in use is unknown, so the advice is the cap to set (issue #31 item 1)
+    assert old_advice["action"] == "set" and not old_advice["cap_known"] and 256 <= old_advice["recommended_cap"] < 8192
+    assert old_advice["current_cap"] == 8192
+    assert "max(chunked prefill 8192, 4096)" in read_description(old_advice["reasons"])
     assert old_advice["max_peak_runtime_tokens"] == new_advice["max_peak_runtime_tokens"]
 
 
@@ -77,7 +79,7 @@ def test_a_log_whose_start_was_rotated_away_is_advised_from_flags(tmp_path):
         assert advice["sample_count"] == with_start["sample_count"] and advice["current_cap"] == 4096
         assert advice["floor_cap"] is None and any("start-up floor" in reason for reason in advice["reasons"])
         assert advice["workspace_bytes_per_rank_current"] == with_start["workspace_bytes_per_rank_current"]
-    assert "configured by flags" in model["reasons"][0]
+    assert "configured by flags" in read_description(model["reasons"])
     one_error_line(run_cli("--sglang-log", decode_only, "--hidden-size", "7168", *flags),
                    "without --top-k, --num-experts")
     one_error_line(run_cli("--sglang-log", decode_only, "--model", "deepseek-v3", "--hidden-size", "7168", *flags),
@@ -144,7 +146,7 @@ def test_cli_whatif_prices_caps_with_predicted_overflows_per_day(tmp_path):
     path = write(tmp_path / "decode.log", lines)
     result = run_cli("--sglang-log", path, "--whatif", "128", "256", "512", "1024", "--json")
     assert result.returncode == 0, result.stderr
-    rows = json.loads(result.stdout)
+    rows = [json.loads(line) for line in result.stdout.splitlines()]  # JSON Lines: a row each
     assert [row["cap"] for row in rows] == [128, 256, 512, 1024]
     per_day = [row["predicted_overflow_windows_per_day"] for row in rows]
     assert per_day[0] == pytest.approx(1440.0) and per_day == sorted(per_day, reverse=True)  # 128: every window

@@ -10,7 +10,7 @@ from capwatch.sglang_logs.timeline import REORDER_S, Timeline
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.sglang_logs.logs import DP, T0, advise, decode_lines, rank, read, traffic, write
+from tests.sglang_logs.logs import DP, T0, advise, decode_lines, rank, read, read_description, traffic, write
 from tests.support import sglang_logs as sg
 
 LOG = sg.FORMAT["sglang-0.5.19+"]
@@ -110,7 +110,8 @@ def test_lines_older_than_the_reorder_window_are_named_and_stop_the_advice_when_
     calm = LOG.start(T0 - 30) + decode_lines(LOG, recent) + decode_lines(LOG, traffic(30, lambda m, s, d: 50))
     ok = advise("--json", "--sglang-log", write(tmp_path / "calm.log", calm))
     assert ok.returncode == 0, ok.stderr
-    assert f"{len(late):,} line(s) not placed (older than lines before it" in json.loads(ok.stdout)["reasons"][0]
+    read_line = read_description(json.loads(ok.stdout)["reasons"])
+    assert f"{len(late):,} line(s) not placed (older than lines before it" in read_line
     assert REORDER_S == 2 * day
 
 

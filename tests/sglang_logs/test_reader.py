@@ -16,6 +16,7 @@ from tests.sglang_logs.logs import (
     expected_history,
     rank,
     read,
+    read_description,
     traffic,
     write,
 )
@@ -59,7 +60,7 @@ def test_overflow_assertions_are_overflow_windows_needing_their_R(tmp_path):
     assert segment.dp_peak_tokens[5] == 6144
     advice = advise_from_sglang_logs([path]).advice
     assert advice.current_cap == 4096 and advice.action == "raise" and advice.recommended_cap > 6144
-    assert "max_num_tokens of the log's overflow assertions" in advice.reasons[0]
+    assert "max_num_tokens of the log's overflow assertions" in read_description(advice.reasons)
 
 
 def test_a_restart_with_new_args_starts_a_new_configuration(tmp_path):
@@ -72,7 +73,7 @@ def test_a_restart_with_new_args_starts_a_new_configuration(tmp_path):
     assert second.config.default_cap == 4096 and first.config.default_cap == 8192
     advice = advise_from_sglang_logs([path]).advice
     assert advice.max_peak_runtime_tokens == 90 and advice.current_cap == 4096
-    assert "latest of 2 configurations" in advice.reasons[0]
+    assert "latest of 2 configurations" in read_description(advice.reasons)
 
 
 def test_going_back_to_earlier_args_continues_that_configuration(tmp_path):

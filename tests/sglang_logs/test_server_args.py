@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from capwatch.service.advisor.floor import deployment_floor
+from capwatch.advisor.floor import deployment_floor
 from capwatch.sglang_logs.server_args import UnreadableArgs, parse_args, read_server_args, server_config
 from hypothesis import given, settings
 from hypothesis import strategies as st

@@ -24,7 +24,7 @@ def test_every_preset_deepep_runs_is_priced_as_the_planner_prices_it():
             assert result.returncode == 2 and "do not run hidden size" in result.stderr, geometry.name
             continue
         assert result.returncode == 0, result.stderr
-        plans = json.loads(result.stdout)
+        plans = [json.loads(line) for line in result.stdout.splitlines()]  # JSON Lines: a plan each
         assert [plan["cap"] for plan in plans] == [64, 384, 704, 1024]
         assert [plan["buffer_bytes_per_rank"] for plan in plans] == [
             plan_deepep_buffer(geometry, 8, cap).buffer_bytes_per_rank for cap in (64, 384, 704, 1024)]
@@ -60,6 +60,7 @@ def test_table_warns_past_sglangs_reserve_and_names_what_is_not_counted():
     assert "1,908,410,496" in low_latency.stdout and "within" in low_latency.stdout and "over" in low_latency.stdout
     assert "warning: from cap 256" in low_latency.stdout
     assert "32.00 MiB workspace" in low_latency.stdout and "512.00 MiB steps" in low_latency.stdout
+    assert "memory/rank" in low_latency.stdout
     # auto mode: normal mode's NVLink buffer counts too, so SGLang's reserve is short at the default cap already
     auto = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--cap", "128")
     assert f"{1_908_410_496 + 335_709_824:,}" in auto.stdout and "warning: from cap 128" in auto.stdout
@@ -70,12 +71,18 @@ def test_budget_finds_the_largest_aligned_cap():
                       "--json")
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
-    assert answer["cap"] == 256 and answer["next_cap"] == 384
-    assert answer["buffer_bytes_per_rank"] <= 4 << 30 < answer["next_cap_buffer_bytes_per_rank"]
+    # 256's buffer (3.55 GiB) takes 4 GiB of NVSHMEM heap, and DeepEP's 32 MiB workspace sits beside it: only 128 fits
+    assert answer["cap"] == 128 and answer["next_cap"] == 256
+    assert answer["memory_bytes_per_rank"] <= 4 << 30 < answer["next_cap_memory_bytes_per_rank"]
+    roomy = json.loads(capwatch("--model", "deepseek-v3", "--ep-size", "8", "--deepep-mode", "low_latency", "--budget",
+                                "4128MiB", "--json").stdout)
+    assert roomy["cap"] == 256 and roomy["memory_bytes_per_rank"] == (4 << 30) + (32 << 20)
     top = json.loads(capwatch("--model", "deepseek-v3", "--ep-size", "8", "--budget", "1TiB", "--json").stdout)
     assert top["cap"] == 1024 and top["next_cap"] is None  # SGLang takes no more than 1024
     table = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--budget", "4GiB").stdout
-    assert "largest 128-aligned cap within budget: 256" in table
+    # issue #31, symptom 6: 256 "fit" 4 GiB while its own note said the RDMA buffer takes 4 GiB of NVSHMEM heap
+    # and the NVLink buffer adds 320 MiB (4,630,677,120 B)
+    assert "largest 128-aligned cap whose memory/rank is within budget: 128" in table
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -31,11 +31,12 @@ def test_several_caps_give_a_list_in_order_from_lists_ranges_and_repeats():
     result = capwatch("--model", "Kimi-K2", "--ep-size", "16", "--cap", "512:1024:256", "--cap", "4096,2048",
                       "--format", "nvfp4", "--json")
     assert result.returncode == 0, result.stderr
-    plans = json.loads(result.stdout)
+    plans = [json.loads(line) for line in result.stdout.splitlines()]  # JSON Lines: a plan each
     assert [p["cap"] for p in plans] == [512, 768, 1024, 4096, 2048]
     kimi = model_geometry("kimi-k2")
-    assert [p["workspace_bytes_per_rank"] for p in plans] == [
-        plan_workspace(kimi, 16, cap, "nvfp4").workspace_bytes_per_rank for cap in (512, 768, 1024, 4096, 2048)]
+    assert [p["workspace_bytes_per_rank"] for p in plans] == [  # what SGLang allocates, by default
+        plan_workspace(kimi, 16, cap, "nvfp4", mode="sglang").workspace_bytes_per_rank
+        for cap in (512, 768, 1024, 4096, 2048)]
 
 
 def test_custom_geometry_sglang_legacy_and_draft():
@@ -111,7 +112,8 @@ def test_help_documents_cap_and_budget_syntax():
         (["--model", "deepseek-v3", "--ep-size", "8"], "give --cap"),
         (["--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--budget", "2GiB"], "exactly one"),
         (["--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--mode", "vllm"], "unknown --mode"),
-        (["--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--draft"], "--mode sglang"),
+        (["--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--mode", "flashinfer", "--draft"],
+         "--mode sglang"),
         (["--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--eplb-stats-experts", "-1"], "must be >= 0"),
     ],
 )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from capwatch.service.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.queries import AdviceUnavailable, cluster_whatif

@@ -20,9 +20,9 @@ import math
 import time
 from collections.abc import Callable
 
-from capwatch.service.advisor.folding import history_of
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.sample import WINDOW_FIELDS, GroupSample, sample_of
+from capwatch.advisor.folding import history_of
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.sample import WINDOW_FIELDS, GroupSample, sample_of
 from capwatch.service.config import Settings
 from capwatch.service.sources.contract import IntervalPages, IntervalRow, RankState, overflow_key, pages_of
 from capwatch.service.sources.prometheus.api import MAX_POINTS, PrometheusAPI

@@ -9,7 +9,7 @@ A range query with a step of one window then gives one group sample per window.
 
 from __future__ import annotations
 
-from capwatch.service.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, Combine
+from capwatch.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, Combine
 from capwatch.service.sources.prometheus.promql import in_window, selector
 from capwatch.telemetry import catalogue
 

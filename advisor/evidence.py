@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from capwatch.service.advisor.alignment import cap_ceiling
-from capwatch.service.advisor.budget import largest_cap_within
-from capwatch.service.advisor.floor import Floor, deployment_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.peaks import Estimate, estimate
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.pricing import Pricing
-from capwatch.service.advisor.tail import TailModel, tail_model
-from capwatch.service.advisor.trend import Trend, daily_trend, hourly_trend
+from capwatch.advisor.alignment import cap_ceiling
+from capwatch.advisor.budget import largest_cap_within
+from capwatch.advisor.floor import Floor, deployment_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.peaks import Estimate, estimate
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.pricing import Pricing
+from capwatch.advisor.tail import TailModel, tail_model
+from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
@@ -40,6 +40,11 @@ class GroupConfig:
     # Whether prefill batches go through this cap: SGLang's FlashInfer rule counts them; DeepEP dispatches
     # them through its low-latency buffer only in --deepep-mode low_latency (auto sends them to normal mode).
     prefill_dispatched: bool = True
+    # Whether ``cap`` is the cap in use (reports, --cap, an overflow assertion) or an assumption (a log that shows
+    # neither: SGLang's default); where it is assumed, the advice is the cap to set, never a move from it.
+    cap_known: bool = True
+    cap_source: str = "reported"  # advice.CapSource
+    cap_at_least: int | None = None  # the largest batch that ran without an overflow assertion
 
 
 @dataclass(frozen=True, eq=False)
@@ -94,6 +99,17 @@ class Evidence:
         """The share of remembered windows that peaked above the current cap."""
         usage = self.history.usage
         return 0.0 if usage.is_empty() else usage.share_above(self.group.cap)
+
+    @property
+    def low_confidence_below_s(self) -> float:
+        """Covered history below which confidence is low: what a change inside the bounds waits for, or a full
+        history where the policy calls less than that full."""
+        return min(self.policy.change_min_history_s, self.policy.full_confidence_history_s)
+
+    @property
+    def low_confidence(self) -> bool:
+        """VPA's LowConfidence condition: less covered history than ``low_confidence_below_s``."""
+        return self.history.covered_s < self.low_confidence_below_s
 
     @property
     def short_history(self) -> bool:

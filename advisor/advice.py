@@ -5,8 +5,9 @@ what-if rows. The JSON is flat — every part's fields side by side, then the re
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Literal
 
-from capwatch.service.vocabulary import Action
+from capwatch.advisor.vocabulary import Action
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 from pydantic import BaseModel
 
@@ -21,6 +22,9 @@ class Decision(BaseModel):
     upper_bound: int | None
     confidence: float
     env: str | None  # the line that sets the recommended cap
+    # VPA's LowConfidence condition: less covered history than a change inside the bounds waits for
+    # (CAPWATCH_ADVISOR__CHANGE_MIN_HISTORY_S); the first reason says so.
+    low_confidence: bool = False
 
     @classmethod
     def insufficient_data(cls) -> Decision:
@@ -28,15 +32,20 @@ class Decision(BaseModel):
                    upper_bound=None, confidence=0.0, env=None)
 
 
+# Where the current cap comes from: the ranks' reports, --cap, a log's overflow assertion (its max_num_tokens), or
+# assumed (SGLang's default for a log that shows neither: not known, see Deployment.cap_known).
+CapSource = Literal["reported", "flag", "assertion", "assumed"]
+
+
 class Deployment(BaseModel):
     """What the group runs now and what bounds any cap for it: known before any history."""
 
     a2a_backend: str = FLASHINFER.name  # whose cap (sizing/backends.py)
     cap_variable: str = FLASHINFER.cap_env_var  # the variable that sets it
-    current_cap: int
+    current_cap: int  # where cap_known is false, an assumed value: nothing is priced or decided against it
     ep_size: int
-    workspace_bytes_per_rank_current: int
-    workspace_bytes_group_current: int
+    workspace_bytes_per_rank_current: int | None  # None where the cap in use is unknown
+    workspace_bytes_group_current: int | None
     floor_cap: int | None
     floor_binds: str | None = None  # which term of the floor sets it
     budget_cap: int | None
@@ -45,6 +54,14 @@ class Deployment(BaseModel):
     # 1..max_cap_tokens, the backend's largest (sizing/backends.py); advised caps are multiples of cap_alignment.
     max_cap_tokens: int | None = None
     cap_alignment: int | None = None
+    # False: the cap in use is unknown (a log read without --cap and without an overflow assertion). The action is
+    # then "set", and nothing may apply this advice to a running deployment on its own: a later tool that applies
+    # advice at SGLang's start must refuse it (the value to set is right; what it replaces is not known).
+    cap_known: bool = True
+    cap_source: CapSource = "reported"
+    # What the evidence bounds the cap in use by: the largest batch that ran without an overflow assertion (every
+    # backend asserts above its cap). None where nothing bounds it.
+    cap_at_least: int | None = None
 
 
 class Coverage(BaseModel):
@@ -117,7 +134,7 @@ class WhatIf(BaseModel):
     predicted_overflow_rate: float | None
     workspace_bytes_per_rank: int
     workspace_bytes_group: int
-    workspace_bytes_group_delta: int
+    workspace_bytes_group_delta: int | None  # None where the cap in use is unknown
     aligned: bool
     below_floor: bool
     within_budget: bool | None

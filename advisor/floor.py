@@ -30,13 +30,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, get_args
 
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.stage import Step
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import FloorRule, SGLangLimits
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 FLOOR_RULES_STRICTEST_FIRST: tuple[str, ...] = get_args(FloorRule)

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.pricing import Pricing
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.pricing import Pricing
+from capwatch.advisor.stage import Step
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.caps import align_up, largest_aligned_cap
 
 if TYPE_CHECKING:  # evidence.py measures with largest_cap_within() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 def largest_cap_within(budget_bytes_per_rank: int, pricing: Pricing, alignment: int, max_cap: int) -> int | None:

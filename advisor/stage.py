@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 if TYPE_CHECKING:  # evidence.py measures with the stages' own modules, which import this one
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 Value = TypeVar("Value")
 
@@ -32,3 +32,12 @@ Stage = Callable[["Evidence", float], Step[Value]]
 
 def pct(rate: float) -> str:
     return f"{rate:.2%}" if rate else "0%"
+
+
+def duration(seconds: float) -> str:
+    """A span of history in the unit that reads: 25 min, 3.0 h, 2.5 days."""
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86_400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86_400:.1f} days"

@@ -14,11 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.stage import Step, duration
 
 if TYPE_CHECKING:  # evidence.py measures with estimate() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,11 @@ def size_for_peaks(given: Evidence, sized: float) -> Step[float]:
     which = ("the largest remembered sample" if policy.target_percentile >= 1
              else f"the p{policy.target_percentile * 100:g} sample")
     reasons = [f"the group's peak R per {history.window_s:.0f} s window reached {history.max_peak_runtime_tokens} "
-               f"tokens over {history.sample_count} windows ({history.covered_s / 3600:.1f} h covered); sizing for "
+               f"tokens over {history.sample_count:,} window{'' if history.sample_count == 1 else 's'} "
+               f"({duration(history.covered_s)} covered); sizing for "
                f"{which} plus a {policy.safety_margin:.0%} margin gives {found.target_tokens:.0f} tokens"]
     if history.overflow_windows:
-        reasons.append(f"{history.overflow_windows} windows overflowed the cap; each adds a sample "
+        reasons.append(f"{history.overflow_windows:,} window{'' if history.overflow_windows == 1 else 's'} overflowed "
+                       "the cap; each adds a sample "
                        f"{policy.bump_factor:g}x above what was used")
     return Step(found.target_tokens, tuple(reasons))

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.stage import Step
 
 if TYPE_CHECKING:  # evidence.py measures with daily_trend() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.stage import Step
 from capwatch.sizing.caps import align_down, align_up
 from capwatch.sizing.checks import SizingError
 
 if TYPE_CHECKING:
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 def cap_ceiling(given: Evidence) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from capwatch.service.advisor.histogram import DecayingHistogram
-from capwatch.service.advisor.sample import GroupSample
+from capwatch.advisor.histogram import DecayingHistogram
+from capwatch.advisor.sample import GroupSample
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_HOUR = 3_600.0

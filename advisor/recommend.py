@@ -22,20 +22,20 @@ stage taking the tokens the one before it sized for. ``recommend`` only composes
 
 from __future__ import annotations
 
-from capwatch.service.advisor.advice import Advice, Coverage, Decision, Deployment, Forecast, Price, WhatIf
-from capwatch.service.advisor.alignment import align
-from capwatch.service.advisor.budget import clamp_to_budget
-from capwatch.service.advisor.evidence import Evidence, GroupConfig
-from capwatch.service.advisor.floor import raise_to_floor
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.hysteresis import decide
-from capwatch.service.advisor.kv import kv_trade
-from capwatch.service.advisor.outlook import Outlook, outlook, rounded
-from capwatch.service.advisor.peaks import size_for_peaks
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Stage, Step
-from capwatch.service.advisor.tail import size_for_risk
-from capwatch.service.advisor.trend import size_for_trend
+from capwatch.advisor.advice import Advice, Coverage, Decision, Deployment, Forecast, Price, WhatIf
+from capwatch.advisor.alignment import align
+from capwatch.advisor.budget import clamp_to_budget
+from capwatch.advisor.evidence import Evidence, GroupConfig
+from capwatch.advisor.floor import raise_to_floor
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.hysteresis import decide
+from capwatch.advisor.kv import kv_trade
+from capwatch.advisor.outlook import Outlook, outlook, rounded
+from capwatch.advisor.peaks import size_for_peaks
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.stage import Stage, Step, duration
+from capwatch.advisor.tail import size_for_risk
+from capwatch.advisor.trend import size_for_trend
 from capwatch.sizing.byte_units import format_gib
 
 # The sizing stages in order; each takes the tokens the one before it sized for (the first, 0).
@@ -73,18 +73,31 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     recommended = outlook(given, decided.value.recommended_cap)
     priced = price(given, decided.value.action, recommended)
     reasons = [reason for step in (*steps, decided, priced) for reason in step.reasons]
+    if decided.value.low_confidence:
+        reasons.insert(0, low_confidence_reason(given))
     return Advice.of(decided.value, deployment, coverage, forecast_of(given, recommended), priced.value, reasons)
 
 
+def low_confidence_reason(given: Evidence) -> str:
+    """What the advice says first where its evidence is short (VPA's LowConfidence condition)."""
+    history, policy = given.history, given.policy
+    return (f"low confidence: {duration(history.covered_s)} of covered history, less than the "
+            f"{duration(given.low_confidence_below_s)} that ends it ({given.peaks.confidence:.0%} of the "
+            f"{duration(policy.full_confidence_history_s)} that gives full confidence); until then no lower is advised "
+            "whose predicted overflows miss the target at their band's high end")
+
+
 def deployment_of(given: Evidence) -> Deployment:
-    pricing, current_bytes = given.group.pricing, given.current_bytes_per_rank
+    group = given.group
+    pricing, current_bytes = group.pricing, given.current_bytes_per_rank if group.cap_known else None
     return Deployment(
         a2a_backend=given.rules.name, cap_variable=given.rules.cap_env_var,
         current_cap=given.current_cap, ep_size=pricing.ep_size, workspace_bytes_per_rank_current=current_bytes,
-        workspace_bytes_group_current=current_bytes * pricing.ep_size, floor_cap=given.floor_cap,
-        floor_binds=None if given.floor is None else given.floor.binds, budget_cap=given.budget_cap,
-        kv_bytes_per_token=given.group.kv_bytes_per_token, max_cap_tokens=given.rules.max_cap_tokens,
-        cap_alignment=given.policy.alignment)
+        workspace_bytes_group_current=None if current_bytes is None else current_bytes * pricing.ep_size,
+        floor_cap=given.floor_cap, floor_binds=None if given.floor is None else given.floor.binds,
+        budget_cap=given.budget_cap, kv_bytes_per_token=group.kv_bytes_per_token,
+        max_cap_tokens=given.rules.max_cap_tokens, cap_alignment=given.policy.alignment, cap_known=group.cap_known,
+        cap_source=group.cap_source, cap_at_least=group.cap_at_least)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:
@@ -94,11 +107,12 @@ def coverage_of(history: SampleHistory) -> Coverage:
 
 
 def forecast_of(given: Evidence, recommended: Outlook) -> Forecast:
-    trend = given.trend
+    trend, known = given.trend, given.group.cap_known
     return Forecast(
-        predicted_overflow_rate_current=given.overflow_now,
+        predicted_overflow_rate_current=given.overflow_now if known else None,
         predicted_overflow_rate_recommended=recommended.overflow_rate,
-        predicted_overflow_windows_per_day_current=rounded(given.tail.overflow_windows_per_day(given.current_cap)),
+        predicted_overflow_windows_per_day_current=(
+            rounded(given.tail.overflow_windows_per_day(given.current_cap)) if known else None),
         predicted_overflow_windows_per_day_recommended=recommended.overflow_windows_per_day,
         predicted_overflow_windows_per_day_recommended_low=recommended.overflow_windows_per_day_low,
         predicted_overflow_windows_per_day_recommended_high=recommended.overflow_windows_per_day_high,
@@ -113,12 +127,16 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
     recommended_bytes = recommended.bytes_per_rank
     ep_size, rules = given.group.pricing.ep_size, given.rules
     reasons = []
-    if action != "hold":
+    if action == "set":  # the cap in use is unknown: the recommended cap's own bytes, no change priced
+        reasons.append(f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank "
+                       f"({format_gib(recommended.bytes_group)} across {ep_size} ranks)")
+    elif action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended.cap} changes the "
             f"{rules.memory} from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
             f"({format_gib(recommended.bytes_group_delta)} across {ep_size} ranks)")
-    traded = kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token)
+    traded = (kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token) if action != "set"
+              else kv_trade("hold", recommended_bytes, recommended_bytes, given.group.kv_bytes_per_token))
     if traded:
         reasons.append(traded)
     reserve = rules.sglang_reserve_bytes
@@ -130,10 +148,11 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
             f"than the {format_gib(reserve)} SGLang's automatic --mem-fraction-static reserves for it whatever the cap "
             "(arg_groups/memory_hook.py): lower --mem-fraction-static by that much, or the KV pool and CUDA-graph "
             "capture run short of memory")
+    known = given.group.cap_known
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
                       workspace_bytes_group_recommended=recommended.bytes_group,
-                      workspace_bytes_group_delta=recommended.bytes_group_delta,
-                      kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed,
+                      workspace_bytes_group_delta=recommended.bytes_group_delta if known else None,
+                      kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed if known else None,
                       over_sglang_reserve_bytes_recommended=over),
                 tuple(reasons))
 
@@ -149,13 +168,13 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
             predicted_overflow_rate=row.overflow_rate,
             workspace_bytes_per_rank=row.bytes_per_rank,
             workspace_bytes_group=row.bytes_group,
-            workspace_bytes_group_delta=row.bytes_group_delta,
+            workspace_bytes_group_delta=row.bytes_group_delta if group.cap_known else None,
             aligned=cap % policy.alignment == 0,
             below_floor=floor_cap is not None and cap < floor_cap,
             within_budget=None if budget is None else row.bytes_per_rank <= budget,
             predicted_overflow_windows_per_day=row.overflow_windows_per_day,
             predicted_overflow_windows_per_day_low=row.overflow_windows_per_day_low,
             predicted_overflow_windows_per_day_high=row.overflow_windows_per_day_high,
-            kv_cache_tokens_per_rank_freed=row.kv_cache_tokens_per_rank_freed,
+            kv_cache_tokens_per_rank_freed=row.kv_cache_tokens_per_rank_freed if group.cap_known else None,
         ))
     return results

@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.kv import kv_tokens
+from capwatch.advisor.kv import kv_tokens
 
 if TYPE_CHECKING:
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 
 @dataclass(frozen=True)

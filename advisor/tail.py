@@ -20,13 +20,13 @@ import random
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from capwatch.service.advisor.histogram import DecayingHistogram, bucket_range
-from capwatch.service.advisor.history import SampleHistory
-from capwatch.service.advisor.policy import AdvisorPolicy
-from capwatch.service.advisor.stage import Step
+from capwatch.advisor.histogram import DecayingHistogram, bucket_range
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import AdvisorPolicy
+from capwatch.advisor.stage import Step
 
 if TYPE_CHECKING:  # evidence.py measures with tail_model() below
-    from capwatch.service.advisor.evidence import Evidence
+    from capwatch.advisor.evidence import Evidence
 
 SECONDS_PER_DAY = 86_400.0
 _MAX_SHAPE = 0.2  # a prior: traffic is bounded (max running requests, KV room); shapes above 0.2 come from mixtures
@@ -125,8 +125,8 @@ class TailModel:
                     "all lie within one histogram bucket (no tail to fit): the empirical histogram predicts overflows")
         if self.fit is None:
             return (f"{self.effective_exceedances:.0f} windows above the p{100 * self.threshold_quantile:g} threshold are "
-                    "too few for a tail fit: the empirical histogram predicts overflows (its band's high end is "
-                    "distribution-free: 3 / windows seen above the largest sample)")
+                    "too few for a tail fit: the empirical histogram predicts overflows (above the largest sample its "
+                    "band's high end is the distribution-free rule of three: 3 in as many windows as were seen)")
         kind = ("heavy (power-law)" if self.fit.shape > 0.05 else
                 "bounded" if self.fit.shape < -0.05 else "exponential")
         return (f"generalized Pareto tail above {self.threshold} tokens ({self.effective_exceedances:.0f} "

@@ -1,0 +1,50 @@
+"""The base install, ``pip install a2a-capwatch`` with no extras, in a clean venv, built offline: a fresh venv
+holding exactly the distributions in a2a-capwatch's base dependency closure, taken file by file (their RECORD)
+from ``.venv-service``, where pip installed them and the product (non-editable). What a laptop that ran
+``pip install a2a-capwatch`` (or ``pip install .``) has, and nothing of the service's or the demo's extras."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from tests.support.service import INSTALLED_PYTHON
+
+# Run by .venv-service's python: every file (relative to site-packages) of every distribution in the base closure.
+BASE_FILES = """
+import json, sys
+import importlib.metadata as metadata
+from pip._vendor.packaging.requirements import Requirement
+
+wanted, seen, files = ["a2a-capwatch"], set(), []
+while wanted:
+    name = wanted.pop()
+    key = name.lower().replace("_", "-")
+    if key in seen:
+        continue
+    seen.add(key)
+    distribution = metadata.distribution(name)
+    files += [str(path) for path in distribution.files or [] if not str(path).startswith("..")]
+    for line in distribution.requires or []:
+        requirement = Requirement(line)
+        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+            wanted.append(requirement.name)
+print(json.dumps({"distributions": sorted(seen), "files": files}))
+"""
+
+
+def build_base_venv(folder: Path) -> Path:
+    """A venv at ``folder`` with the base install; its python."""
+    subprocess.run([str(INSTALLED_PYTHON), "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
+    listing = subprocess.run([str(INSTALLED_PYTHON), "-c", BASE_FILES], check=True, capture_output=True, text=True,
+                             timeout=120, cwd=folder)
+    source = next((INSTALLED_PYTHON.parent.parent).glob("lib/python3*/site-packages"))
+    target = next(folder.glob("lib/python3*/site-packages"))
+    for name in json.loads(listing.stdout)["files"]:
+        origin, copy = source / name, target / name
+        if origin.is_file() and not copy.exists():
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(origin, copy)
+    return folder / "bin" / "python"
