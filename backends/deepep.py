@@ -7,10 +7,31 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from capwatch.backends.spec import BackendSeries, BackendSpec, Config, GaugeSeries, RankSizes
+from capwatch.backends.spec import (
+    BackendSeries,
+    BackendSpec,
+    Config,
+    GaugeSeries,
+    PlanOption,
+    Planner,
+    PlanTable,
+    RankSizes,
+)
+from capwatch.sizing.byte_units import format_bytes, format_gib
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size, low_latency_layout
-from capwatch.sizing.deepep_plan import DEEPEP, DEEPEP_MODES, DeepEPPricing, check_buffer_experts, prefill_dispatched
+from capwatch.sizing.deepep_plan import (
+    DEEPEP,
+    DEEPEP_MODES,
+    DEEPEP_WORKSPACE_BYTES,
+    NVSHMEM_HEAP_STEP_BYTES,
+    DeepEPBufferPlan,
+    DeepEPPricing,
+    check_buffer_experts,
+    largest_deepep_plan_within,
+    plan_deepep_buffer,
+    prefill_dispatched,
+)
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -73,6 +94,81 @@ def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str,
                      DeepEPPricing.of_buffer(ep_size, geometry.hidden_size, buffer).bytes_per_rank(cap))
 
 
+def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
+    mode = (values["deepep_mode"] or "auto").strip().lower()
+    if mode not in DEEPEP_MODES:
+        raise SizingError(f"unknown --deepep-mode {mode!r}; choose one of {', '.join(DEEPEP_MODES)} (normal mode "
+                          "has no low-latency buffer and no token cap)")
+    if values["shared_experts_fusion"] and not geometry.shared_experts:
+        raise SizingError(f"{geometry.name} has no shared experts to fuse: drop --shared-experts-fusion"
+                          + (" or give --shared-experts S" if geometry.name == "custom" else ""))
+    return dict(geometry=geometry, ep_size=ep_size, deepep_mode=mode,
+                redundant_experts=integer("--redundant-experts", values["redundant_experts"] or "0", 0),
+                fused_shared_experts=geometry.shared_experts if values["shared_experts_fusion"] else 0)
+
+
+def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: int | None,
+                caption: str | None) -> PlanTable:
+    first = plans[0]
+    extra = "".join(part for part in (
+        f" + {first.redundant_experts} redundant" if first.redundant_experts else "",
+        f" + {first.fused_shared_experts} x {first.ep_size} fused shared" if first.fused_shared_experts else ""))
+    title = (f"{first.model}: H={first.hidden_size}, E={first.num_experts}{extra} -> DeepEP experts "
+             f"{first.buffer_experts} | ep_size={first.ep_size}, deepep mode {first.deepep_mode}")
+    normal = first.deepep_mode == "auto"
+    headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
+        ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"] + \
+        (["fits"] if budget is not None else [])
+    rows = []
+    for plan in plans:
+        row = [f"{plan.cap:,}", format_bytes(plan.low_latency_rdma_bytes)]
+        if normal:
+            row += [format_bytes(plan.normal_nvl_bytes), format_bytes(plan.normal_rdma_bytes)]
+        row += [format_bytes(plan.buffer_bytes_per_rank), f"{plan.buffer_bytes_per_rank:,}",
+                format_bytes(plan.memory_bytes_per_rank), format_bytes(plan.buffer_bytes_group),
+                f"{plan.nvshmem_qp_depth:,}",
+                f"+{format_bytes(plan.over_sglang_reserve_bytes)} over" if plan.over_sglang_reserve_bytes else "within"]
+        if budget is not None:
+            row.append("yes" if plan.memory_bytes_per_rank <= budget else "no")
+        rows.append(row)
+    largest = max(plans, key=lambda plan: plan.cap)
+    notes = ((f"largest 128-aligned cap whose memory/rank is within budget: {first.cap}",) if budget is not None
+             else ()) + (
+        f"memory/rank = the RDMA buffer as NVSHMEM maps it ({format_bytes(NVSHMEM_HEAP_STEP_BYTES)} steps: "
+        f"{format_bytes(largest.nvshmem_heap_bytes_at_least)} at cap {largest.cap})"
+        + (" + the NVLink buffer" if normal else "")
+        + f" + DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace: what a budget is held against",)
+    warnings = ()
+    over = [plan for plan in plans if plan.over_sglang_reserve_bytes]
+    if over:
+        plan = min(over, key=lambda plan: plan.cap)
+        warnings = (f"warning: from cap {plan.cap} the buffer ({format_gib(plan.buffer_bytes_per_rank)} per rank) "
+                    f"outgrows the {format_gib(plan.sglang_reserve_bytes)} SGLang's automatic --mem-fraction-static "
+                    f"reserves for DeepEP whatever {DEEPEP.cap_env_var} is: set --mem-fraction-static lower by the "
+                    "difference or expect the KV pool or CUDA-graph capture to run out of memory",)
+    return PlanTable(title, tuple(headers), rows, caption, notes, warnings)
+
+
+PLANNER = Planner(
+    description="""\
+--backend deepep prices SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (1..1024) in the deep_ep.Buffer SGLang
+allocates for --moe-a2a-backend deepep: the low-latency RDMA buffer, plus normal mode's buffers with
+--deepep-mode auto (SGLang's default). Its experts are the routed ones + --redundant-experts + one slot per
+rank per shared expert with --shared-experts-fusion (SGLang's --enforce-shared-experts-fusion).""",
+    options=(
+        PlanOption("--deepep-mode", "deepep_mode", "auto (default, SGLang's: low-latency and normal buffers) or "
+                   "low_latency", "MODE"),
+        PlanOption("--redundant-experts", "redundant_experts", "SGLang's --ep-num-redundant-experts (default 0)", "N"),
+        PlanOption("--shared-experts-fusion", "shared_experts_fusion", "SGLang's --enforce-shared-experts-fusion: one "
+                   "expert slot per rank per shared expert"),
+        PlanOption("--shared-experts", "shared_experts", "shared experts of a custom geometry (a preset knows its own)",
+                   "S"),
+    ),
+    group_title="DeepEP (--backend deepep)", ep_size_limit="", top_k_needed=False,
+    bytes_field="memory_bytes_per_rank", prepare=_plan_options, plan_at=plan_deepep_buffer,
+    largest_within=largest_deepep_plan_within, table=_plan_table)
+
+
 SPEC = BackendSpec(
     rules=DEEPEP, params=DeepEPBuffer, refusal=_refusal, group_refusal=_group_refusal,
     pricing=DeepEPPricing.of_config, sizes=_sizes,
@@ -90,4 +186,5 @@ SPEC = BackendSpec(
             GaugeSeries("normal_rdma_bytes", "Normal mode's RDMA size hint (--deepep-mode auto): the RDMA buffer is "
                         "the larger of it and the low-latency size at the cap.", "bytes"),
         )),
+    planner=PLANNER,
 )

@@ -9,13 +9,21 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from capwatch.backends.spec import BackendSpec, Config, RankSizes
+from capwatch.backends.spec import BackendSpec, Config, PlanOption, Planner, PlanTable, RankSizes
+from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
-from capwatch.sizing.flashinfer_releases import FLASHINFER, FlashInferVersion, check_routing
+from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
+from capwatch.sizing.flashinfer_releases import (
+    FLASHINFER,
+    LAYOUT_MOE_A2A,
+    MAX_EP_SIZE,
+    FlashInferVersion,
+    check_routing,
+)
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import hidden_bytes_per_token
-from capwatch.sizing.plan import WorkspacePlan, plan_workspace
+from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
 
 
 @dataclass(frozen=True)
@@ -109,8 +117,85 @@ def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str,
     return RankSizes(plan.dispatch_bytes_per_token, plan.combine_bytes_per_token, plan.workspace_bytes_per_rank)
 
 
+def _default_mode(values: Mapping[str, Any]) -> str:
+    """``sglang`` (what SGLang allocates: the cap is SGLang's variable), unless the question is one SGLang never
+    asks: a flashinfer release without the MoeAlltoAll SGLang calls (0.7.4), or an EPLB stats region."""
+    try:
+        layout = FlashInferVersion.parse(values["flashinfer_version"]).layout
+    except SizingError:  # an unknown release: plan_workspace says so in its own words
+        return "sglang"
+    return "sglang" if layout == LAYOUT_MOE_A2A and not values["eplb_stats_experts"] else "flashinfer"
+
+
+def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
+    mode = values["mode"] or _default_mode(values)
+    if mode not in MODES:
+        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
+    return dict(geometry=geometry, ep_size=ep_size, payload_format=(values["payload_format"] or "bf16").strip().lower(),
+                eplb_stats_num_experts=integer("--eplb-stats-experts", values["eplb_stats_experts"] or "0", 0),
+                flashinfer_version=values["flashinfer_version"], mode=mode, draft=values["draft"],
+                lamport_max_tokens=integer("--lamport-tokens", values["lamport_tokens"] or "0", 0))
+
+
+def _plan_table(plans: list[WorkspacePlan], geometry: ModelGeometry, budget: int | None,
+                caption: str | None) -> PlanTable:
+    first = plans[0]
+    title = (f"{geometry.name}: H={geometry.hidden_size}, top-k={geometry.top_k}, E={geometry.num_experts} | "
+             f"ep_size={first.ep_size}, {first.payload_format}, flashinfer {first.flashinfer_version} "
+             f"({first.layout}), mode {first.mode}{', draft' if first.draft else ''}"
+             + (f", EPLB stats {first.eplb_stats_num_experts}" if first.eplb_stats_num_experts else ""))
+    headers = ["cap/rank", "max_num_tokens", "dispatch B/tok", "combine B/tok", "aux", "workspace/rank", "bytes/rank",
+               "EP group", "expert rows"]
+    show_lamport = any(plan.lamport_bytes for plan in plans)
+    headers += ["of which Lamport"] if show_lamport else []
+    headers += ["fits"] if budget is not None else []
+    rows = []
+    for plan in plans:
+        row = [f"{plan.cap:,}", f"{plan.max_num_tokens:,}", f"{plan.dispatch_bytes_per_token:,}",
+               f"{plan.combine_bytes_per_token:,}", format_bytes(plan.aux_bytes),
+               format_bytes(plan.workspace_bytes_per_rank), f"{plan.workspace_bytes_per_rank:,}",
+               format_bytes(plan.workspace_bytes_group), f"{plan.expert_rows:,}"]
+        row += [format_bytes(plan.lamport_bytes)] if show_lamport else []
+        row += ["yes" if plan.workspace_bytes_per_rank <= budget else "no"] if budget is not None else []
+        rows.append(row)
+    notes = ()
+    if budget is not None:
+        at_limit = first.cap == FLASHINFER.max_cap_tokens
+        notes = (f"largest 128-aligned cap within budget: {first.cap}"
+                 + (" (the largest cap capwatch sizes; the budget holds more)" if at_limit else ""),)
+    return PlanTable(title, tuple(headers), rows, caption, notes)
+
+
+PLANNER = Planner(
+    description="""\
+Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
+MoE all-to-all workspace bytes, byte-exact for every flashinfer release that has the A2A.
+
+Modes: sglang (default) = what SGLang allocates (bf16 floor on dispatch bytes, so nvfp4 and fp8 cost the
+bf16 figure; +128 B with --draft); flashinfer = FlashInfer's formula for the payload format, as a caller
+other than SGLang allocates it; sglang-legacy = SGLang before PR #25907 (cap x ep_size passed as
+max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in its title.""",
+    options=(
+        PlanOption("--payload-format", "payload_format", "dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, "
+                   "deepseek-fp8 (default bf16)", "FORMAT"),
+        PlanOption("--eplb-stats-experts", "eplb_stats_experts", "experts in FlashInfer's EPLB stats region (0.6.16+; "
+                   "0..num_experts; default 0)", "S"),
+        PlanOption("--flashinfer-version", "flashinfer_version", "flashinfer-python release (default 0.7.2.post1, "
+                   "the newest with MoeAlltoAll; 0.7.4 sizes NVLinkOneSidedAlltoAll)", "X.Y.Z"),
+        PlanOption("--mode", "mode", "sglang (default: what SGLang allocates, bf16 dispatch bytes at least), "
+                   "flashinfer (FlashInfer's own formula for the payload) or sglang-legacy", "MODE"),
+        PlanOption("--draft", "draft", "size SGLang's speculative draft dispatcher (+128 B)"),
+        PlanOption("--lamport-tokens", "lamport_tokens", "0.7.4 only: Lamport transport token limit the run settles "
+                   f"on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; default 0 = off)", "T"),
+    ),
+    group_title=None, ep_size_limit=f"1..{MAX_EP_SIZE}; 256 on 0.7.4", top_k_needed=True,
+    bytes_field="workspace_bytes_per_rank", prepare=_plan_options, plan_at=plan_workspace,
+    largest_within=largest_plan_within, table=_plan_table)
+
+
 SPEC = BackendSpec(
     rules=FLASHINFER, params=None, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
+    planner=PLANNER,
 )

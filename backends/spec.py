@@ -51,6 +51,47 @@ class BackendSeries:
     gauges: tuple[GaugeSeries, ...]
 
 
+@dataclass(frozen=True)
+class PlanOption:
+    """One of a backend's own ``capwatch plan`` options; given with another backend it is refused."""
+
+    flag: str  # "--deepep-mode"
+    dest: str  # the argparse attribute
+    help: str
+    metavar: str | None = None  # None: a flag without a value (store_true)
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    """What ``capwatch plan`` prints for a backend's plans: a table, then notes, then warnings (in yellow)."""
+
+    title: str
+    headers: tuple[str, ...]
+    rows: list[list[str]]
+    caption: str | None = None
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What ``capwatch plan --backend NAME`` asks of a backend: its options and their help, how it plans one cap
+    and the largest cap within a budget, and its table. ``options(values, geometry, ep_size, integer)`` turns the
+    option values given (None where not given) into the planner's keywords, ``integer(flag, text, minimum)``
+    parsing a number the way every option does; SizingError for a mistake."""
+
+    description: str  # its paragraph of `capwatch plan --help`
+    options: tuple[PlanOption, ...]
+    group_title: str | None  # its options' group in --help (None: among the general options)
+    ep_size_limit: str  # the group sizes it takes, in --help's words
+    top_k_needed: bool  # whether a custom geometry needs --top-k
+    bytes_field: str  # its plan's bytes per rank (the JSON's next_cap_<field>)
+    prepare: Callable[[Mapping[str, Any], ModelGeometry, int, Callable[..., int]], dict]
+    plan_at: Callable[..., Any]  # (cap=, **prepared) -> its plan (as_dict())
+    largest_within: Callable[..., Any]  # (budget, alignment=, **prepared) -> the plan of the largest cap
+    table: Callable[..., PlanTable]  # (plans, geometry, budget, caption) -> what to print
+
+
 # A rank's config: a RankConfig (telemetry/report.py) or a source's UnpricedConfig; typed loosely here because
 # both sit above this layer.
 Config = Any
@@ -77,6 +118,7 @@ class BackendSpec:
     # Whether a rank's prefill batches go through this cap, from its params (None: not known).
     prefill_dispatched: Callable[[BaseModel | None], bool]
     series: BackendSeries | None = None
+    planner: Planner | None = None  # capwatch plan's view of it (every registered backend has one)
 
     @property
     def name(self) -> str:
@@ -85,3 +127,4 @@ class BackendSpec:
     def params_of(self, config: Config) -> BaseModel | None:
         """This backend's parameters in ``config`` (None where it has none, or the config does not carry them)."""
         return getattr(config, self.name, None) if self.params is not None else None
+

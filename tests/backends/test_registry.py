@@ -15,6 +15,7 @@ from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import SizingError
+from capwatch.sizing.model_presets import custom_geometry
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.intervals import IntervalTracker
@@ -137,3 +138,24 @@ def test_a_report_body_of_an_already_deployed_rank_still_validates():
     flashinfer = {**body, "config": {**example("flashinfer").model_dump()}}
     flashinfer["config"].pop("deepep")  # a rank of the release before never sent the field
     assert RankReport.model_validate(flashinfer).config.a2a_backend == "flashinfer"
+
+
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_capwatch_plan_prices_it_through_its_planner(name):
+    """Its planner: options no other backend claims, a plan per cap whose bytes are its pricing's, the largest cap
+    within a budget, a table of one row per plan."""
+    spec = spec_of(name)
+    planner = spec.planner
+    assert planner is not None and planner.description and planner.bytes_field
+    others = {option.dest for other in SPECS.values() if other is not spec for option in other.planner.options}
+    assert not others & {option.dest for option in planner.options}
+    config = example(name)
+    geometry = custom_geometry(config.hidden_size, config.top_k, config.num_experts)
+    options = planner.prepare({option.dest: None for option in planner.options}, geometry, EP_SIZE,
+                              lambda flag, text, minimum=1: int(text))
+    plan = planner.plan_at(cap=256, **options)
+    assert plan.cap == 256 and getattr(plan, planner.bytes_field) >= pricing_of(config, EP_SIZE).bytes_per_rank(256) > 0
+    budget = getattr(plan, planner.bytes_field)
+    assert planner.largest_within(budget, **options, alignment=spec.rules.alignment).cap == 256
+    table = planner.table([plan, planner.plan_at(cap=512, **options)], geometry, budget, None)
+    assert len(table.rows) == 2 and all(len(row) == len(table.headers) for row in table.rows)
