@@ -26,7 +26,9 @@ while wanted:
         continue
     seen.add(key)
     distribution = metadata.distribution(name)
-    files += [str(path) for path in distribution.files or [] if not str(path).startswith("..")]
+    # Where each file is: a worktree's venv may take its dependencies from another venv's site-packages.
+    files += [(str(path), str(distribution.locate_file(path))) for path in distribution.files or []
+              if not str(path).startswith("..")]
     for line in distribution.requires or []:
         requirement = Requirement(line)
         if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
@@ -40,10 +42,9 @@ def build_base_venv(folder: Path) -> Path:
     subprocess.run([str(INSTALLED_PYTHON), "-m", "venv", "--without-pip", str(folder)], check=True, timeout=120)
     listing = subprocess.run([str(INSTALLED_PYTHON), "-c", BASE_FILES], check=True, capture_output=True, text=True,
                              timeout=120, cwd=folder)
-    source = next((INSTALLED_PYTHON.parent.parent).glob("lib/python3*/site-packages"))
     target = next(folder.glob("lib/python3*/site-packages"))
-    for name in json.loads(listing.stdout)["files"]:
-        origin, copy = source / name, target / name
+    for name, location in json.loads(listing.stdout)["files"]:
+        origin, copy = Path(location), target / name
         if origin.is_file() and not copy.exists():
             copy.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(origin, copy)
