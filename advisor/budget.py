@@ -26,6 +26,14 @@ def clamp_to_budget(given: Evidence, sized: float) -> Step[float]:
     """Below the floor SGLang refuses to start (and a CUDA graph's batch would overflow at capture), so a
     budget that cannot hold the floor is reported and the floor wins."""
     tokens, budget_cap, floor_cap, policy = int(sized), given.budget_cap, given.floor_cap, given.policy
+    if policy.budget_bytes_per_rank is not None and budget_cap is None:
+        # No cap fits at all (as `capwatch plan --budget` says it): never dropped silently.
+        smallest = policy.alignment
+        return Step(tokens, (
+            f"no cap fits the memory budget of {policy.budget_bytes_per_rank:,} bytes per rank "
+            f"(CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK): the smallest aligned cap, {smallest}, already needs "
+            f"{given.group.pricing.bytes_per_rank(smallest):,} bytes of {given.rules.memory}; this advice is sized "
+            "without the budget: raise the budget",))
     if budget_cap is None or tokens <= budget_cap:
         return Step(tokens)
     budget = format_gib(policy.budget_bytes_per_rank)

@@ -1,4 +1,5 @@
-"""The advisor's knobs (part of the service's Settings: ``CAPWATCH_ADVISOR__<NAME>``)."""
+"""The advisor's knobs (``CAPWATCH_ADVISOR__<NAME>``: read by ``settings.AdvisorSettings`` and by the service's
+Settings alike)."""
 
 from __future__ import annotations
 

@@ -7,10 +7,10 @@ aligned by the window their interval END falls in.
 
 The window rule: an interval that ran no forward step says nothing about the need and adds nothing;
 the others of one window combine field by field as ``WINDOW_FIELDS`` says (the largest peak, the
-largest cap, the overflow events summed). ``group_samples`` applies it in Python; the store's SQL
-(``store/schema.py: upsert_windows_sql``) and the Prometheus source's PromQL
-(``sources/prometheus/windows.py``) are derived from ``WINDOW_FIELDS``, and
-``tests/service/test_window_rule.py`` runs the same table of cases through all three.
+largest cap, the overflow events summed). ``group_samples`` applies it in Python (the service, and the log
+reader's timeline, ``sglang_logs/timeline.py``, per window); the store's SQL (``store/schema.py:
+upsert_windows_sql``) and the Prometheus source's PromQL (``sources/prometheus/windows.py``) are derived from
+``WINDOW_FIELDS``, and ``tests/service/test_window_rule.py`` runs the same table of cases through all four.
 """
 
 from __future__ import annotations

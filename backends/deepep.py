@@ -16,6 +16,7 @@ from capwatch.backends.spec import (
     Planner,
     PlanTable,
     RankSizes,
+    SettingsReader,
 )
 from capwatch.sizing.byte_units import format_bytes, format_gib
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
@@ -169,6 +170,31 @@ rank per shared expert with --shared-experts-fusion (SGLang's --enforce-shared-e
     largest_within=largest_deepep_plan_within, table=_plan_table)
 
 
+def _settings_params(settings: SettingsReader) -> tuple[tuple[str, object], ...]:
+    """DeepEP's buffer beyond the model: --deepep-mode, --ep-num-redundant-experts, and the fused shared expert
+    slots of --enforce-shared-experts-fusion (DeepEP servers fuse only on request)."""
+    return (("deepep_mode", settings.text("deepep_mode")),
+            ("redundant_experts", settings.size("ep_num_redundant_experts", 0, least=0)),
+            ("shared_experts_fusion",
+             settings.flag("enforce_shared_experts_fusion") and not settings.flag("disable_shared_experts_fusion")))
+
+
+def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[DeepEPPricing, bool]:
+    """The buffer SGLang's DeepEP dispatcher allocates per cap, and whether prefill goes through it (low_latency
+    mode); SizingError where the server has no capped buffer or it cannot be sized."""
+    mode = params.get("deepep_mode") or DEEPEP_MODES[0]
+    if mode not in DEEPEP_MODES:
+        raise SizingError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token "
+                          "cap; no advice")
+    try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
+        plan = plan_deepep_buffer(geometry, ep_size, alignment, mode, params.get("redundant_experts", 0),
+                                  geometry.shared_experts if params.get("shared_experts_fusion") else 0)
+    except SizingError as error:
+        raise SizingError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
+    return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
+                         plan.normal_rdma_bytes), prefill_dispatched(mode)
+
+
 SPEC = BackendSpec(
     rules=DEEPEP, params=DeepEPBuffer, refusal=_refusal, group_refusal=_group_refusal,
     pricing=DeepEPPricing.of_config, sizes=_sizes,
@@ -187,4 +213,6 @@ SPEC = BackendSpec(
                         "the larger of it and the low-latency size at the cap.", "bytes"),
         )),
     planner=PLANNER,
+    settings_params=_settings_params,
+    settings_pricing=_settings_pricing,
 )

@@ -22,6 +22,7 @@ from capwatch.sizing.flashinfer_releases import (
     check_routing,
 )
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.sizing.payloads import hidden_bytes_per_token
 from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
 
@@ -193,9 +194,17 @@ max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in 
     largest_within=largest_plan_within, table=_plan_table)
 
 
+def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[WorkspacePricing, bool]:
+    """The workspace SGLang's FlashInfer dispatcher allocates per cap (bf16, from the geometry alone); its prefill
+    batches meet the cap."""
+    return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
+                            combine_bytes_per_token(geometry.hidden_size)), True
+
+
 SPEC = BackendSpec(
     rules=FLASHINFER, params=None, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
     planner=PLANNER,
+    settings_pricing=_settings_pricing,
 )

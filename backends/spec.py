@@ -23,6 +23,18 @@ class Pricing(Protocol):
     def known_bytes_per_rank(self, cap: int) -> int | None: ...
 
 
+class SettingsReader(Protocol):
+    """An engine's settings as the log reader reads them (SGLang's logged server args, ``sglang_logs/server_args.py``):
+    leniently, a value that is no plausible setting reading as its default."""
+
+    def text(self, key: str) -> str | None: ...
+
+    def size(self, key: str, default: int, least: int) -> int:
+        """A parallel size or a count; UnreadableArgs below ``least`` or beyond any cluster."""
+
+    def flag(self, key: str) -> bool: ...
+
+
 @dataclass(frozen=True)
 class RankSizes:
     """A rank's payload bytes per token and its memory at its cap, as its backend sizes them."""
@@ -118,7 +130,12 @@ class BackendSpec:
     # Whether a rank's prefill batches go through this cap, from its params (None: not known).
     prefill_dispatched: Callable[[BaseModel | None], bool]
     series: BackendSeries | None = None
-    planner: Planner | None = None  # capwatch plan's view of it (every registered backend has one)
+    planner: Planner | None = None
+    # How to read it from an engine's settings (for capwatch advise --sglang-log, which has no report): the settings
+    # that size it beyond the model (hashable pairs), and from them its pricing in a group of ep_size ranks at the
+    # given alignment and whether prefill batches meet its cap (SizingError saying why it cannot be priced).
+    settings_params: Callable[[SettingsReader], tuple[tuple[str, object], ...]] = lambda settings: ()
+    settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # capwatch plan's view of it (every registered backend has one)
 
     @property
     def name(self) -> str:

@@ -23,6 +23,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "capwatch.commands.serve",
     "capwatch.commands.advise",
     "capwatch.commands.demo",
+    "capwatch.commands.dashboards",
 )
 
 

@@ -23,8 +23,8 @@ from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 UID = "capwatch-ep-group"
-GROUP = "cluster, dispatcher"
-GROUP_LEGEND = "{{cluster}} {{dispatcher}}"
+GROUP = "ep_group, dispatcher"
+GROUP_LEGEND = "{{ep_group}} {{dispatcher}}"
 
 # The trailing-window peak misses no step between scrapes (the last-interval gauge is only sampled).
 group_peak_utilization = f"max by ({GROUP}) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})"
@@ -54,7 +54,7 @@ def build() -> dashboard_models.Dashboard:
             "Overflow rate",
             "Dispatches past the cap per second, all ranks, all kinds. Anything above zero raised or chunked.",
             "cps",
-            [Query(f"sum by (cluster) ({rate(cat.OVERFLOW_EVENTS.name)})", "{{cluster}}")],
+            [Query(f"sum by (ep_group) ({rate(cat.OVERFLOW_EVENTS.name)})", "{{ep_group}}")],
             thresholds=[(None, "green"), (1e-9, "red")]))
         .with_panel(stat_panel(
             "Ranks scraped",
@@ -65,8 +65,8 @@ def build() -> dashboard_models.Dashboard:
             "The cap the ranks run with and the cap the capwatch service recommends (absent until it has enough "
             "history).",
             "short",
-            [Query(service(svc.CLUSTER_CAP_TOKENS), "current {{cluster}}"),
-             Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{cluster}}")]))
+            [Query(service(svc.CLUSTER_CAP_TOKENS), "current {{ep_group}}"),
+             Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{ep_group}}")]))
         .with_panel(stat_panel(
             "Workspace across the group",
             "A2A memory summed over the ranks, by each backend's sizing: its workspace or buffer as the engine "
@@ -75,7 +75,7 @@ def build() -> dashboard_models.Dashboard:
         .with_panel(stat_panel(
             "Advice",
             "The capwatch service's current action for the cap: raise, lower, hold or insufficient_data.",
-            "none", [Query(f"{service(svc.ADVICE_ACTION)} == 1", "{{cluster}}: {{action}}")])
+            "none", [Query(f"{service(svc.ADVICE_ACTION)} == 1", "{{ep_group}}: {{action}}")])
             .text_mode(common_models.BigValueTextMode.NAME))
         .with_row(row("Utilization and overflow"))
         .with_panel(timeseries_panel(
@@ -92,8 +92,8 @@ def build() -> dashboard_models.Dashboard:
             "runtime_over_cap: R exceeded the cap; local_over_runtime: a rank's own tokens exceeded R. "
             "Outcome raised (the step failed) or chunked (split into rounds).",
             "cps",
-            [Query(f"sum by (cluster, kind, outcome) ({rate(cat.OVERFLOW_EVENTS.name)})",
-                   "{{cluster}} {{kind}} {{outcome}}")],
+            [Query(f"sum by (ep_group, kind, outcome) ({rate(cat.OVERFLOW_EVENTS.name)})",
+                   "{{ep_group}} {{kind}} {{outcome}}")],
             width=8, min_value=0))
         .with_row(row("Throughput"))
         .with_panel(timeseries_panel(
@@ -116,23 +116,23 @@ def build() -> dashboard_models.Dashboard:
             "A2A workspace each rank holds at its cap, and what one rank would hold at the recommended cap.",
             "bytes",
             [Query(ranks(cat.WORKSPACE_BYTES.name), "rank {{ep_rank}}"),
-             Query(service(svc.RECOMMENDED_WORKSPACE_BYTES), "recommended per rank {{cluster}}")],
+             Query(service(svc.RECOMMENDED_WORKSPACE_BYTES), "recommended per rank {{ep_group}}")],
             width=8, min_value=0))
         .with_panel(timeseries_panel(
             "Workspace bytes across the group",
             "Sum over the ranks Prometheus scrapes, and the service's figure from the ranks' reports.",
             "bytes",
             [Query(group_workspace_bytes, "scraped " + GROUP_LEGEND),
-             Query(service(svc.CLUSTER_WORKSPACE_BYTES), "service {{cluster}}")],
+             Query(service(svc.CLUSTER_WORKSPACE_BYTES), "service {{ep_group}}")],
             width=8, min_value=0))
         .with_panel(timeseries_panel(
             "Cap: current vs recommended",
             "The cap the ranks report, and the service's recommended cap with its lower and upper bounds.",
             "short",
             [Query(f"max by ({GROUP}) ({ranks(cat.CAP_TOKENS.name)})", "cap " + GROUP_LEGEND),
-             Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{cluster}}"),
-             Query(service(svc.RECOMMENDED_CAP_LOWER_TOKENS), "lower bound {{cluster}}"),
-             Query(service(svc.RECOMMENDED_CAP_UPPER_TOKENS), "upper bound {{cluster}}")],
+             Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{ep_group}}"),
+             Query(service(svc.RECOMMENDED_CAP_LOWER_TOKENS), "lower bound {{ep_group}}"),
+             Query(service(svc.RECOMMENDED_CAP_UPPER_TOKENS), "upper bound {{ep_group}}")],
             width=8, min_value=0))
         .with_row(row("Consistency"))
         .with_panel(timeseries_panel(
@@ -140,13 +140,13 @@ def build() -> dashboard_models.Dashboard:
             "Active findings by kind from the service: cap or ep_size mismatch between ranks, double-counted "
             "workspace, missing or stale ranks. Zero is healthy.",
             "none",
-            [Query(f"sum by (cluster, finding) ({service(svc.CONSISTENCY_FINDINGS)})", "{{cluster}} {{finding}}")],
+            [Query(f"sum by (ep_group, finding) ({service(svc.CONSISTENCY_FINDINGS)})", "{{ep_group}} {{finding}}")],
             min_value=0))
         .with_panel(timeseries_panel(
             "Ranks reporting / missing",
             "Ranks by state in the service (reporting, stale, missing) and ranks Prometheus scrapes now.",
             "none",
-            [Query(f"sum by (cluster, state) ({service(svc.RANKS)})", "{{cluster}} {{state}}"),
+            [Query(f"sum by (ep_group, state) ({service(svc.RANKS)})", "{{ep_group}} {{state}}"),
              Query(f"count by ({GROUP}) ({ranks(cat.INFO.name)})", "scraped " + GROUP_LEGEND)],
             min_value=0))
         .with_panel(labels_table_panel(

@@ -19,13 +19,13 @@ from grafana_foundation_sdk.models import dashboard as dashboard_models
 from grafana_foundation_sdk.models import heatmap as heatmap_models
 from grafana_foundation_sdk.models import prometheus as prometheus_models
 
-from capwatch.telemetry.catalogue import INFO
+from capwatch.telemetry.catalogue import CAP_TOKENS, FORWARD_STEPS, INFO, OVERFLOW_EVENTS
 
 DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["capwatch", "moe", "all-to-all"]
 
-# Filters, innermost first: the service's gauges carry cluster and dispatcher; the ranks add ep_rank.
-CLUSTER_FILTER = 'cluster=~"$cluster"'
+# Filters, innermost first: the service's gauges carry ep_group and dispatcher; the ranks add ep_rank.
+CLUSTER_FILTER = 'ep_group=~"$ep_group"'
 GROUP_FILTER = f'{CLUSTER_FILTER}, dispatcher=~"$dispatcher"'
 RANK_FILTER = f'{GROUP_FILTER}, ep_rank=~"$ep_rank"'
 
@@ -194,15 +194,15 @@ def _query_variable(name: str, label: str, query: str, description: str) -> dash
 
 
 def variables() -> list:
-    """``datasource`` first (everything else queries through it), then cluster, dispatcher and rank."""
+    """``datasource`` first (everything else queries through it), then EP group, dispatcher and rank."""
     return [
         dashboard_builders.DatasourceVariable("datasource")
         .label("Data source")
         .description("The Prometheus that scrapes the ranks and the capwatch service.")
         .type("prometheus"),
         _query_variable(
-            "cluster", "Cluster", f"label_values({INFO.name}, cluster)",
-            "EP group (deployment) as the ranks label it."),
+            "ep_group", "EP group", f"label_values({INFO.name}, ep_group)",
+            "EP group (deployment: CAPWATCH_CLUSTER) as the ranks label it."),
         _query_variable(
             "dispatcher", "Dispatcher", f'label_values({INFO.name}{{{CLUSTER_FILTER}}}, dispatcher)',
             "Which A2A dispatcher of the rank (e.g. the target model or a speculative draft)."),
@@ -210,6 +210,22 @@ def variables() -> list:
             "ep_rank", "EP rank", f'label_values({INFO.name}{{{GROUP_FILTER}}}, ep_rank)',
             "Expert-parallel ranks to show."),
     ]
+
+
+# Where a person looks first: overflows, cap changes and restarts as annotations on every time series, per
+# (group, dispatcher[, rank]) in the selection. A restart shows where the same target comes back (a container
+# restarted in its pod resets its counters); a new pod is a new series, seen as the rank's line starting.
+ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
+    ("Overflows", "red", f"sum by (ep_group, dispatcher, kind, outcome) "
+                         f"(increase({OVERFLOW_EVENTS.name}{{{GROUP_FILTER}}}[$__rate_interval])) > 0"),
+    ("Cap changes", "orange", f"changes({CAP_TOKENS.name}{{{RANK_FILTER}}}[$__rate_interval]) > 0"),
+    ("Restarts", "purple", f"resets({FORWARD_STEPS.name}{{{RANK_FILTER}}}[$__rate_interval]) > 0"),
+)
+
+
+def annotations() -> list:
+    return [dashboard_builders.AnnotationQuery().name(name).datasource(DATASOURCE).enable(True).icon_color(color)
+            .expr(expr) for name, color, expr in ANNOTATIONS]
 
 
 def dashboard(title: str, uid: str, description: str) -> dashboard_builders.Dashboard:
@@ -224,6 +240,7 @@ def dashboard(title: str, uid: str, description: str) -> dashboard_builders.Dash
         .refresh("30s")
         .timezone("browser")
         .variables(variables())
+        .annotations(annotations())
         .link(
             dashboard_builders.DashboardLink("capwatch")
             .type(dashboard_models.DashboardLinkType.DASHBOARDS)

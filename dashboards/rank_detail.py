@@ -22,7 +22,7 @@ from grafana_foundation_sdk.models import common as common_models
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
 UID = "capwatch-ep-ranks"
-RANK = "cluster, dispatcher, ep_rank"
+RANK = "ep_group, dispatcher, ep_rank"
 RANK_LEGEND = "rank {{ep_rank}}"
 RUNTIME_TOKENS_BUCKET = cat.RUNTIME_TOKENS.name + "_bucket"
 
@@ -47,17 +47,17 @@ def build() -> dashboard_models.Dashboard:
             "rank dispatches with) and the cap. The rank whose line reaches R drives the group's peak.",
             "short",
             [Query(peak(cat.LOCAL_TOKENS_WINDOW_MAX.name), "rank {{ep_rank}} local batch"),
-             Query(f"max by (cluster, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_MAX.name)})",
-                   "group R {{cluster}} {{dispatcher}}"),
-             Query(f"max by (cluster, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{cluster}} {{dispatcher}}")],
+             Query(f"max by (ep_group, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_MAX.name)})",
+                   "group R {{ep_group}} {{dispatcher}}"),
+             Query(f"max by (ep_group, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{ep_group}} {{dispatcher}}")],
             width=18, min_value=0))
         .with_panel(stat_panel(
             "Rank driving the peak",
             "The selected rank with the largest own local batch in the trailing peak window: the one that sets "
             "the group's R.",
             "short",
-            [Query(f"topk by (cluster, dispatcher) (1, {peak(cat.LOCAL_TOKENS_WINDOW_MAX.name)})",
-                   "{{cluster}} {{dispatcher}} rank {{ep_rank}}")],
+            [Query(f"topk by (ep_group, dispatcher) (1, {peak(cat.LOCAL_TOKENS_WINDOW_MAX.name)})",
+                   "{{ep_group}} {{dispatcher}} rank {{ep_rank}}")],
             width=6, height=8)
             .text_mode(common_models.BigValueTextMode.VALUE_AND_NAME))
         .with_panel(timeseries_panel(
@@ -65,8 +65,8 @@ def build() -> dashboard_models.Dashboard:
             "Largest R / cap over the trailing peak window, every step counted whatever the scrape interval (above "
             "1 means overflow). R is one value for the whole group: every rank dispatches with it.",
             "percentunit",
-            [Query(f"max by (cluster, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})",
-                   "group {{cluster}} {{dispatcher}}")],
+            [Query(f"max by (ep_group, dispatcher) ({peak(cat.RUNTIME_TOKENS_WINDOW_UTILIZATION.name)})",
+                   "group {{ep_group}} {{dispatcher}}")],
             width=24, min_value=0, thresholds=UTILIZATION_STEPS))
         .with_panel(timeseries_panel(
             "Peak R per rank vs cap",
@@ -76,7 +76,7 @@ def build() -> dashboard_models.Dashboard:
             "short",
             [Query(peak(cat.RUNTIME_TOKENS_WINDOW_MAX.name), "rank {{ep_rank}} window peak"),
              Query(ranks(cat.RUNTIME_TOKENS_MAX.name), "rank {{ep_rank}} max since start"),
-             Query(f"max by (cluster, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{cluster}} {{dispatcher}}")],
+             Query(f"max by (ep_group, dispatcher) ({ranks(cat.CAP_TOKENS.name)})", "cap {{ep_group}} {{dispatcher}}")],
             min_value=0))
         .with_panel(timeseries_panel(
             "R quantiles per rank",

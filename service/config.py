@@ -1,19 +1,51 @@
 """The service's one Settings object (environment variables ``CAPWATCH_<NAME>``; advisor knobs
-``CAPWATCH_ADVISOR__<NAME>``). ``capwatch serve`` flags override the environment."""
+``CAPWATCH_ADVISOR__<NAME>``, read alike by the log reader through ``advisor/settings.py``). ``capwatch serve``
+flags override the environment, which overrides a TOML config file (``--config``, ``CAPWATCH_CONFIG``), which
+overrides the defaults. Per-cluster advisor policy: ``[clusters.<name>.advisor]`` in the file (``CLUSTERS`` as
+JSON in the environment), over the global ``[advisor]``."""
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 from capwatch.advisor.policy import DEFAULT_POLICY, MAX_SETTING_SECONDS, AdvisorPolicy
-from capwatch.advisor.sample import DEFAULT_WINDOW_S
-from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
-from pydantic import Field, SecretStr, field_validator, model_validator
+from capwatch.advisor.settings import WINDOW_S_FIELD
+from capwatch.telemetry.endpoint import bearer_token_problem, host_name_problem, http_url_problem
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
 
 # The names of this machine's loopback: what the service binds and answers by default.
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+# Advisor knobs a cluster may set for itself: how its advice is sized and how much history it needs. The knobs
+# that shape the stored history (its decay and what folding forgets) are the store's, one for every cluster.
+STORE_WIDE_ADVISOR_KNOBS = ("half_life_s", "forget_relative_weight")
+
+
+class ClusterSettings(BaseModel):
+    """One cluster's own settings: advisor knobs over the global ``advisor`` (e.g. ``safety_margin``,
+    ``target_percentile``, ``target_overflow_windows_per_day``, ``min_history_s``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    advisor: dict[str, Any] = Field(default_factory=dict, description="AdvisorPolicy fields to override.")
+
+    @field_validator("advisor")
+    @classmethod
+    def _known_knobs(cls, advisor: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(advisor) - set(AdvisorPolicy.model_fields))
+        if unknown:
+            raise ValueError(f"unknown advisor setting(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(name for name in AdvisorPolicy.model_fields)}")
+        store_wide = sorted(set(advisor) & set(STORE_WIDE_ADVISOR_KNOBS))
+        if store_wide:
+            raise ValueError(f"{', '.join(store_wide)} shape the stored history of every cluster: set them in "
+                             "[advisor], not per cluster")
+        return advisor
 
 
 class Settings(BaseSettings):
@@ -54,10 +86,13 @@ class Settings(BaseSettings):
         "Answer bytes buffered per connection; past it the answer waits for the client to read."))
     docs: bool = Field(False, description="Serve Swagger UI at /docs (its script loads from a CDN); /openapi.json "
                                           "is always served.")
+    legacy_cluster_label: bool = Field(False, description=(
+        "For one release: /metrics also labels each group's series with the old name 'cluster' beside 'ep_group', "
+        "while dashboards and queries move (docs/telemetry.md, Migrating from the cluster label)."))
     stale_after_s: float = Field(60.0, ge=1, le=MAX_SETTING_SECONDS, description="A rank silent this long is stale.")
     missing_after_s: float = Field(300.0, ge=1, le=MAX_SETTING_SECONDS,
                                    description="A rank silent this long is missing (at least stale_after_s).")
-    window_s: float = Field(DEFAULT_WINDOW_S, ge=1, le=86_400, description="Group sample window: one peak per window.")
+    window_s: float = WINDOW_S_FIELD  # the advisor's (advisor/settings.py): the log reader reads it too
     fold_after_s: float = Field(6 * 3600.0, ge=1, le=MAX_SETTING_SECONDS,
                                 description="Windows older than this fold into the histogram (at least window_s).")
     retention_s: float = Field(2 * 86_400.0, ge=60, le=MAX_SETTING_SECONDS,
@@ -74,6 +109,29 @@ class Settings(BaseSettings):
         15.0, ge=0, le=86_400, description="Reuse a group's sample history read from Prometheus this long (at most one "
                                 "window), so repeated scrapes and requests don't repeat its range queries.")
     advisor: AdvisorPolicy = DEFAULT_POLICY
+    clusters: dict[str, ClusterSettings] = Field(default_factory=dict, max_length=10_000, description=(
+        "Per-cluster advisor policy over the global one: [clusters.<name>.advisor] in the config file, or JSON "
+        "such as CAPWATCH_CLUSTERS='{\"prod-a\": {\"advisor\": {\"safety_margin\": 0.3}}}'."))
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource,
+                                   dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource):
+        """Flags (init), then the environment, then the config file (a subclass's ``toml_file``)."""
+        sources = [init_settings, env_settings]
+        if settings_cls.model_config.get("toml_file"):
+            sources.append(TomlConfigSettingsSource(settings_cls))
+        return (*sources, dotenv_settings, file_secret_settings)
+
+    def advisor_for(self, cluster: str) -> AdvisorPolicy:
+        """The advisor policy of one cluster: its own knobs over the global ones."""
+        return self._cluster_policies.get(cluster, self.advisor)
+
+    @cached_property
+    def _cluster_policies(self) -> dict[str, AdvisorPolicy]:
+        return {name: AdvisorPolicy(**{**self.advisor.model_dump(), **cluster.advisor})
+                for name, cluster in self.clusters.items()}
 
     @model_validator(mode="after")
     def _settings_agree(self) -> Settings:
@@ -90,6 +148,14 @@ class Settings(BaseSettings):
         if self.body_grace_s >= self.body_timeout_s:
             raise ValueError(f"CAPWATCH_BODY_GRACE_S {self.body_grace_s:g} is not below CAPWATCH_BODY_TIMEOUT_S "
                              f"{self.body_timeout_s:g}: a body would time out before its grace ends")
+        for name, cluster in self.clusters.items():  # each cluster's policy is whole and valid at start
+            try:
+                AdvisorPolicy(**{**self.advisor.model_dump(), **cluster.advisor})
+            except ValidationError as error:
+                first = error.errors()[0]
+                where = ".".join(str(part) for part in first["loc"])
+                raise ValueError(f"clusters.{name}.advisor: {where}: {first['msg'].removeprefix('Value error, ')}") \
+                    from None
         if self.max_bodies_per_client is None:
             self.max_bodies_per_client = max(1, self.max_concurrent_bodies // 8)
         elif self.max_bodies_per_client > self.max_concurrent_bodies:
@@ -108,6 +174,19 @@ class Settings(BaseSettings):
         if problem is not None:  # a token no client can send would refuse every rank
             raise ValueError(f"the token cannot be sent in an Authorization header: {problem}")
         return token
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _allowed_hosts_name_hosts(cls, hosts: list[str]) -> list[str]:
+        # An empty list answers 421 to everything, /healthz too: a liveness probe would restart the service.
+        if not hosts:
+            raise ValueError('an empty list refuses every request (421), /healthz too; name the hosts the service '
+                             'is served under, e.g. ["127.0.0.1", "localhost"], or ["*"] for any')
+        for host in hosts:
+            problem = None if host == "*" else host_name_problem(host.strip().strip("[]"))
+            if problem is not None:
+                raise ValueError(f"{host[:100]!r}: {problem}")
+        return hosts
 
     @field_validator("prometheus_url")
     @classmethod
@@ -147,3 +226,64 @@ def settings_reference() -> list[tuple[str, str, str, str]]:
                                                      ",".join(default))
             rows.append((prefix + name.upper(), shown, _bounds(field), field.description or ""))
     return rows
+
+
+def load_settings(config_file: Path | None = None, **flags) -> Settings:
+    """Settings from the flags, the environment and, when given, a TOML file (its keys are the fields' names:
+    ``port = 8321``, ``[advisor]``, ``[clusters.prod-a.advisor]``)."""
+    if config_file is None:
+        return Settings(**flags)
+    if not config_file.is_file():
+        raise FileNotFoundError(f"the config file {config_file} does not exist or is not a file")
+    import tomllib
+
+    with config_file.open("rb") as file:
+        unknown = sorted(set(tomllib.load(file)) - set(Settings.model_fields))
+    if unknown:  # the environment ignores what it does not know; a file's typo must not pass for a setting
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)} (the names are the CAPWATCH_* variables' without "
+                         "the prefix, lower case: capwatch serve --help lists them)")
+
+    class FileSettings(Settings):
+        model_config = SettingsConfigDict(**{**Settings.model_config, "toml_file": config_file})
+
+    return FileSettings(**flags)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_key(key: str) -> str:
+    return key if key.replace("_", "a").replace("-", "a").isalnum() else _toml_value(key)
+
+
+def settings_toml(settings: Settings) -> str:
+    """The effective settings as a config file (``capwatch serve --print-config``): every field, the token shown as
+    set or not, never its value; unset fields are comments (TOML has no null)."""
+    data = settings.model_dump(mode="json")
+    data["token"] = "<set>" if settings.token is not None else None
+    lines = ["# capwatch serve: the effective settings (flags > environment > config file > defaults)"]
+    tables = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            tables[key] = value
+        elif value is None:
+            lines.append(f"# {key} is unset")
+        else:
+            lines.append(f"{_toml_key(key)} = {_toml_value(value)}")
+    for key, value in tables.items():
+        if key == "clusters":
+            for cluster, cluster_settings in value.items():
+                lines.append(f"\n[clusters.{_toml_key(cluster)}.advisor]")
+                lines += [f"{_toml_key(name)} = {_toml_value(item)}" for name, item in cluster_settings["advisor"].items()]
+            continue
+        lines.append(f"\n[{key}]")
+        for name, item in value.items():
+            lines.append(f"# {name} is unset" if item is None else f"{_toml_key(name)} = {_toml_value(item)}")
+    return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
     from capwatch.service.cluster_view import RankView
 
 Severity = Literal["critical", "warning", "info"]
-FINDING_KINDS = ("cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",
+FINDING_KINDS = ("backend_mismatch", "cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",
                  "workspace_mismatch")
 # Reported bytes within this share of the cap x ep_size size count as the double count.
 DOUBLE_COUNT_TOLERANCE = 0.02
@@ -49,6 +49,15 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
     """``views``: one per expected rank, the states' ranks first (in ``states`` order), then never-seen ranks."""
     findings: list[Finding] = []
     live = [state for state, view in zip(states, views) if view.state != "missing"] or states
+    backends = Counter(state.config.a2a_backend for state in live)
+    if len(backends) > 1:
+        majority = backends.most_common(1)[0][0]
+        odd = sorted(state.ep_rank for state in live if state.config.a2a_backend != majority)
+        findings.append(Finding(
+            kind="backend_mismatch", severity="critical", ranks=odd,
+            message=(f"ranks run different A2A backends: {dict(sorted(backends.items()))} (backend: ranks); one EP "
+                     f"group dispatches through one backend, and each sizes its cap by its own rules, so no advice "
+                     f"is given until they agree — restart rank(s) {_ranks_text(odd)} with the group's {majority}")))
     caps, majority, odd = _disagreement(live, "cap")
     if odd:
         findings.append(Finding(

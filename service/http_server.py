@@ -1,7 +1,11 @@
 """The HTTP server ``capwatch serve`` runs: uvicorn's httptools protocol with every connection bounded, so no
 client can hold the service's memory, file descriptors or event loop:
 
-- at most ``max_connections`` open at once: one more is answered 503 and closed at once;
+- at most ``max_connections`` open at once, shared fairly per address: when they are all taken, a new connection
+  takes the place of an idle one (no request in progress), else of a slow one (headers still arriving, or an
+  answer its client does not read in time), from its own address when that holds its share (an eighth) or more,
+  else from the address holding the most; only when every connection is busy with a request is it answered 503
+  and closed at once. So a client re-opening every slot it can get cannot lock the others (or ``/healthz``) out;
 - the request line and headers must arrive within ``header_timeout_s`` of the connection opening (or of the
   previous answer), and be at most ``MAX_HEADER_BYTES`` (408 and 431, then closed): a client that never finishes
   its headers is closed, not kept;
@@ -61,6 +65,52 @@ class DropLog:
             self._logged[reason] = now
 
 
+class ConnectionTable:
+    """The admitted connections by client address, in the order they opened, and the choice of one to close
+    when a new one needs its place (see the module's docstring). One per server; the event loop's thread only."""
+
+    SHARE_DIVISOR = 8  # an address's fair share when connections are scarce, as for body slots
+
+    def __init__(self) -> None:
+        self.by_address: dict[str, dict[BoundedHttpProtocol, None]] = {}  # insertion order: oldest first
+        self.open = 0
+
+    def add(self, connection: BoundedHttpProtocol) -> None:
+        self.by_address.setdefault(connection.address, {})[connection] = None
+        self.open += 1
+
+    def remove(self, connection: BoundedHttpProtocol) -> None:
+        held = self.by_address.get(connection.address)
+        if held is not None and held.pop(connection, False) is None:
+            self.open -= 1
+            if not held:
+                del self.by_address[connection.address]
+
+    def victim(self, address: str, max_connections: int) -> BoundedHttpProtocol | None | bool:
+        """None when there is room; else the connection to close for one more from ``address``, or False when
+        every candidate is busy with a request (the new one is refused)."""
+        if self.open < max_connections:
+            return None
+        held = self.by_address.get(address, {})
+        if len(held) >= max(1, max_connections // self.SHARE_DIVISOR):
+            return _first_evictable([held]) or False
+        largest = max(self.by_address.values(), key=len)
+        return _first_evictable([largest]) or _first_evictable(list(self.by_address.values())) or False
+
+
+def _first_evictable(groups: list[dict]) -> BoundedHttpProtocol | None:
+    """The oldest idle connection of ``groups``, else the oldest slow one."""
+    slow = None
+    for group in groups:
+        for connection in group:
+            state = connection.evictable()
+            if state == "idle":
+                return connection
+            if state == "slow" and slow is None:
+                slow = connection
+    return slow
+
+
 @dataclass(frozen=True)
 class ConnectionLimits:
     max_connections: int
@@ -68,6 +118,7 @@ class ConnectionLimits:
     send_timeout_s: float
     output_buffer_bytes: int
     dropped: DropLog = field(default_factory=DropLog)
+    table: ConnectionTable = field(default_factory=ConnectionTable)
 
     @classmethod
     def of(cls, settings: Settings, count: Callable[[DropReason], None] = lambda reason: None) -> ConnectionLimits:
@@ -93,6 +144,7 @@ class BoundedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self.limits = limits
         self._refused = False  # over max_connections: answered 503, closing
+        self.address = ""  # the client's address: connections are shared per address
         self._header_timer: asyncio.TimerHandle | None = None
         self._output_timer: asyncio.TimerHandle | None = None
         self._header_bytes = 0
@@ -102,28 +154,61 @@ class BoundedHttpProtocol(HttpToolsProtocol):
     # --- connections ---------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        if len(self.connections) >= self.limits.max_connections:
+        peer = transport.get_extra_info("peername")
+        self.address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        table = self.limits.table
+        victim = table.victim(self.address, self.limits.max_connections)
+        if victim is False:
             self._refused = True
             self.transport = transport
-            self.client = transport.get_extra_info("peername")
+            self.client = peer
             transport.write(plain_answer(503, f"the service holds {self.limits.max_connections} connections, its "
-                                              "bound (CAPWATCH_MAX_CONNECTIONS); retry later\n"))
+                                              "bound (CAPWATCH_MAX_CONNECTIONS), each busy with a request; retry "
+                                              "later\n"))
             transport.close()
             self.limits.dropped("too_many_connections", self.client,
-                                f"{self.limits.max_connections} connections are open (CAPWATCH_MAX_CONNECTIONS)")
+                                f"{self.limits.max_connections} connections are open and busy (CAPWATCH_MAX_CONNECTIONS)")
             return
+        if victim is not None:
+            victim.evict()
         super().connection_made(transport)
+        table.add(self)
         transport.set_write_buffer_limits(high=self.limits.output_buffer_bytes)
         sock = transport.get_extra_info("socket")
         if sock is not None:  # the kernel's share too: its default grows to MiBs per connection a client ignores
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.output_buffer_bytes)
         self._arm_header_timer()
 
+    def evictable(self) -> str | None:
+        """``"idle"`` (no request in progress), ``"slow"`` (headers still arriving, or an answer not read as fast
+        as it is written), or None (busy with a request: never closed to make room)."""
+        if self.transport.is_closing():
+            return None
+        if self._in_headers or self.flow.write_paused:
+            return "slow"
+        if not self.pipeline and (self.cycle is None or self.cycle.response_complete):
+            return "idle"
+        return None
+
+    def evict(self) -> None:
+        """Close this connection to make room for a new one (counted and logged as a drop)."""
+        state = self.evictable()
+        self.limits.table.remove(self)
+        if state == "idle":
+            self.transport.close()
+        else:
+            self.transport.abort()  # frees what was buffered for it
+        self.limits.dropped(f"evicted_{state}", self.client,
+                            f"its place was taken by a new connection ({self.limits.max_connections} were open, "
+                            f"CAPWATCH_MAX_CONNECTIONS; this one was {state})")
+
     def connection_lost(self, exc: Exception | None) -> None:
         for timer in (self._header_timer, self._output_timer):
             if timer is not None:
                 timer.cancel()
         self._header_timer = self._output_timer = None
+        if not self._refused:
+            self.limits.table.remove(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:

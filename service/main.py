@@ -24,6 +24,7 @@ from capwatch.service.sources.contract import ClusterSource, SourceUnavailable
 from capwatch.service.sources.prometheus.source import PrometheusSource
 from capwatch.service.store.options import StoreOptions
 from capwatch.service.store.sqlite import Store
+from capwatch.telemetry.exposition import ExpositionRegistry
 from capwatch.telemetry.report import RankReport
 
 DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises
@@ -71,7 +72,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
                source: ClusterSource | None = None) -> FastAPI:
     settings = settings or Settings()
     clock = clock or time.time
-    registry = registry if registry is not None else CollectorRegistry()
+    registry = registry if registry is not None else ExpositionRegistry(legacy_group_label=settings.legacy_cluster_label)
     owned_store = None
     if source is None and store is None:
         if settings.prometheus_url:

@@ -3,7 +3,7 @@
 Ingest counters and latency are updated by the routes; the per-cluster gauges (current and
 recommended caps, bounds, bytes, action, findings, rank states) are computed at scrape time by a
 renderer over the groups' digests (see ``ClusterExposition``), so they always match what the API answers. Every per-cluster gauge carries
-``cluster`` and ``dispatcher`` (target | draft: the role of the ranks). Names and labels: the
+``ep_group`` (the cluster's name) and ``dispatcher`` (target | draft: the role of the ranks). Names and labels: the
 README's service section and docs/.
 """
 
@@ -16,6 +16,7 @@ from capwatch.dashboards import service_metrics as names
 from capwatch.service.digests import GroupDigest, GroupDigests
 from capwatch.service.findings import FINDING_KINDS
 from capwatch.service.vocabulary import DROP_REASONS, RANK_STATUSES
+from capwatch.telemetry.catalogue import GROUP_LABEL, LEGACY_GROUP_LABEL
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -89,9 +90,11 @@ def _samples(digest: GroupDigest) -> dict[str, list[tuple[str | None, float]]]:
     return samples
 
 
-def _labels(digest: GroupDigest, extra: str | None, value: str | None) -> str:
+def _labels(digest: GroupDigest, extra: str | None, value: str | None, legacy_group_label: bool = False) -> str:
     """Sorted by name, as prometheus_client writes them."""
-    pairs = [("cluster", digest.cluster), ("dispatcher", digest.role)]
+    pairs = [(GROUP_LABEL, digest.cluster), ("dispatcher", digest.role)]
+    if legacy_group_label:  # for one release, the old name beside it (telemetry/exposition.py)
+        pairs.append((LEGACY_GROUP_LABEL, digest.cluster))
     if value is not None:
         pairs.append((extra, value))
     return ",".join(f'{name}="{label}"' for name, label in sorted(pairs))
@@ -110,8 +113,9 @@ class ClusterExposition:
     escaping (telemetry.report's Name pattern; fixed vocabularies), so each group's lines are
     rendered once, when its digest changes, and a scrape joins them."""
 
-    def __init__(self, digests: GroupDigests):
+    def __init__(self, digests: GroupDigests, legacy_group_label: bool = False):
         self.digests = digests
+        self.legacy_group_label = legacy_group_label
         self._rendered: dict[tuple[str, str], tuple[GroupDigest, dict[str, bytes]]] = {}
 
     def _lines(self, digest: GroupDigest) -> dict[str, bytes]:
@@ -120,9 +124,10 @@ class ClusterExposition:
         if cached is not None and cached[0] is digest:
             return cached[1]
         lines = {}
+        legacy = self.legacy_group_label
         for (name, _, extra), samples in zip(FAMILIES, _samples(digest).values()):
-            lines[name] = "".join(
-                f"{name}{{{_labels(digest, extra, label)}}} {_value(value)}\n" for label, value in samples).encode()
+            lines[name] = "".join(f"{name}{{{_labels(digest, extra, label, legacy)}}} {_value(value)}\n"
+                                  for label, value in samples).encode()
         self._rendered[key] = (digest, lines)
         return lines
 
@@ -169,7 +174,7 @@ class StoreCollector:
 
 def build_metrics(registry: CollectorRegistry, digests: GroupDigests, store=None) -> ServiceMetrics:
     metrics = ServiceMetrics(registry)
-    metrics.clusters = ClusterExposition(digests)
+    metrics.clusters = ClusterExposition(digests, getattr(registry, "legacy_group_label", False))
     if store is not None:
         registry.register(StoreCollector(store))
     return metrics

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from capwatch.advisor.advice import Advice, WhatIf
 from capwatch.advisor.evidence import GroupConfig
-from capwatch.advisor.floor import merged_sglang_limits
+from capwatch.advisor.group import group_config
 from capwatch.advisor.kv import kv_bytes_per_token_of
 from capwatch.backends import pricing_of, spec_of
 from capwatch.advisor.recommend import recommend, whatif
@@ -52,21 +52,23 @@ def cluster_view(source: ClusterSource, cluster: str, role: str, now_s: float, s
     return summarize_cluster(cluster, role, states, now_s, settings.stale_after_s, settings.missing_after_s)
 
 
-def group_config(states: list[RankState], now_s: float, settings: Settings) -> GroupConfig:
+def group_config_of_ranks(states: list[RankState], now_s: float, settings: Settings) -> GroupConfig:
+    """The group's configuration from its ranks that are not missing (all of them if every one is)."""
     live = [state for state in states
             if rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s) != "missing"] or states
+    backends = sorted({state.config.a2a_backend for state in live})
+    if len(backends) > 1:  # one backend's rules would advise the others' ranks: never silently
+        raise ValueError(f"its ranks run different A2A backends ({', '.join(backends)}); see the group's "
+                         "backend_mismatch finding")
     widest = max(live, key=lambda state: (state.cap, state.ep_rank))
-    ep_size = max(state.ep_size for state in live)
-    graph_batches = [state.config.cuda_graph_max_batch_size for state in live]
-    graph_batches = [batch for batch in graph_batches if batch is not None]
     config = widest.config
     spec = spec_of(config.a2a_backend)
-    return GroupConfig(
-        cap=widest.cap, pricing=pricing_of(config, ep_size), backend=spec.rules,
-        prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)),
-        cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
-        speculative_tokens=max(state.config.speculative_tokens for state in live),
-        sglang=merged_sglang_limits(state.config.sglang for state in live),
+    return group_config(
+        cap=widest.cap, pricing=pricing_of(config, max(state.ep_size for state in live)),
+        a2a_backend=spec.rules, prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)),
+        sglang=[state.config.sglang for state in live],
+        cuda_graph_max_batch_sizes=[state.config.cuda_graph_max_batch_size for state in live],
+        speculative_tokens=[state.config.speculative_tokens for state in live],
         # A config rebuilt from Prometheus may lack the geometry (an UnpricedConfig's are None): then no KV price.
         kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
 
@@ -76,7 +78,7 @@ def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float,
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return recommend(history, group_config(states, now_s, settings), settings.advisor)
+        return recommend(history, group_config_of_ranks(states, now_s, settings), settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no advice for cluster {cluster!r} ({role}): {error}") from error
 
@@ -86,6 +88,12 @@ def cluster_whatif(source: ClusterSource, cluster: str, role: str, caps: list[in
     states = role_states(source, cluster, role, states)
     history = source.sample_history(cluster, role)
     try:
-        return whatif(history, group_config(states, now_s, settings), caps, settings.advisor)
+        group = group_config_of_ranks(states, now_s, settings)
+    except _UNPRICEABLE as error:
+        raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error
+    for cap in caps:  # the group's own backend's range (DeepEP's 1..1024): a cap outside it is a bad question (422)
+        group.backend.check_cap(cap)
+    try:
+        return whatif(history, group, caps, settings.advisor_for(cluster))
     except _UNPRICEABLE as error:
         raise AdviceUnavailable(f"no what-if for cluster {cluster!r} ({role}): {error}") from error

@@ -10,7 +10,7 @@ RankStatus = Literal["reporting", "stale", "missing"]
 # Why capwatch serve's HTTP protocol closes a connection (service/http_server.py): the
 # capwatch_connections_dropped_total{reason} label.
 DropReason = Literal["too_many_connections", "header_timeout", "header_too_large", "pipelined", "malformed_request",
-                     "not_reading"]
+                     "not_reading", "evicted_idle", "evicted_slow"]
 
 RANK_STATUSES: tuple[RankStatus, ...] = get_args(RankStatus)
 DROP_REASONS: tuple[DropReason, ...] = get_args(DropReason)

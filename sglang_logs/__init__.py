@@ -1,4 +1,8 @@
-"""Advice from the SGLang server logs operators already have (``capwatch advise --sglang-log``):
-the server args (``server_args``), the decode and overflow lines (``reader``), and the advisor run
-over what they show (``advise``). Needs the service's advisor (``a2a-capwatch[service]``'s models),
-not the web service."""
+"""Advice from the SGLang server logs operators already have (``capwatch advise --sglang-log``).
+
+Per file, its lines as records (``log_file``: ``line_shapes`` for the decode and overflow lines, ``stamps``
+for their time, ``wrappers`` for log shippers' envelopes, ``server_args`` for the start-up line); the files
+merged by time (``reader``) into one timeline of windows per configuration (``timeline``); the advisor
+(``capwatch.advisor``) run over the latest configuration's history (``advise``). Needs pydantic and
+pydantic-settings (the base install), not the service.
+"""

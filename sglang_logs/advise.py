@@ -1,5 +1,5 @@
 """The advisor over what SGLang logs show (``capwatch advise --sglang-log``): the latest configuration's
-group samples, priced by the model the args (or the flags) name, advised by the service's own chain, for
+group samples, priced by the model the args (or the flags) name, advised by the advisor's chain (as the service's), for
 the cap variable of the A2A backend the server runs (``sizing/backends.py``).
 
 Flags stand in for what the log does not say, and override what it does: ``--cap``, ``--model`` (or
@@ -23,16 +23,16 @@ from dataclasses import dataclass
 
 from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.group import group_config
 from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.recommend import recommend, whatif
+from capwatch.advisor.settings import AdvisorSettings
 from capwatch.backends import DEFAULT_BACKEND, SPECS, Pricing, spec_of
-from capwatch.service.config import Settings
 from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
-from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry, model_geometry
@@ -111,10 +111,12 @@ class OfflineAdvice:
         return whatif(self.segment.history, self.group, caps, self.policy)
 
 
-def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags(), *, settings: Settings | None = None,
-                            cluster: str | None = None, progress: Callable[[int], None] | None = None) -> OfflineAdvice:
-    """The service's advisor and policy on what the logs show, for their latest configuration."""
-    settings = settings or Settings()
+def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags(), *,
+                            settings: AdvisorSettings | None = None, cluster: str | None = None,
+                            progress: Callable[[int], None] | None = None) -> OfflineAdvice:
+    """The advisor and its policy (the service's CAPWATCH_ADVISOR__* and CAPWATCH_WINDOW_S) on what the logs show,
+    for their latest configuration."""
+    settings = settings or AdvisorSettings()
     policy = settings.advisor
     try:
         flag_geometry = flags.geometry()
@@ -138,9 +140,10 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
     cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
-    group = GroupConfig(cap=current, pricing=pricing, sglang=limits, kv_bytes_per_token=kv, backend=backend,
-                        prefill_dispatched=prefill_through_cap, cap_known=cap_source != "assumed",
-                        cap_source=cap_source, cap_at_least=segment.peak_without_assertion or None)
+    group = group_config(cap=current, pricing=pricing, a2a_backend=backend, prefill_dispatched=prefill_through_cap,
+                         sglang=[limits],
+                         kv_bytes_per_token=kv, cap_source=cap_source,
+                         cap_at_least=segment.peak_without_assertion or None)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
@@ -194,7 +197,7 @@ def _pricing(backend: BackendCapRules, config: ServerConfig, geometry: ModelGeom
              ep_size: int) -> tuple[Pricing, bool]:
     """The backend's memory per rank at any cap for this server, and whether its prefill batches meet the cap."""
     try:
-        return FLOORS[backend.name].server_pricing(dict(config.a2a_params), geometry, ep_size, backend.alignment)
+        return spec_of(backend.name).settings_pricing(dict(config.a2a_params), geometry, ep_size, backend.alignment)
     except SizingError as error:
         raise LogError(str(error)) from None
 

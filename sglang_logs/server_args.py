@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from capwatch.backends import SPECS
-from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.telemetry.report import SGLangLimits
 
@@ -109,7 +108,7 @@ class ServerConfig:
     speculative_algorithm: str | None = None
     decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
     kv_cache_dtype: str | None = None
-    # What sizes the backend beyond the model, as its SGLang floor module reads it (``server_params``).
+    # What sizes the backend beyond the model, as its spec reads it (``BackendSpec.settings_params``).
     a2a_params: tuple[tuple[str, object], ...] = ()
 
     @property
@@ -194,6 +193,27 @@ def _int(args: dict, key: str, default: int | None = None, *, limit: int = MAX_C
     return value
 
 
+def _size(args: dict, key: str, default: int, least: int) -> int:
+    """A parallel size or an expert count: ``_int``'s value, refused below ``least`` (SGLang would not start with
+    tp_size -5; taking it as 1 would advise a group that never ran)."""
+    value = _int(args, key, default, limit=MAX_PARALLEL_SIZE)
+    if value is not None and value < least:
+        raise UnreadableArgs(f"{key}={shown(value)} is not a plausible value (at least {least})")
+    return default if value is None else value
+
+
+def _backend_name(args: dict) -> str | None:
+    """``moe_a2a_backend``: None when the args do not name it (a release before the option); a value that is no
+    backend name at all (a number, a long string) is refused, never read as "not named"."""
+    if "moe_a2a_backend" not in args or args["moe_a2a_backend"] is None:
+        return None
+    value = args["moe_a2a_backend"]
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
+        raise UnreadableArgs(f"moe_a2a_backend={shown(value)} is not a backend name (e.g. "
+                             f"{', '.join(map(repr, SPECS))}, 'none')")
+    return value
+
+
 def _phase(args: dict, phase: str) -> dict:
     config = args.get("cuda_graph_config")
     if isinstance(config, dict) and isinstance(config.get(phase), dict):
@@ -208,18 +228,25 @@ def _text(args: dict, key: str) -> str | None:
 
 @dataclass(frozen=True)
 class _Args:
-    """The args as a backend's floor module reads them (``floors.graph_terms.ArgsReader``)."""
+    """The args as a backend's spec reads them (``capwatch.backends.spec.SettingsReader``)."""
 
     args: dict
 
     def text(self, key: str) -> str | None:
         return _text(self.args, key)
 
-    def integer(self, key: str, default: int | None = None, *, limit: int) -> int | None:
-        return _int(self.args, key, default, limit=limit)
+    def size(self, key: str, default: int, least: int) -> int:
+        return _size(self.args, key, default, least)
 
     def flag(self, key: str) -> bool:
         return bool(self.args.get(key))
+
+
+def _backend_params(args: dict) -> dict[str, tuple[tuple[str, object], ...]]:
+    """What sizes each known backend beyond the model, read by its spec: every backend's settings are read, so one
+    that is no plausible value is refused whichever backend the server runs."""
+    reader = _Args(args)
+    return {name: spec.settings_params(reader) for name, spec in SPECS.items()}
 
 
 def max_prefill_buffer_tokens(args: dict) -> int:
@@ -244,8 +271,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
     mode = args.get("disaggregation_mode") or "null"
     if mode not in ("null", "prefill", "decode"):
         mode = "null"
-    sizes = {key: max(1, _int(args, key, 1, limit=MAX_PARALLEL_SIZE) or 1) for key in ("tp_size", "ep_size", "dp_size")}
-    attn_dp_size = max(1, _int(args, "attn_dp_size", 0, limit=MAX_PARALLEL_SIZE) or 0)
+    sizes = {key: max(1, _size(args, key, 1, least=1)) for key in ("tp_size", "ep_size", "dp_size")}
+    attn_dp_size = max(1, _size(args, "attn_dp_size", 0, least=0))
     if attn_dp_size == 1 and args.get("enable_dp_attention"):  # before attn_dp_size was logged (< 0.5.22)
         attn_dp_size = sizes["dp_size"]
     decode = _phase(args, "decode")
@@ -277,7 +304,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         tokens_per_request=tokens_per_request, cap_source="default",
         floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
-    backend = _text(args, "moe_a2a_backend")
+    backend = _backend_name(args)
     rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(
         max(0, _int(args, "chunked_prefill_size", 0) or 0), "chunked prefill")
     return ServerConfig(
@@ -287,7 +314,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
         kv_cache_dtype=_text(args, "kv_cache_dtype"),
-        a2a_params=FLOORS[backend].server_params(_Args(args)) if backend in FLOORS else ())
+        a2a_params=_backend_params(args).get(backend, ()))
 
 
 def read_server_args(text: str) -> ServerConfig:

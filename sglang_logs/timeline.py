@@ -2,7 +2,8 @@
 configuration that was running then, into that configuration's history.
 
 - A window's sample is the largest ``#running-req`` any line of any file showed in it, times the tokens each
-  request dispatches per step in its configuration, or an overflow's need if larger (``_Window``).
+  request dispatches per step in its configuration, or an overflow's need if larger (``_Window``), by the
+  service's window rule (``advisor/sample.py``: a window of idle lines alone adds nothing).
 - A configuration runs from its start-up line's stamp until the next start with other args; a start with
   the same args continues it, in whichever file it was logged (``Segment``). Lines before any start-up
   line belong to the configuration given by flags, if any.
@@ -31,7 +32,7 @@ from operator import itemgetter, or_
 
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.sample import GroupSample
+from capwatch.advisor.sample import RankInterval, group_samples
 from capwatch.sglang_logs.line_shapes import dp_rank
 from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
 from capwatch.sglang_logs.server_args import ServerConfig
@@ -299,15 +300,22 @@ class Timeline:
             segment.cap_seen = window.cap_seen
             if self.cap is None:
                 segment.cap_in_use = window.cap_seen  # the cap really in use from here on (not in the args)
-        if peak == 0 and not overflows:
-            return
         cap = max(segment.cap_in_use or 0, window.cap_seen)
+        if not overflows and self.cap is None:  # the cap is not given: a window without an assertion did not overflow
+            cap = max(cap, peak)
+        # The window rule (advisor/sample.py), as the service applies it to reports: the window's decode lines and
+        # its assertions are two intervals; a decode line of no running request ran no batch (no step), and each
+        # assertion is a step that overflowed. A window of idle lines alone adds nothing.
+        middle = start + self.window_s / 2
+        sample = next(iter(group_samples((
+            RankInterval(dp_rank(window.tags), middle, decode_peak, cap, 0, lines if window.peak_running else 0),
+            RankInterval(dp_rank(window.overflow_tags), middle, window.overflow_needed, cap, overflows, overflows),
+        ), self.window_s)), None)
+        if sample is None:
+            return
         if not overflows:
             segment.peak_without_assertion = max(segment.peak_without_assertion, peak)
-            if self.cap is None:  # the cap is not given: a window without an assertion did not overflow
-                cap = max(cap, peak)
-        segment.history.add(GroupSample(start, peak, cap, overflows), self.policy.bump_factor,
-                            self.policy.bump_min_tokens)
+        segment.history.add(sample, self.policy.bump_factor, self.policy.bump_min_tokens)
         ranks = segment.dp_peak_tokens
         leader = None
         if decode_peak:

@@ -22,7 +22,7 @@ from capwatch.sglang_plugin.releases import SCHEDULER_MODULE
 logger = logging.getLogger("capwatch.sglang")
 
 # What the plugin imports beyond SGLang's own environment: the ``sglang`` extra (and the server's torch).
-NEEDS = ("torch", "prometheus_client", "pydantic", "httpx")
+NEEDS = ("torch", "prometheus_client", "pydantic")
 
 
 def register() -> None:

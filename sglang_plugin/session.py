@@ -77,8 +77,9 @@ class SchedulerSession:
         self._layers: dict[int, tuple[InstrumentedDispatcher, FlashInferMoeAlltoAllBackend]] = {}  # id(MoeAlltoAll)
         self.status = PluginStatusCollector(state, reason, versions)
         self.role_series = RolesCollector()
-        self.exporter = RankExporter(self.status, self.role_series)
-        self.exporter.serve(settings.exporter(local_gpu_index))
+        options = settings.exporter(local_gpu_index)
+        self.exporter = RankExporter(self.status, self.role_series, legacy_group_label=options.legacy_group_label)
+        self.exporter.serve(options)
 
     # --- adoption, at FlashinferDispatcher construction ------------------------------------------
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from capwatch.sglang_plugin.switch import switch
 from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
 from capwatch.telemetry.exporter import ExporterOptions
+from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import ReporterOptions
 
@@ -24,16 +25,20 @@ class PluginSettings:
     service_url: str | None = None  # CAPWATCH_SERVICE_URL; unset: export /metrics only, no reports
     cluster: str = "default"  # CAPWATCH_CLUSTER
     token: str | None = None  # CAPWATCH_TOKEN: the service's bearer token
-    metrics_base_port: int = 9400  # CAPWATCH_METRICS_BASE_PORT: each scheduler serves base + local GPU index
+    metrics_base_port: int = DEFAULT_BASE_PORT  # CAPWATCH_METRICS_BASE_PORT: each scheduler serves base + local GPU index
     metrics_host: str = "127.0.0.1"  # CAPWATCH_METRICS_HOST
     report_interval_s: float = 5.0  # CAPWATCH_REPORT_INTERVAL_S
     final_report_timeout_s: float = 2.0  # CAPWATCH_FINAL_REPORT_TIMEOUT_S: the bounded wait before a rank dies
     # CAPWATCH_ALLOW_NEWER_SGLANG: run an SGLang newer than the verified ones on the newest adapters
     # (only when every hook target and signature still matches them).
     allow_newer_sglang: bool = False
+    # CAPWATCH_LEGACY_CLUSTER_LABEL: for one release, the series carry the group's old label 'cluster' beside
+    # 'ep_group' while dashboards and queries move (docs/telemetry.md).
+    legacy_cluster_label: bool = False
 
     def exporter(self, local_gpu_index: int) -> ExporterOptions:
-        return ExporterOptions(base_port=self.metrics_base_port, local_rank=local_gpu_index, host=self.metrics_host)
+        return ExporterOptions(base_port=self.metrics_base_port, local_rank=local_gpu_index, host=self.metrics_host,
+                               legacy_group_label=self.legacy_cluster_label)
 
     def reporter(self) -> ReporterOptions | None:
         if self.service_url is None:
@@ -80,6 +85,7 @@ def load(environ: Mapping[str, str] = os.environ) -> PluginSettings:
         final_report_timeout_s=_number(environ, "FINAL_REPORT_TIMEOUT_S", float,
                                        PluginSettings.final_report_timeout_s),
         allow_newer_sglang=_switch(environ, "ALLOW_NEWER_SGLANG"),
+        legacy_cluster_label=_switch(environ, "LEGACY_CLUSTER_LABEL"),
     )
     endpoint = (("SERVICE_URL", settings.service_url, http_url_problem), ("TOKEN", settings.token, bearer_token_problem))
     for name, value, problem_of in endpoint:

@@ -14,8 +14,13 @@ from typing import Literal
 from capwatch.backends import SPECS
 
 PREFIX = "moe_a2a_"
-# Every per-rank series carries these; ``cluster`` names the EP group (a deployment).
-RANK_LABELS: tuple[str, ...] = ("cluster", "ep_rank", "dispatcher")
+# Every per-rank series carries these; ``ep_group`` names the EP group (a deployment: CAPWATCH_CLUSTER, the
+# service's cluster). It was ``cluster`` before, the label multi-cluster Prometheus, Thanos, Mimir and
+# kube-prometheus set for the Kubernetes cluster: the old name is served beside it for one release on request
+# (telemetry/exposition.py).
+GROUP_LABEL = "ep_group"
+LEGACY_GROUP_LABEL = "cluster"
+RANK_LABELS: tuple[str, ...] = (GROUP_LABEL, "ep_rank", "dispatcher")
 
 MetricType = Literal["gauge", "counter", "histogram", "info"]
 
@@ -80,8 +85,8 @@ CHUNKED_ROUNDS = MetricSpec(
     "Cap-sized dispatch rounds run by the chunk overflow policy.", "rounds")
 RUNTIME_TOKENS = MetricSpec(
     "moe_a2a_runtime_tokens", "histogram",
-    "Per-step runtime max tokens per rank R (the quantity the cap bounds); buckets fitted to the cap; "
-    "the sum is the exact sum of R, steps above the cap included.", "tokens")
+    "Per-step runtime max tokens per rank R (the quantity the cap bounds); fixed buckets, the same whatever the "
+    "cap; the sum is the exact sum of R, steps above the cap included.", "tokens")
 RUNTIME_TOKENS_MAX = MetricSpec(
     "moe_a2a_runtime_tokens_max", "gauge",
     "Largest R seen since the rank started.", "tokens")
@@ -203,6 +208,11 @@ REPORTS_MERGED = MetricSpec(
     "moe_a2a_reports_merged_total", "counter",
     "Buffered reports merged into the next while the buffer was full (the service unreachable): their counts "
     "arrive, their peaks at the coarser resolution of the merged interval.", "reports")
+REPORTER_ERRORS = MetricSpec(
+    "moe_a2a_reporter_errors_total", "counter",
+    "Errors of this rank's own counting or reporting code that were caught (an interval that could not be cut): "
+    "the rank and its counting go on, the steps go with the next interval. Above 0: a capwatch bug, report it.",
+    "errors")
 REPORT_AUTH_FAILURES = MetricSpec(
     "moe_a2a_report_auth_failures_total", "counter",
     "Attempts to post a report that the service refused with 401/403 (wrong or missing bearer token); "
@@ -219,6 +229,7 @@ METRICS: tuple[MetricSpec, ...] = (
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
     *(metric for backend in BACKEND_METRICS.values() for metric in backend.metrics),
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
+    REPORTER_ERRORS,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:
@@ -237,17 +248,12 @@ SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
     (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
 )
-# Fractions of the cap used as histogram bucket bounds: fine near the cap, where decisions are made.
-RUNTIME_TOKEN_BUCKET_FRACTIONS: tuple[float, ...] = (
-    1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 0.8, 0.85, 0.9, 0.95, 1.0,
-)
-
-
-def runtime_token_buckets(cap: int) -> tuple[float, ...]:
-    """Upper bounds (tokens) of the R histogram for a cap; the cap itself is always a bound,
-    so everything in +Inf above it is an overflow."""
-    bounds = sorted({max(1, round(cap * fraction)) for fraction in RUNTIME_TOKEN_BUCKET_FRACTIONS} | {cap})
-    return tuple(float(bound) for bound in bounds)
+# The R histogram's bucket bounds (tokens), the same on every rank whatever its cap, so ranks, restarts and caps
+# aggregate (``sum by (le)``) while the cap is being tuned: powers of two and their halfway points 1.5 x 2^k, from
+# 16 to MAX_CAP_TOKENS (2^20), every cap SGLang and capwatch accept. 33 bounds + ``+Inf``: each 1.33 - 1.5 x the
+# one below. Fitted to each cap, as before, the bounds moved with every change of the cap.
+RUNTIME_TOKEN_BUCKETS: tuple[float, ...] = tuple(sorted(
+    {float(1 << power) for power in range(4, 21)} | {float(3 << power) for power in range(3, 19)}))
 
 
 def markdown_table() -> str:

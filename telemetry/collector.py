@@ -78,7 +78,7 @@ class DispatchCollector(Collector):
             label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
         # Each backend's own series, from its parameters (absent on other backends' ranks: None).
         self._backend_params = {name: getattr(config, name) for name in catalogue.BACKEND_METRICS}
-        self._buckets = catalogue.runtime_token_buckets(config.cap)
+        self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS
 
     def describe(self) -> Iterator[Metric]:
         # Names only, so registering never takes a snapshot.
@@ -150,6 +150,7 @@ class DispatchCollector(Collector):
             yield self._counter(catalogue.REPORTS_REJECTED, stats.rejected)
             yield self._counter(catalogue.REPORTS_MERGED, stats.merged)
             yield self._counter(catalogue.REPORT_AUTH_FAILURES, stats.auth_failures)
+            yield self._counter(catalogue.REPORTER_ERRORS, stats.errors)
 
     def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:
         """A series for this rank, or the family alone (HELP and TYPE) while the value is unknown."""

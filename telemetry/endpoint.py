@@ -5,9 +5,49 @@ where it is set, in one line, instead of failing every send later."""
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from urllib.parse import urlsplit
 
 MAX_TOKEN_CHARS = 4096
+MAX_HOST_NAME_CHARS = 253  # DNS: a name of at most 253 characters, each label 1..63
+_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_DOTTED_NUMBERS = re.compile(r"[0-9.]+")
+
+
+def host_name_problem(host: str) -> str | None:
+    """Why ``host`` is neither an IP address nor a DNS host name (labels of letters, digits and inner hyphens,
+    at most 253 characters), or None. A name of digits and dots must be an IPv4 address (``256.1.1.1`` is none)."""
+    if not host:
+        return "it is empty"
+    if len(host) > MAX_HOST_NAME_CHARS:
+        return f"it is {len(host):,} characters long; a host name has at most {MAX_HOST_NAME_CHARS}"
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if _DOTTED_NUMBERS.fullmatch(host):
+        return f"{host!r} is not an IPv4 address (four numbers 0..255)"
+    if not all(_LABEL.fullmatch(label) for label in host.removesuffix(".").split(".")):
+        return (f"{host[:100]!r} is neither an IP address nor a host name (letters, digits and hyphens, a hyphen "
+                "never first or last in a label)")
+    return None
+
+
+def bind_host_problem(host: str) -> str | None:
+    """Why ``host`` is not an address this machine can listen on, or None: an IP address (0.0.0.0 or :: for
+    every interface) or ``localhost``. A name may resolve elsewhere, or nowhere; give its address instead."""
+    if host == "localhost":
+        return None
+    problem = host_name_problem(host)
+    if problem is not None:
+        return problem
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return f"{host[:100]!r} is a name, not an address to listen on; give an IP address (127.0.0.1, 0.0.0.0, ::)"
+    return None
 
 
 def _control_or_space(text: str) -> str | None:
@@ -27,13 +67,27 @@ def http_url_problem(url: str) -> str | None:
         return f"it contains the character {bad}; give an http(s) URL {like}"
     if not url.isascii():
         return f"it contains non-ASCII text; give an http(s) URL {like} (a host name in its punycode form)"
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(url)
+        hostname = parts.hostname
+    except ValueError as error:  # an unclosed or misplaced bracket ("http://[::1", "http://a]b:1")
+        return f"it is not a URL ({error}); give an http(s) URL {like}"
+    if parts.scheme not in ("http", "https") or not hostname:
         return f"it is not an http(s) URL with a host, {like}"
+    if "[" in parts.netloc:
+        try:
+            if ipaddress.ip_address(hostname).version != 6:
+                raise ValueError(hostname)
+        except ValueError:
+            return f"its bracketed host {hostname[:100]!r} is not an IPv6 address; give an http(s) URL {like}"
+    else:
+        problem = host_name_problem(hostname)
+        if problem is not None:
+            return f"its host: {problem}"
     try:
         port = parts.port
     except ValueError:
-        return f"its port {parts.netloc.rpartition(':')[2]!r} is not a number in 1..65535"
+        return f"its port {parts.netloc.rpartition(':')[2][:20]!r} is not a number in 1..65535"
     if port == 0:
         return "its port 0 is not one a service listens on (1..65535)"
     if parts.username is not None or parts.password is not None:

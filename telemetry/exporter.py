@@ -1,5 +1,5 @@
-"""Per-rank Prometheus exporter: its own registry, served on base port + local rank (default 9400 + local
-rank, on 127.0.0.1), or mounted into an existing server.
+"""Per-rank Prometheus exporter: its own registry, served on base port + local rank (default 9470 + local
+rank, on 127.0.0.1: ``ports.py`` says why), or mounted into an existing server.
 
 Never the global ``REGISTRY``: two ranks (or two tests) in one process would collide on it, and
 prometheus_client's multiprocess mode would break the custom collector and add a ``pid`` label.
@@ -7,13 +7,16 @@ prometheus_client's multiprocess mode would break the custom collector and add a
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
+from capwatch.telemetry.exposition import ExpositionRegistry
+from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from prometheus_client import CollectorRegistry, generate_latest, make_asgi_app, start_http_server
 from prometheus_client.registry import Collector
+
+from capwatch.telemetry.endpoint import bind_host_problem
 
 MAX_PORT = 65535
 
@@ -23,9 +26,10 @@ class ExporterOptions:
     """Where one rank serves ``/metrics``: ``base_port + local_rank`` on ``host``.
     ``base_port=0`` asks the OS for a free port (tests); loopback unless told otherwise."""
 
-    base_port: int = 9400
+    base_port: int = DEFAULT_BASE_PORT
     local_rank: int = 0
     host: str = "127.0.0.1"
+    legacy_group_label: bool = False  # for one release, the old 'cluster' label beside 'ep_group' (exposition.py)
 
     def __post_init__(self) -> None:
         if self.local_rank < 0:
@@ -34,11 +38,9 @@ class ExporterOptions:
             raise ValueError(
                 f"exporter port {self.base_port} + local rank {self.local_rank} is outside 1..{MAX_PORT}; "
                 "choose a lower base port")
-        try:
-            ipaddress.ip_address(self.host)
-        except ValueError:
-            if not self.host or any(char.isspace() for char in self.host):
-                raise ValueError(f"exporter host {self.host!r} is neither an IP address nor a host name") from None
+        problem = bind_host_problem(self.host)
+        if problem is not None:
+            raise ValueError(f"exporter host {self.host[:100]!r}: {problem}")
 
     @property
     def port(self) -> int:
@@ -48,8 +50,11 @@ class ExporterOptions:
 class RankExporter:
     """Holds the registry with the rank's collectors; serves it over HTTP and/or as an ASGI app."""
 
-    def __init__(self, *collectors: Collector, registry: CollectorRegistry | None = None):
-        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+    def __init__(self, *collectors: Collector, registry: CollectorRegistry | None = None,
+                 legacy_group_label: bool = False):
+        """``registry``: one of the caller's (as given); by default capwatch's own (build info, no ``*_created``;
+        ``legacy_group_label``: the old ``cluster`` label beside ``ep_group``, telemetry/exposition.py)."""
+        self.registry = registry if registry is not None else ExpositionRegistry(legacy_group_label=legacy_group_label)
         for collector in collectors:
             self.registry.register(collector)
         self._server: WSGIServer | None = None

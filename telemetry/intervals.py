@@ -36,12 +36,17 @@ def zero_snapshot(cap: int, ep_size: int, role: str, taken_at: float) -> Counter
 
 
 def coherent(snapshot: CounterSnapshot) -> CounterSnapshot:
-    """The snapshot with forward_steps and max R made consistent with its R histogram."""
+    """The snapshot with forward_steps and the maxes made consistent with its histograms, and max R
+    never below this rank's largest local batch: R is the group's largest local batch, this rank's
+    included (a snapshot can land after a step's local max and before its R max; a step recorded with
+    a local batch above its R, which the guard then raises, still says R was at least that batch)."""
+    max_local_tokens = max(snapshot.max_local_tokens, _top_bin(snapshot.local_tokens_histogram))
     return dataclasses.replace(
         snapshot,
         forward_steps=sum(snapshot.runtime_tokens_histogram),
-        max_runtime_tokens=max(snapshot.max_runtime_tokens, _top_bin(snapshot.runtime_tokens_histogram)),
-        max_local_tokens=max(snapshot.max_local_tokens, _top_bin(snapshot.local_tokens_histogram)),
+        max_runtime_tokens=max(snapshot.max_runtime_tokens, _top_bin(snapshot.runtime_tokens_histogram),
+                               max_local_tokens),
+        max_local_tokens=max_local_tokens,
     )
 
 
@@ -59,13 +64,19 @@ def histogram_delta(previous: CounterSnapshot, current: CounterSnapshot) -> list
     ]
 
 
-def interval_peak(previous: CounterSnapshot, current: CounterSnapshot, delta: list[tuple[int, int]]) -> int:
+def interval_peak(previous: CounterSnapshot, current: CounterSnapshot, delta: list[tuple[int, int]],
+                  max_local_tokens: int | None) -> int:
     """Largest R of the interval. Above the cap the histogram keeps one bin (cap + 1); the exact R
     is known when the interval raised the running max, otherwise cap + 1 is the honest floor.
     A step updates its histogram bin and the running max in two ops, so a snapshot taken between
     them sees one without the other: whenever the max grew, the step that set it has run, and its
-    exact R counts here even if its histogram bin landed in the previous interval."""
-    return peak_from_top_bin(delta[-1][0] if delta else 0, previous.max_runtime_tokens, current.max_runtime_tokens)
+    exact R counts here even if its histogram bin landed in the previous interval.
+    Never below ``max_local_tokens``, the interval's own largest local batch (its R is at least that):
+    the local batch's running max can grow in an interval where R's did not, and the floor cap + 1
+    would then contradict it."""
+    top_bin = delta[-1][0] if delta else 0
+    return max(peak_from_top_bin(top_bin, previous.max_runtime_tokens, current.max_runtime_tokens),
+               max_local_tokens or 0)
 
 
 def peak_from_top_bin(top_bin: int, previous_max: int, current_max: int) -> int:
@@ -75,17 +86,14 @@ def peak_from_top_bin(top_bin: int, previous_max: int, current_max: int) -> int:
 
 def interval_max_local_tokens(previous: CounterSnapshot, current: CounterSnapshot) -> int | None:
     """This rank's own largest local batch in the interval, by ``interval_peak``'s rule; 0 without
-    steps, None when the interval's steps were recorded without their local batch."""
-    if current.forward_steps == previous.forward_steps:
-        return 0
-    if not current.local_tokens_histogram:
-        return None
+    steps, None when the interval's steps were recorded without their local batch. A step's local bin
+    and its running max can land one snapshot after its R bin: they count in the interval they landed in."""
     before = previous.local_tokens_histogram or (0,) * len(current.local_tokens_histogram)
     grown = [tokens for tokens, (then, now) in enumerate(zip(before, current.local_tokens_histogram, strict=True))
              if now > then]
-    if not grown:
-        return None
-    return peak_from_top_bin(grown[-1], previous.max_local_tokens, current.max_local_tokens)
+    if not grown and current.max_local_tokens == previous.max_local_tokens:
+        return 0 if current.forward_steps == previous.forward_steps else None
+    return peak_from_top_bin(grown[-1] if grown else 0, previous.max_local_tokens, current.max_local_tokens)
 
 
 def overflow_counts(events: dict[tuple[str, str], int]) -> list[OverflowCount]:
@@ -95,13 +103,14 @@ def overflow_counts(events: dict[tuple[str, str], int]) -> list[OverflowCount]:
 def interval_between(previous: CounterSnapshot, current: CounterSnapshot) -> Interval:
     """What happened between two coherent snapshots of the same counters."""
     delta = histogram_delta(previous, current)
+    max_local_tokens = interval_max_local_tokens(previous, current)
     return Interval(
         start_unix_s=previous.taken_at,
         end_unix_s=max(current.taken_at, previous.taken_at),
         forward_steps=current.forward_steps - previous.forward_steps,
         dispatch_calls=current.dispatch_calls - previous.dispatch_calls,
-        peak_runtime_tokens=interval_peak(previous, current, delta),
-        max_local_tokens=interval_max_local_tokens(previous, current),
+        peak_runtime_tokens=interval_peak(previous, current, delta, max_local_tokens),
+        max_local_tokens=max_local_tokens,
         runtime_tokens_histogram=delta,
         overflow_events=overflow_counts({
             key: current.overflow_events[key] - previous.overflow_events[key] for key in current.overflow_events
@@ -146,10 +155,18 @@ def _max_known(*values: int | None) -> int | None:
 
 
 def cumulative_buckets(snapshot: CounterSnapshot, bounds: tuple[float, ...]) -> tuple[list[int], int]:
-    """Steps with R <= each bound, and the exact sum of R (counted on the device, over-cap steps included)."""
+    """Steps with R <= each bound, and the exact sum of R (counted on the device, over-cap steps included).
+
+    The counters keep R per token up to the cap and one bin above it (with the largest R). A bound at or above
+    that largest R holds every step; a bound between the cap and it holds the steps up to the cap, the steps
+    above it counting from the largest R's bound on: exact for no or one over-cap step (an overflow usually ends
+    the rank), never an over-count."""
     histogram = snapshot.runtime_tokens_histogram
     running = list(accumulate(histogram))
-    counts = [running[min(int(bound), len(histogram) - 1)] for bound in bounds]
+    cap = len(histogram) - 2
+    top = snapshot.max_runtime_tokens
+    counts = [running[int(bound)] if bound <= cap else running[-1] if bound >= top else running[cap]
+              for bound in bounds]
     return counts, snapshot.runtime_tokens_sum
 
 

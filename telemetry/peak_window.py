@@ -29,12 +29,14 @@ PEAK_WINDOW_SLOTS = 12  # memory is bounded by this, however often scrapes come
 
 
 def peak_between(previous: CounterSnapshot, current: CounterSnapshot) -> int:
-    """Largest R of the steps between two coherent snapshots, by ``interval_peak``'s rule. Scans down from
-    the top bin and stops at the first that grew: a scrape does not walk the whole histogram for it."""
+    """Largest R of the steps between two coherent snapshots, by ``interval_peak``'s rule (never below the
+    local batch of the same steps). Scans down from the top bin and stops at the first that grew: a scrape
+    does not walk the whole histogram for it."""
     before, now = previous.runtime_tokens_histogram, current.runtime_tokens_histogram
     grown = () if current.forward_steps == previous.forward_steps else (
         next(r for r in range(len(now) - 1, -1, -1) if now[r] > before[r]),)
-    return interval_peak(previous, current, [(top_bin, now[top_bin] - before[top_bin]) for top_bin in grown])
+    return interval_peak(previous, current, [(top_bin, now[top_bin] - before[top_bin]) for top_bin in grown],
+                         local_peak_between(previous, current))
 
 
 def local_peak_between(previous: CounterSnapshot, current: CounterSnapshot) -> int:

@@ -7,7 +7,7 @@ Wiring a rank (the demo copies this)::
     identity = RankIdentity(cluster="prod-a", ep_rank=rank, ep_size=ep_size, role="target", boot_id=new_boot_id())
     config = rank_config(cap=cap, ep_size=ep_size, hidden_size=7168, top_k=8, num_experts=256, backend="torch")
     telemetry = RankTelemetry(counters, identity, config,
-                              exporter=ExporterOptions(base_port=9400, local_rank=local_rank),
+                              exporter=ExporterOptions(base_port=9470, local_rank=local_rank),
                               reporter=ReporterOptions(service_url="http://127.0.0.1:8000")).start()
     dispatcher.on_overflow.append(telemetry.on_overflow)  # final report before a raise kills the rank
     ...
@@ -105,7 +105,8 @@ class RankTelemetry:
             reporter_stats=self.reporter.stats if self.reporter is not None else None,
             peak_window_s=peak_window_s,
         )
-        self.exporter = RankExporter(self.collector)
+        self.exporter = RankExporter(self.collector,
+                                     legacy_group_label=exporter is not None and exporter.legacy_group_label)
 
     def start(self) -> "RankTelemetry":
         if self.exporter_options is not None:

@@ -100,6 +100,9 @@ class ReporterStats:
     # Buffered reports merged into the next one while the buffer was full: their counts arrive, but their
     # windows' peaks land in the merged interval's window (coarser history, not lost data).
     merged: int = 0
+    # Errors of this rank's own counting or reporting code, caught: an interval that could not be cut, a report
+    # that could not be built. Logged once per streak; the steps stay in the counters and go with the next cut.
+    errors: int = 0
 
 
 class Delivery(enum.Enum):
@@ -220,6 +223,8 @@ class RankReporter:
         self._last_final: _Pending | None = None
         self._thread: threading.Thread | None = None
         self._delivered = self._send_failures = self._rejected = self._auth_failures = self._merged = 0
+        self._errors = 0
+        self._error_streak = False  # a cut error was logged and no cut has succeeded since
         self._failing: str | None = None  # the failure state last logged (None: delivering); see _enter_state
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -241,7 +246,13 @@ class RankReporter:
         with self._wake:
             self._ticking = False  # nothing may follow the final report
         last_final = self._last_final
-        if final_reason and self._nothing_since_final():
+        try:
+            nothing_new = bool(final_reason) and self._nothing_since_final()
+        except Exception as error:  # noqa: BLE001 (closing must not raise in the rank's thread either)
+            with self._wake:
+                self._count_error("closing", error)
+            nothing_new = False
+        if nothing_new:
             # Nothing happened since that final: it stays the last word; wait for it instead.
             last_final.outcome.done.wait(max(0.0, deadline - time.monotonic()))
             delivered = last_final.outcome.verdict is Delivery.DELIVERED
@@ -280,19 +291,35 @@ class RankReporter:
 
     def cut_interval(self) -> None:
         """Close the current interval now and queue its report, as the thread does every ``interval_s``
-        (e.g. before a planned pause, or to drive the reporter step by step); nothing after a close."""
+        (e.g. before a planned pause, or to drive the reporter step by step); nothing after a close.
+        Never raises: it runs in the rank's own thread (a replay's), which telemetry must never end."""
         with self._wake:
             if self._ticking:
                 self._cut_locked()
                 self._wake.notify_all()
 
     def _cut_locked(self) -> None:
-        if self._nothing_since_final():
-            # A report after a final one supersedes it (the service takes the rank for alive again), so only one
-            # with something new goes: a rank dying of its overflow must not send an empty tick after its final.
-            return
-        interval, snapshot = self.tracker.close()
-        self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+        """(Caller holds ``_wake``.) Cut and queue one interval; an error in it is counted and logged once per
+        streak, never raised: the interval is not closed, so its steps go with the next cut."""
+        try:
+            if self._nothing_since_final():
+                # A report after a final one supersedes it (the service takes the rank for alive again), so only
+                # one with something new goes: a rank dying of its overflow must not send an empty tick after it.
+                return
+            interval, snapshot = self.tracker.close()
+            self._enqueue(_Pending(interval, cumulative_counters(snapshot)))
+            self._error_streak = False
+        except Exception as error:  # noqa: BLE001 (a counting bug must not end the rank, nor stop its reporting)
+            self._count_error("cutting an interval", error)
+
+    def _count_error(self, doing: str, error: Exception) -> None:
+        """(Caller holds ``_wake``.) One caught error of the reporter's own code: counted, one line per streak."""
+        self._errors += 1
+        if not self._error_streak:
+            self._error_streak = True
+            log.error("capwatch reporter: %s failed (%s: %s); the rank and its counting go on, the steps stay for the "
+                      "next interval (counted in moe_a2a_reporter_errors_total; logged once until a cut succeeds)",
+                      doing, type(error).__name__, str(error)[:500].replace("\n", " "))
 
     def _nothing_since_final(self) -> bool:
         """Whether a final report was queued and the counters still hold its totals."""
@@ -302,7 +329,7 @@ class RankReporter:
     def stats(self) -> ReporterStats:
         return ReporterStats(pending=len(self._pending), delivered=self._delivered,
                              send_failures=self._send_failures, rejected=self._rejected,
-                             auth_failures=self._auth_failures, merged=self._merged)
+                             auth_failures=self._auth_failures, merged=self._merged, errors=self._errors)
 
     @property
     def next_sequence(self) -> int:

@@ -9,6 +9,7 @@ import os
 from capwatch.arguments import checked, wait_seconds
 from capwatch.backends import SPECS
 from capwatch.output_format import add_format_arguments
+from capwatch.service_client import fetch_advice, response_detail, service_client, service_error
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.usage_errors import CommandError
@@ -44,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="SGLang server log(s), plain or .gz, in any order (- reads standard input, a pipe "
                               "too: kubectl logs POD | capwatch advise --sglang-log -): rotated, per rank or per node, "
                               "merged by time (every SGLang release's format; Docker json-file, CRI, kubectl "
-                              "--timestamps, Ray); the service's advisor and policy (CAPWATCH_ADVISOR__*) read them; "
+                              "--timestamps, Ray); the advisor and its policy (CAPWATCH_ADVISOR__*, as serve's) read them; "
                               "--cluster names the advice (default: the first file's name)")
     offline.add_argument("--cap", type=cap_tokens, help="the cap the server runs with (default: what the log's "
                                                          "overflow assertions show, else SGLang's default rule)")
@@ -60,85 +61,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     offline.add_argument("--a2a-backend", choices=sorted(SPECS),
                          help="size this A2A backend's cap (default: the log's moe_a2a_backend)")
     parser.set_defaults(run=run)
-
-
-def service_error(base: str, error: Exception) -> Exception:
-    """One line for what went wrong talking to the service: unreachable, or an unexpected answer."""
-    import httpx
-
-    if isinstance(error, httpx.HTTPStatusError):
-        return CommandError(f"the service at {base} answered {error.response.status_code}: "
-                            f"{error.response.text[:200]}")
-    return CommandError(f"cannot reach the capwatch service at {base} ({error}); start it with "
-                        "`capwatch serve` or pass --url")
-
-
-def service_client(url: str, timeout: float):
-    """An httpx client for the service at ``url``, with the bearer token from ``CAPWATCH_TOKEN`` when it is set
-    (a service with CAPWATCH_READS_NEED_TOKEN needs it on reads)."""
-    import httpx
-
-    from capwatch.telemetry.endpoint import bearer_token_problem, http_url_problem
-
-    base = url.rstrip("/")
-    problem = http_url_problem(base)
-    if problem is not None:
-        raise CommandError(f"--url {url[:200]!r}: {problem}")
-    token = os.environ.get("CAPWATCH_TOKEN") or None
-    if token is not None and bearer_token_problem(token) is not None:
-        raise CommandError(f"CAPWATCH_TOKEN: {bearer_token_problem(token)}")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    return httpx.Client(base_url=base, timeout=timeout, headers=headers)
-
-
-def _detail(response) -> str:
-    try:
-        return str(response.json().get("detail", response.text))[:300]
-    except ValueError:
-        return response.text[:300]
-
-
-def fetch_advice(url: str, cluster: str | None, role: str, timeout: float) -> list[dict]:
-    """The advice of one cluster, or of every cluster with ranks of ``role``: a cluster that cannot be advised is
-    an entry with its ``error``, one without such ranks an entry that says so (``skipped``); neither stops the
-    others."""
-    import httpx
-
-    base = url.rstrip("/")
-    try:
-        with service_client(url, timeout) as client:
-            if cluster is not None:
-                response = client.get(f"/v1/clusters/{cluster}/advice", params={"role": role})
-                if response.status_code in (404, 409):  # unknown cluster or role; a group that cannot be advised
-                    raise CommandError(_detail(response))
-                if response.status_code == 422:
-                    raise CommandError(f"{cluster!r} is not a valid cluster name (letters, digits, _ . : -)")
-                response.raise_for_status()
-                return [response.json()]
-            listing = client.get("/v1/clusters")
-            listing.raise_for_status()
-            summaries = listing.json()
-            if not summaries:
-                raise CommandError(f"the service at {base} knows no cluster yet: no rank has reported")
-            results = []
-            for summary in summaries:
-                name, roles = summary["cluster"], summary.get("roles", [])
-                if role not in roles:  # nothing to advise for this role: said, not an error
-                    results.append({"cluster": name, "role": role,
-                                    "skipped": f"no {role!r} ranks (roles: {', '.join(roles)})"})
-                    continue
-                response = client.get(f"/v1/clusters/{name}/advice", params={"role": role})
-                if response.status_code in (404, 409):  # gone since the listing; cannot be advised
-                    results.append({"cluster": name, "role": role, "error": _detail(response)})
-                    continue
-                response.raise_for_status()
-                results.append(response.json())
-            if all("skipped" in result for result in results):
-                raise CommandError(f"no cluster has {role!r} ranks (clusters: "
-                                   f"{', '.join(result['cluster'] for result in results)[:300]})")
-            return results
-    except httpx.HTTPError as error:
-        raise service_error(base, error) from None
 
 
 STDIN = "-"  # --sglang-log - reads standard input (capwatch.sglang_logs.log_file.STDIN)
@@ -214,7 +136,7 @@ def fetch_whatif(url: str, cluster: str | None, role: str, caps: list[int], time
         with service_client(url, timeout) as client:
             response = client.get(f"/v1/clusters/{cluster}/whatif", params={"role": role, "cap": caps})
             if response.status_code in (404, 409, 422):
-                raise CommandError(_detail(response))
+                raise CommandError(response_detail(response))
             response.raise_for_status()
             return response.json()
     except httpx.HTTPError as error:

@@ -7,6 +7,8 @@ here and handed to uvicorn, so nothing can take it in between), then the databas
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from capwatch.arguments import port_number
 from capwatch.usage_errors import CommandError
@@ -31,6 +33,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                         "a flag is visible in the process list)")
     parser.add_argument("--prometheus-url", help="read the ranks from this Prometheus server instead of reports")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument("--config", type=Path, metavar="FILE",
+                        help="a TOML file of settings (keys as the variables below, lower case, without CAPWATCH_; "
+                             "[advisor], [clusters.<name>.advisor]); the environment and the flags win over it "
+                             "(default: CAPWATCH_CONFIG)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective settings as a config file (the token hidden) and exit")
     parser.set_defaults(run=run)
 
 
@@ -93,9 +101,29 @@ def check_db_path(path, name: str) -> None:
                            "pick another path") from None
 
 
+def read_only_mount(path) -> str | None:
+    """The mount point of the read-only file system ``path`` (or its nearest existing folder) is on, or None."""
+    import os
+
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.statvfs(existing).f_flag & os.ST_RDONLY:
+        return None
+    mount = existing if os.path.isdir(existing) else os.path.dirname(existing)
+    while not os.path.ismount(mount):
+        mount = os.path.dirname(mount)
+    return mount
+
+
 def _check_db_path(path, name: str) -> None:
     import os
 
+    mount = read_only_mount(path)
+    if mount is not None:  # permissions would not explain it: name the mount
+        raise CommandError(f"{name} {path}: the file system mounted at {mount} is read-only, and SQLite writes the "
+                           "database and its -wal and -shm beside it; the database was not touched: mount it "
+                           "read-write, or pick a path on a writable file system")
     if path.exists():
         if path.is_dir():
             raise CommandError(f"{name} {path} is a directory; give a file path such as {path / 'capwatch.db'}")
@@ -180,18 +208,25 @@ def run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
     from pydantic_settings import SettingsError
 
-    from capwatch.service.config import LOOPBACK_HOSTS, Settings
+    from capwatch.service.config import LOOPBACK_HOSTS, Settings, load_settings, settings_toml
     from capwatch.service.http_server import bounded_server, serve
     from capwatch.service.main import create_app
     from capwatch.service.store.errors import StoreDamaged, StoreInaccessible
 
     overrides = {name: getattr(args, name) for name in FLAGS if getattr(args, name) is not None}
+    config_file = args.config or (Path(os.environ["CAPWATCH_CONFIG"]) if os.environ.get("CAPWATCH_CONFIG") else None)
     try:
-        settings = Settings(**overrides)
+        settings = load_settings(config_file, **overrides)
     except ValidationError as error:
-        raise CommandError(settings_error_line(error, set(overrides))) from None
+        raise CommandError(settings_error_line(error, set(overrides))
+                           + (f" (flags, CAPWATCH_* variables or {config_file})" if config_file else "")) from None
     except SettingsError as error:  # a CAPWATCH_* variable that is not even parseable (bad JSON)
         raise CommandError(f"{error}; check the CAPWATCH_* environment variables") from None
+    except (OSError, ValueError) as error:  # the config file: missing, unreadable, not TOML
+        raise CommandError(f"config file {config_file}: {error}; nothing was started") from None
+    if args.print_config:
+        print(settings_toml(settings), end="")
+        return 0
     db_name = setting_name(("db_path",), set(overrides))
     raise_open_files_limit(settings.max_connections)
     if not settings.prometheus_url:

@@ -29,10 +29,11 @@ from capwatch.demo.progress import Phase, shared_progress
 from capwatch.demo.rank_process import RankPlan
 from capwatch.demo.replay_clock import REPORT_INTERVAL_S, replay_clock, replay_origin
 from capwatch.demo.workload import DEFAULT_MODEL, Workload, WorkloadSpec, generate_token_counts, scaled_geometry
+from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.usage_errors import CommandError
 
 DEFAULT_PORT = 8321  # the service's own default
-DEFAULT_METRICS_PORT = 9400
+DEFAULT_METRICS_PORT = DEFAULT_BASE_PORT
 DEFAULT_CAP = 4096  # SGLang's default for the FlashInfer A2A cap
 DEFAULT_STEPS = 1200
 DEFAULT_RANKS = 4
@@ -122,7 +123,7 @@ def choose_metrics_base(requested: int | None, ranks: int) -> int:
     for base in range(DEFAULT_METRICS_PORT, DEFAULT_METRICS_PORT + 2000, max(ranks, 1)):
         if block_is_free(base, ranks):
             return base
-    raise CommandError("no free block of metrics ports near 9400; pass --metrics-port")
+    raise CommandError(f"no free block of metrics ports near {DEFAULT_METRICS_PORT}; pass --metrics-port")
 
 
 def get_json(url: str, timeout_s: float = 10.0):
@@ -273,7 +274,7 @@ def run_demo(options: DemoOptions) -> int:
     from rich.markup import escape
 
     from capwatch.advice_table import print_advice
-    from capwatch.commands.advise import fetch_advice
+    from capwatch.service_client import fetch_advice
 
     out = Console(highlight=False)
     err = Console(stderr=True, highlight=False, quiet=options.json)

@@ -4,7 +4,8 @@ service asks for it, and the conventional security headers on every answer, hand
 
 - ``Host`` must be a host name or address with an optional port, and one of ``allowed_hosts`` (loopback names by
   default): a page on another origin that points its own DNS name at 127.0.0.1 (DNS rebinding) sends its own
-  name, and is refused (421); ``127.0.0.1:8321@evil.example`` is no host at all (400).
+  name, and is refused (421); ``127.0.0.1:8321@evil.example`` is no host at all (400). A liveness probe
+  (``GET /healthz``) is answered whatever its Host (Kubernetes sends the pod's IP), with its status alone.
 - Two ``Authorization``, ``Host``, ``Origin``, ``Content-Type`` or ``Content-Length`` headers are refused (400)
   on every path: a proxy or client library that keeps the first and one that keeps the last must not see
   different requests (the report fast path reads raw headers, the router the first of each).
@@ -58,6 +59,18 @@ def reads_data(scope: Scope) -> bool:
     return path.startswith("/v1/") or path == "/metrics"
 
 
+# Set on a probe's scope when its Host is not one the service answers for: /healthz then says its status alone.
+HOST_NOT_ALLOWED = "capwatch.host_not_allowed"
+
+
+def probe(scope: Scope) -> bool:
+    """A liveness probe: ``GET``/``HEAD /healthz``. Kubernetes' httpGet probes send ``Host: <pod IP>:<port>``,
+    which no allowlist of names holds, so a probe is answered whatever its (well-formed) Host: it reads no data,
+    and a probe whose Host is not allowed gets the status without the problem's words (they name the file)."""
+    path = scope["path"][len(scope.get("root_path", "")):]
+    return scope["method"] in ("GET", "HEAD") and path == "/healthz"
+
+
 class RequestGuard:
     def __init__(self, app: ASGIApp, settings: Settings):
         self.app = app
@@ -78,7 +91,7 @@ class RequestGuard:
         name = host_name(host) if host is not None else None
         if host is not None and name is None:
             return 400, f"the Host header {host[:100]!r} is not a host name or address with an optional port", ()
-        if not self.any_host and name not in self.allowed:
+        if not self.any_host and name not in self.allowed and not probe(scope):
             return 421, (f"this service answers for {', '.join(sorted(self.allowed))}, not "
                          f"{host[:100] if host else 'a request without Host'!r}; add the name it is served "
                          "under to CAPWATCH_ALLOWED_HOSTS"), ()
@@ -97,6 +110,10 @@ class RequestGuard:
         if refusal is not None:
             await _refuse(send, *refusal)
             return
+        if probe(scope) and not self.any_host:
+            host = next((value for name, value in scope["headers"] if name == b"host"), None)
+            if host is None or host_name(host.decode("latin-1")) not in self.allowed:
+                scope = {**scope, HOST_NOT_ALLOWED: True}
 
         async def send_guarded(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -70,7 +70,11 @@ def origin_refusal(origin: str | None, host: str | None) -> Refusal | None:
     port as the request's ``Host``) may write; ranks send no ``Origin`` at all."""
     if origin is None:
         return None
-    if origin != "null" and host is not None and urlsplit(origin).netloc.lower() == host.strip().lower():
+    try:
+        origin_host = urlsplit(origin).netloc.lower()
+    except ValueError:  # not a URL at all ("http://[::1"): from no page of this service
+        origin_host = None
+    if origin != "null" and host is not None and origin_host == host.strip().lower():
         return None
     return Refusal(403, "unauthorized", f"reports come from ranks, not from web pages (Origin {origin[:100]!r})")
 

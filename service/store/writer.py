@@ -159,6 +159,13 @@ class Writer:
                   "file that is gone or cannot be kept, and reads that need the file answer 503; every report "
                   "acknowledged before this is in that file. Restore it, or restart the service (a deleted database "
                   "starts empty)", self.database_file.path, problem)
+        if self.database_file.moved_away():
+            copy = self.database_file.set_aside(self.connection)
+            if copy is not None:
+                log.error("every report this service acknowledged is kept in %s, and the write-ahead log it left "
+                          "at %s-wal is set aside (*.lost-*), so the file now at %s starts as it is. To serve what "
+                          "it held: capwatch serve --db %s", copy, self.database_file.path, self.database_file.path,
+                          copy)
         return True
 
     def _refuse_lost(self, reports: list[PendingReport]) -> None:

@@ -18,12 +18,8 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     decode_graph_dispatch_tokens,
     sglang_limits,
 )
-from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.sglang_plugin.floors.graph_terms import ArgsReader
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.flashinfer_releases import FLASHINFER
-from capwatch.sizing.model_presets import ModelGeometry
-from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.telemetry.report import SGLangLimits
 
 NAME = "flashinfer"
@@ -52,14 +48,3 @@ def limits(server_args, sglang_version: str | None, release: str) -> SGLangLimit
         decode_graph = decode_graph_dispatch_tokens(server_args, view)
     return sglang_limits(server_args, view, sglang_version, FLASHINFER, decode_graph, rule)
 
-
-def server_params(args: ArgsReader) -> tuple[tuple[str, object], ...]:
-    """Nothing beyond the model: SGLang's dispatcher sizes the workspace from the geometry (bf16)."""
-    return ()
-
-
-def server_pricing(params: dict, geometry: ModelGeometry, ep_size: int,
-                   alignment: int) -> tuple[WorkspacePricing, bool]:
-    """The workspace SGLang's FlashInfer dispatcher allocates per cap; its prefill batches meet the cap."""
-    return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
-                            combine_bytes_per_token(geometry.hidden_size)), True

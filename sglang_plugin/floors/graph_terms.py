@@ -4,24 +4,9 @@ captured graph. Floor modules of releases or backends without SGLang's own rule 
 
 from __future__ import annotations
 
-from typing import Protocol
-
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
-
-
-
-class ArgsReader(Protocol):
-    """A server's logged args, read leniently (the log reader's ``server_args.py``): a value that is no plausible
-    setting reads as its default."""
-
-    def text(self, key: str) -> str | None: ...
-
-    def integer(self, key: str, default: int | None = None, *, limit: int) -> int | None: ...
-
-    def flag(self, key: str) -> bool: ...
-
 
 OVERRIDES = "sglang.srt.arg_groups.overrides"
 COMMON = (Target(f"{OVERRIDES}.max_prefill_buffer_tokens", ("server_args",)),

@@ -159,3 +159,32 @@ def test_capwatch_plan_prices_it_through_its_planner(name):
     assert planner.largest_within(budget, **options, alignment=spec.rules.alignment).cap == 256
     table = planner.table([plan, planner.plan_at(cap=512, **options)], geometry, budget, None)
     assert len(table.rows) == 2 and all(len(row) == len(table.headers) for row in table.rows)
+
+
+@pytest.mark.parametrize("name", BACKEND_NAMES)
+def test_the_log_reader_prices_it_from_the_engines_settings(name):
+    """What a server's logged args say of it (no report to price from): its pricing agrees with its ranks'."""
+    spec = spec_of(name)
+    assert spec.settings_pricing is not None, f"the {name!r} spec says nothing of how to read it from settings"
+    config = example(name)
+    geometry = custom_geometry(config.hidden_size, config.top_k, config.num_experts)
+    params = dict(spec.settings_params(_Settings({"deepep_mode": "low_latency"})))
+    pricing, prefill = spec.settings_pricing(params, geometry, EP_SIZE, spec.rules.alignment)
+    assert pricing.bytes_per_rank(256) == pricing_of(config, EP_SIZE).bytes_per_rank(256)
+    assert prefill is spec.prefill_dispatched(spec.params_of(config))
+
+
+class _Settings:
+    """Logged args as the log reader reads them: absent ones at their defaults."""
+
+    def __init__(self, args: dict):
+        self.args = args
+
+    def text(self, key: str) -> str | None:
+        return self.args.get(key)
+
+    def size(self, key: str, default: int, least: int) -> int:
+        return self.args.get(key, default)
+
+    def flag(self, key: str) -> bool:
+        return bool(self.args.get(key))

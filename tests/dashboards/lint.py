@@ -22,6 +22,7 @@ from capwatch.telemetry import catalogue
 
 PROMTOOL = "promtool"
 RATE_FUNCTIONS = {"rate", "irate", "increase"}
+COUNTER_FUNCTIONS = RATE_FUNCTIONS | {"resets"}  # what may read a counter's raw value
 COUNTER_SUFFIXES = ("_total", "_bucket", "_count", "_sum")
 # The linter's panel-units-rule list, narrowed to the units these dashboards may sensibly use.
 VALID_UNITS = {
@@ -138,6 +139,11 @@ def targets(dashboard: dict) -> Iterator[tuple[dict, dict]]:
             yield panel, target
 
 
+def annotation_queries(dashboard: dict) -> list[dict]:
+    """The dashboard's Prometheus annotations (the built-in one has no expression)."""
+    return [item for item in dashboard.get("annotations", {}).get("list", []) if item.get("expr")]
+
+
 def query_variables(dashboard: dict) -> list[dict]:
     return [v for v in dashboard.get("templating", {}).get("list", []) if v.get("type") == "query"]
 
@@ -216,6 +222,11 @@ def lint_dashboard(dashboard: dict) -> list[str]:
                     and "{{ep_rank}}" not in target.get("legendFormat", ""):
                 findings.append(f"{where}: a per-rank series needs the rank in its legend ('rank {{{{ep_rank}}}}')")
             findings += [f"{where}: {finding}" for finding in lint_expression(target.get("expr", ""), dashboard=True)]
+    for annotation in annotation_queries(dashboard):
+        where = f"{title} / annotation {annotation.get('name', '?')}"
+        if not _uses_datasource_variable(annotation.get("datasource")):
+            findings.append(f"{where}: does not use the datasource variable")
+        findings += [f"{where}: {finding}" for finding in lint_expression(annotation["expr"], dashboard=True)]
     return findings
 
 
@@ -241,10 +252,10 @@ def lint_expression(expr: str, *, dashboard: bool, recorded: Iterable[str] = ())
         if selector.metric not in allowed:
             findings.append(f"metric {selector.metric} is neither in telemetry.catalogue nor the service contract")
         if selector.metric.endswith(COUNTER_SUFFIXES) and (
-            selector.range is None or selector.enclosing_function not in RATE_FUNCTIONS
+            selector.range is None or selector.enclosing_function not in COUNTER_FUNCTIONS
         ):
-            findings.append(f"counter {selector.metric} is not inside rate/irate/increase: {expr}")
-        if dashboard and selector.range is not None and selector.enclosing_function in RATE_FUNCTIONS \
+            findings.append(f"counter {selector.metric} is not inside rate/irate/increase/resets: {expr}")
+        if dashboard and selector.range is not None and selector.enclosing_function in COUNTER_FUNCTIONS \
                 and selector.range != "$__rate_interval":
             findings.append(f"{selector.enclosing_function} over [{selector.range}] should use $__rate_interval")
     return findings

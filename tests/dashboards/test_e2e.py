@@ -143,7 +143,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
                 len(live.query('up{job="capwatch-ranks"} == 1')) == EP_SIZE + DEEPEP_EP_SIZE
                 and len(live.query('up{job="capwatch-service"} == 1')) == 1
                 and scrapes.get("", 0) >= 8  # 8 scrapes of every rank: each 10s window holds several samples
-                and all(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{cluster}"}}')
+                and all(live.query(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{ep_group="{cluster}"}}')
                         for cluster in (CLUSTER, DEEPEP_CLUSTER))
                 and len(live.query('ALERTS{alertname="MoeA2AOverflow", alertstate="firing"}')) == 2
             )
@@ -162,7 +162,7 @@ def stack(tmp_path_factory, prometheus_binary) -> Iterator[Stack]:
 
 def _dashboard_queries(committed_dashboards: dict, ep_rank: str = ".+", cluster: str = CLUSTER
                        ) -> list[tuple[str, str]]:
-    values = {"cluster": cluster, "dispatcher": ".+", "ep_rank": ep_rank}
+    values = {"ep_group": cluster, "dispatcher": ".+", "ep_rank": ep_rank}
     queries = []
     for file_name, dashboard in committed_dashboards.items():
         for panel, target in lint.targets(dashboard):
@@ -179,6 +179,18 @@ def test_every_dashboard_query_returns_data(stack, committed_dashboards, cluster
     assert empty == [], "queries without data:\n" + "\n".join(empty)
 
 
+def test_annotations_run_on_the_real_prometheus_and_mark_the_overflows(stack, committed_dashboards):
+    """Each annotation's query, as Grafana sends it over the dashboard's range (a subquery here): the overflows of
+    both groups are marked; no cap changed and no rank restarted in this run, so those two mark nothing."""
+    for dashboard in committed_dashboards.values():
+        for annotation in lint.annotation_queries(dashboard):
+            expr = lint.substitute_variables(annotation["expr"].replace("$__rate_interval", RATE_INTERVAL),
+                                             {"ep_group": ".+", "dispatcher": ".+", "ep_rank": ".+"})
+            marked = {sample["metric"]["ep_group"] for sample in stack.query(f"max_over_time(({expr})[10m:5s])")}
+            expected = {CLUSTER, DEEPEP_CLUSTER} if annotation["name"] == "Overflows" else set()
+            assert marked == expected, (annotation["name"], expr)
+
+
 def test_rank_selection_narrows_every_per_rank_panel(stack, committed_dashboards):
     """Picking ranks 1 and 3 (Grafana sends a multi-value selection as a regex group) leaves only them."""
     per_rank = [(where, expr) for where, expr in _dashboard_queries(committed_dashboards, ep_rank="(1|3)")
@@ -192,11 +204,11 @@ def test_variable_queries_list_the_run(stack, committed_dashboards):
     dashboard = next(iter(committed_dashboards.values()))
     found = {}
     for variable in lint.query_variables(dashboard):
-        selector = lint.substitute_variables(lint.variable_selector(variable["query"]), {"cluster": CLUSTER})
+        selector = lint.substitute_variables(lint.variable_selector(variable["query"]), {"ep_group": CLUSTER})
         label = variable["query"].rsplit(",", 1)[1].strip(" )")
         url = f"{stack.prometheus_url}/api/v1/label/{label}/values?" + urllib.parse.urlencode({"match[]": selector})
         found[variable["name"]] = sorted(_get_json(url)["data"])
-    assert CLUSTER in found["cluster"]
+    assert CLUSTER in found["ep_group"]
     assert found["dispatcher"] == ["target"]
     assert found["ep_rank"] == [str(rank) for rank in range(EP_SIZE)]
 
@@ -204,7 +216,7 @@ def test_variable_queries_list_the_run(stack, committed_dashboards):
 def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack, rule_file):
     records = [rule["record"] for group in rule_file["groups"] for rule in group["rules"] if "record" in rule]
     empty = [(record, cluster) for record in records for cluster in (CLUSTER, DEEPEP_CLUSTER)
-             if not stack.query(f'{record}{{cluster="{cluster}"}}')]
+             if not stack.query(f'{record}{{ep_group="{cluster}"}}')]
     assert empty == []
     groups = _get_json(f"{stack.prometheus_url}/api/v1/rules")["data"]["groups"]
     loaded = [rule for group in groups for rule in group["rules"]]
@@ -214,27 +226,27 @@ def test_every_recording_rule_returns_data_and_every_rule_evaluates(stack, rule_
 
 def test_values_agree_with_the_run(stack):
     """The numbers behind the panels are the run's: 4 ranks at cap 64, FlashInfer's workspace formula."""
-    assert stack.values(f'moe_a2a_cap_tokens{{cluster="{CLUSTER}"}}') == {str(r): e2e_rank.CAP for r in range(EP_SIZE)}
+    assert stack.values(f'moe_a2a_cap_tokens{{ep_group="{CLUSTER}"}}') == {str(r): e2e_rank.CAP for r in range(EP_SIZE)}
     per_rank = workspace_bytes_per_rank(
         EP_SIZE, e2e_rank.CAP, dispatch_bytes_per_token(e2e_rank.HIDDEN, e2e_rank.TOP_K, "fp16"),
         combine_bytes_per_token(e2e_rank.HIDDEN))
-    group = stack.values(f'cluster_dispatcher:moe_a2a_workspace_bytes:sum{{cluster="{CLUSTER}"}}')
+    group = stack.values(f'ep_group_dispatcher:moe_a2a_workspace_bytes:sum{{ep_group="{CLUSTER}"}}')
     assert group == {"": EP_SIZE * per_rank}
-    assert stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}') == {"": EP_SIZE}
+    assert stack.values(f'ep_group_dispatcher:moe_a2a_info:count{{ep_group="{CLUSTER}"}}') == {"": EP_SIZE}
     # The ranks step together: every rank's step rate is positive and the group rate is their sum.
-    steps = stack.values(f'rate(moe_a2a_forward_steps_total{{cluster="{CLUSTER}"}}[{RATE_INTERVAL}])')
+    steps = stack.values(f'rate(moe_a2a_forward_steps_total{{ep_group="{CLUSTER}"}}[{RATE_INTERVAL}])')
     assert len(steps) == EP_SIZE and all(rate > 0 for rate in steps.values())
     # Only the chunked runtime_over_cap path overflows in this run.
-    overflows = stack.query(f'sum by (kind, outcome) (moe_a2a_overflow_events_total{{cluster="{CLUSTER}"}}) > 0')
+    overflows = stack.query(f'sum by (kind, outcome) (moe_a2a_overflow_events_total{{ep_group="{CLUSTER}"}}) > 0')
     assert [(s["metric"]["kind"], s["metric"]["outcome"]) for s in overflows] == [("runtime_over_cap", "chunked")]
-    peak = stack.values(f'cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{cluster="{CLUSTER}"}}')
+    peak = stack.values(f'ep_group_dispatcher:moe_a2a_interval_peak_utilization_ratio:max{{ep_group="{CLUSTER}"}}')
     assert 0 < peak[""] <= 1.25
     # Every peak window (60 s) holds over-cap steps (one in 15): the window gauge shows an overflow, always.
     window = stack.values(
-        f'cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max{{cluster="{CLUSTER}"}}')
+        f'ep_group_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max{{ep_group="{CLUSTER}"}}')
     assert 1 < window[""] <= 1.25
     # The service's recommendation, as scraped, lies within its own bounds and above the overflowing cap.
-    advice = {name: stack.values(f'{name}{{cluster="{CLUSTER}"}}')[""] for name in (
+    advice = {name: stack.values(f'{name}{{ep_group="{CLUSTER}"}}')[""] for name in (
         service_metrics.RECOMMENDED_CAP_LOWER_TOKENS, service_metrics.RECOMMENDED_CAP_TOKENS,
         service_metrics.RECOMMENDED_CAP_UPPER_TOKENS, service_metrics.CLUSTER_CAP_TOKENS)}
     assert advice[service_metrics.CLUSTER_CAP_TOKENS] == e2e_rank.CAP
@@ -247,14 +259,14 @@ def test_the_deepep_group_is_priced_and_advised_as_deepep(stack):
     """The same rules and service over the DeepEP group: its buffer, its variable, a cap within DeepEP's rules."""
     plan = plan_deepep_buffer(custom_geometry(e2e_rank.DEEPEP_HIDDEN, e2e_rank.TOP_K, e2e_rank.NUM_EXPERTS),
                               DEEPEP_EP_SIZE, e2e_rank.CAP, "low_latency")
-    group = stack.values(f'cluster_dispatcher:moe_a2a_workspace_bytes:sum{{cluster="{DEEPEP_CLUSTER}"}}')
+    group = stack.values(f'ep_group_dispatcher:moe_a2a_workspace_bytes:sum{{ep_group="{DEEPEP_CLUSTER}"}}')
     assert group == {"": DEEPEP_EP_SIZE * plan.buffer_bytes_per_rank}
-    [variable] = stack.query(f'cluster_dispatcher:moe_a2a_info_cap_variable:topk1{{cluster="{DEEPEP_CLUSTER}"}}')
+    [variable] = stack.query(f'ep_group_dispatcher:moe_a2a_info_cap_variable:topk1{{ep_group="{DEEPEP_CLUSTER}"}}')
     assert variable["metric"]["cap_variable"] == DEEPEP.cap_env_var
-    recommended = stack.values(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{cluster="{DEEPEP_CLUSTER}"}}')[""]
+    recommended = stack.values(f'{service_metrics.RECOMMENDED_CAP_TOKENS}{{ep_group="{DEEPEP_CLUSTER}"}}')[""]
     assert recommended % 128 == 0 and e2e_rank.CAP < recommended <= 1024
     alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
-    overflow = {alert["labels"]["cluster"]: alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2AOverflow"}
+    overflow = {alert["labels"]["ep_group"]: alert for alert in alerts if alert["labels"]["alertname"] == "MoeA2AOverflow"}
     assert overflow[DEEPEP_CLUSTER]["labels"]["cap_variable"] == DEEPEP.cap_env_var
     assert DEEPEP.cap_env_var in overflow[DEEPEP_CLUSTER]["annotations"]["description"]
     assert FLASHINFER.cap_env_var in overflow[CLUSTER]["annotations"]["description"]
@@ -264,7 +276,7 @@ def test_alerts_match_the_run(stack):
     """The overflow alert fires for the chunked overflows; nothing claims a missing rank or a mismatch."""
     alerts = _get_json(f"{stack.prometheus_url}/api/v1/alerts")["data"]["alerts"]
     active = {(alert["labels"]["alertname"], alert["labels"].get("kind"), alert["labels"].get("outcome"))
-              for alert in alerts if alert["labels"].get("cluster", CLUSTER) == CLUSTER}
+              for alert in alerts if alert["labels"].get("ep_group", CLUSTER) == CLUSTER}
     assert ("MoeA2AOverflow", "runtime_over_cap", "chunked") in active
     quiet = {"MoeA2ARankMissing", "MoeA2ARankDown", "MoeA2ACapMismatch", "MoeA2AEpSizeMismatch"}
     assert {name for name, _, _ in active} & quiet == set()
@@ -297,10 +309,10 @@ def test_a_lost_rank_is_reported_missing_and_down(stack):
     instance = f"127.0.0.1:{stack.rank_ports[victim]}"
 
     def pending() -> bool:
-        missing = stack.query(f'ALERTS{{alertname="MoeA2ARankMissing", cluster="{CLUSTER}", ep_size="{EP_SIZE}"}}')
+        missing = stack.query(f'ALERTS{{alertname="MoeA2ARankMissing", ep_group="{CLUSTER}", ep_size="{EP_SIZE}"}}')
         down = stack.query(f'ALERTS{{alertname="MoeA2ARankDown", instance="{instance}"}}')
         # The recording rules live in another group, evaluated on their own tick.
-        counted = stack.values(f'cluster_dispatcher:moe_a2a_info:count{{cluster="{CLUSTER}"}}')
+        counted = stack.values(f'ep_group_dispatcher:moe_a2a_info:count{{ep_group="{CLUSTER}"}}')
         return bool(missing) and bool(down) and counted == {"": EP_SIZE - 1}
 
     _wait_for(pending, "MoeA2ARankMissing and MoeA2ARankDown after a rank stopped exporting", stack, timeout_s=30)

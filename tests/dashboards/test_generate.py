@@ -8,6 +8,7 @@ import pytest
 
 from capwatch.dashboards import generate
 
+from tests.dashboards import lint
 from tests.dashboards.conftest import GRAFANA_DIR
 from tests.support import launcher
 
@@ -55,11 +56,11 @@ def test_dashboards_cover_the_issue():
     per_rank = next(panel for panel in detail["panels"] if panel["title"] == "Local batch per rank vs the group's R")
     exprs = [target["expr"] for target in per_rank["targets"]]
     assert "moe_a2a_local_tokens_window_max" in exprs[0] and "by (" not in exprs[0]
-    assert exprs[1].startswith("max by (cluster, dispatcher)") and "moe_a2a_runtime_tokens_window_max" in exprs[1]
+    assert exprs[1].startswith("max by (ep_group, dispatcher)") and "moe_a2a_runtime_tokens_window_max" in exprs[1]
     heatmap = next(panel for panel in detail["panels"] if panel["type"] == "heatmap")
     assert heatmap["targets"][0]["format"] == "heatmap"
     assert "moe_a2a_runtime_tokens_bucket" in heatmap["targets"][0]["expr"]
-    assert [v["name"] for v in overview["templating"]["list"]] == ["datasource", "cluster", "dispatcher", "ep_rank"]
+    assert [v["name"] for v in overview["templating"]["list"]] == ["datasource", "ep_group", "dispatcher", "ep_rank"]
 
 
 def _contained(part: object, whole: object, path: str = "") -> list[str]:
@@ -100,3 +101,15 @@ def test_an_installed_capwatch_writes_only_where_it_is_told(tmp_path, monkeypatc
     assert {path: path.read_text() for path in GRAFANA_DIR.glob("*.json")} == before
     assert generate.main(["--out", str(tmp_path)]) == 0 and generate.stale_files(tmp_path) == []
     assert generate.main(["--check"]) == 0  # reading the shipped JSON needs no --out
+
+
+def test_annotations_mark_overflows_cap_changes_and_restarts(committed_dashboards):
+    """Every dashboard carries the three annotations, narrowed by the variables, on $datasource."""
+    for name, dashboard in committed_dashboards.items():
+        found = {item["name"]: item for item in lint.annotation_queries(dashboard)}
+        assert set(found) == {"Overflows", "Cap changes", "Restarts"}, name
+        assert "moe_a2a_overflow_events_total" in found["Overflows"]["expr"]
+        assert found["Cap changes"]["expr"].startswith("changes(moe_a2a_cap_tokens{")
+        assert found["Restarts"]["expr"].startswith("resets(moe_a2a_forward_steps_total{")
+        assert all('ep_group=~"$ep_group"' in item["expr"] and item["datasource"]["uid"] == "${datasource}"
+                   and item["enable"] for item in found.values())

@@ -58,16 +58,16 @@ def test_rule_lint_catches_mistakes():
 
 @pytest.mark.parametrize("good, bad, alert", [
     # A saturating alert at 0.8 would fire for the quiet 0.85 group.
-    ("cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
-     "cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.8", "MoeA2ACapSaturating"),
+    ("ep_group_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
+     "ep_group_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.8", "MoeA2ACapSaturating"),
     # The sampled last-interval peak misses spikes: an alert on it fires where the window gauge saw one.
-    ("cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
-     "cluster_dispatcher:moe_a2a_interval_peak_utilization_ratio:max > 0.9", "MoeA2ACapSaturating"),
+    ("ep_group_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max > 0.9",
+     "ep_group_dispatcher:moe_a2a_interval_peak_utilization_ratio:max > 0.9", "MoeA2ACapSaturating"),
     # Reading only the instant value, over-provisioning ignores a peak no evaluation happened to read.
-    ("max by (cluster, dispatcher) (max_over_time(moe_a2a_runtime_tokens_window_utilization_ratio[10m])) < 0.5",
-     "cluster_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max < 0.5", "MoeA2ACapOverProvisioned"),
+    ("max by (ep_group, dispatcher) (max_over_time(moe_a2a_runtime_tokens_window_utilization_ratio[10m])) < 0.5",
+     "ep_group_dispatcher:moe_a2a_runtime_tokens_window_utilization_ratio:max < 0.5", "MoeA2ACapOverProvisioned"),
     # Without the join on moe_a2a_info the alert cannot say which variable to raise (FlashInfer's or DeepEP's).
-    ("* on (cluster, dispatcher) group_left (cap_variable)", "* on (cluster, dispatcher) group_left ()",
+    ("* on (ep_group, dispatcher) group_left (cap_variable)", "* on (ep_group, dispatcher) group_left ()",
      "MoeA2ACapSaturating"),
     # Counting auth failures as rejections would fire the rejected alert for a wrong token.
     ("increase(moe_a2a_reports_rejected_total[10m])",

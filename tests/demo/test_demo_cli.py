@@ -117,6 +117,28 @@ def test_overflow_raise_exits_nonzero_after_the_final_report(tmp_path, service, 
     assert final_reports(service_process.db_path, "overflowing") == {0: 1, 1: 1}  # nothing follows the final one
 
 
+def test_chunk_replays_a_trace_far_above_the_cap_without_a_rank_dying(tmp_path, service, service_process):
+    """``capwatch demo --trace T --cap 256 --overflow-policy chunk`` on an untimed trace whose R runs near 860
+    (issue 36: ranks died of ``max_local_tokens 544 exceeds peak_runtime_tokens 257``). R's running max is set
+    by the first step (900), so later intervals read R at the over-cap floor 257, while rank 0's own batch
+    grows to 544 and 600 in them: every interval must still be a valid report and every rank finish."""
+    counts = [[100, 900]] + [[300, 860]] * 24 + [[544, 860]] * 24 + [[600, 850]] * 24
+    trace = tmp_path / "untimed.jsonl"
+    trace.write_text("".join(json.dumps({"tokens": step}) + "\n" for step in counts))
+    result = run_capwatch("demo", "--trace", str(trace), "--cap", "256", "--overflow-policy", "chunk",
+                          "--service-url", service, "--cluster", "chunked-far-above",
+                          "--metrics-port", str(free_port_block(2)))
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert "ValidationError" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    view = get_json(f"{service}/v1/clusters/chunked-far-above")
+    assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1]
+    for rank in view["ranks"]:
+        assert rank["forward_steps_total"] == len(counts)  # every step reported, none lost to a dead rank
+        assert rank["max_runtime_tokens"] == 900
+        assert rank["overflow_events_total"] == len(counts)  # every step chunked
+    assert final_reports(service_process.db_path, "chunked-far-above") == {0: 1, 1: 1}
+
+
 @pytest.mark.parametrize("arguments, words", [
     (["--trace", "{bad}"], '{bad}:2: "tokens"[1] must be an integer'),
     (["--trace", "{two}", "--ranks", "3"], "the trace, which has 2 ranks"),

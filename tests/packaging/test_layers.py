@@ -28,8 +28,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("capwatch.dashboards",),
     # The advisor: a library below both of its users, the service and the log reader.
     ("capwatch.advisor",),
-    ("capwatch.service", "capwatch.sglang_plugin"),
-    ("capwatch.sglang_logs",),
+    # Three users of the layers below, none of another: the log reader imports nothing of the service.
+    ("capwatch.service", "capwatch.sglang_plugin", "capwatch.sglang_logs"),
     ("capwatch",),
 )
 PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
@@ -116,3 +116,46 @@ def test_the_readme_architecture_names_every_product_folder(folder):
     section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
     drawing = section.split("```", 2)[1]
     assert re.search(rf"^{re.escape(folder)}/", drawing, re.M), f"README's Architecture drawing lacks {folder}/"
+
+
+def _package(module: str, path) -> str:
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def sibling_cycles() -> list[str]:
+    """Pairs of sibling packages (one parent) that import each other, directly or through other siblings."""
+    edges: dict[str, set[str]] = {}
+    for path in product_files():
+        importer = _package(module_name(path), path)
+        for _, target in capwatch_imports(path):
+            imported = target if _is_package(target) else target.rpartition(".")[0]
+            if imported != importer and imported.rpartition(".")[0] == importer.rpartition(".")[0]:
+                edges.setdefault(importer, set()).add(imported)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            package = todo.pop()
+            if package == goal:
+                return True
+            if package not in seen:
+                seen.add(package)
+                todo.extend(edges.get(package, ()))
+        return False
+
+    pairs = {tuple(sorted((a, b))) for a in edges for b in edges[a] if reaches(b, a)}
+    return [f"{a} <-> {b}" for a, b in sorted(pairs)]
+
+
+def _is_package(name: str) -> bool:
+    parts = name.split(".")
+    top = PACKAGE_DIRS.get(".".join(parts[:2]))
+    folder = REPO_ROOT / (top if top else "capwatch")
+    rest = parts[2:] if top else parts[1:]
+    return (folder.joinpath(*rest) / "__init__.py").exists()
+
+
+def test_no_two_sibling_packages_import_each_other():
+    """A package cycle (capwatch/demo/session.py once imported commands/advise.py, which the demo command
+    imports) makes neither package usable alone; what both need lives below them (capwatch/service_client.py)."""
+    assert not sibling_cycles(), "sibling packages that import each other:\n" + "\n".join(sibling_cycles())

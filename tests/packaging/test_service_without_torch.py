@@ -157,3 +157,33 @@ def test_the_kill_switch_reads_before_anything_else():
     assert completed.returncode == 0, completed.stderr
     lines = [line for line in completed.stderr.splitlines() if "capwatch:" in line]
     assert len(lines) == 1 and "capwatch: off (CAPWATCH_ENABLED=0)" in lines[0], completed.stderr
+
+
+def test_dashboards_export_writes_what_the_package_ships(tmp_path):
+    """A pip user's copy of the dashboards, rules and manifests: the installed console script writes them, equal to
+    the checkout's; Prometheus' own check accepts the exported config with its rules; a second export refuses to
+    overwrite (exit 2, one line) and --force does."""
+    import shutil
+    import subprocess
+
+    from tests.support.checkout import REPO_ROOT
+
+    target = tmp_path / "capwatch-ops"
+    completed = _run("dashboards", "export", str(target))
+    assert completed.returncode == 0, completed.stderr
+    shipped = sorted(path.relative_to(target) for path in target.rglob("*") if path.is_file())
+    assert len(shipped) >= 13 and any(path.parts[0] == "kubernetes" for path in shipped)
+    for relative in shipped:
+        assert (target / relative).read_bytes() == (REPO_ROOT / "dashboards" / relative).read_bytes(), relative
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool not found: install the Debian 'prometheus' package (make system-deps)"
+    checked = subprocess.run([promtool, "check", "config", str(target / "prometheus.yml")],
+                            capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    again = _run("dashboards", "export", str(target))
+    assert again.returncode == 2 and len(again.stderr.strip().splitlines()) == 1 and "--force" in again.stderr
+    assert _run("dashboards", "export", str(target), "--force").returncode == 0
+    assert _run("dashboards", "export", str(tmp_path / "editable"), "--editable").returncode == 0
+    for path in (tmp_path / "editable" / "grafana").glob("*.json"):
+        shipped_json, edited = json.loads((target / "grafana" / path.name).read_text()), json.loads(path.read_text())
+        assert shipped_json["editable"] is False and edited == {**shipped_json, "editable": True}

@@ -196,3 +196,15 @@ def test_history_round_trips_and_folding_keeps_the_advice():
     rest = history_from([p[700:] for p in peaks], cap=4096, start_s=1_700_000_000.0 + 700 * WINDOW_S)
     folded = SampleHistory.from_dict(first.to_dict()).merged(rest)
     assert recommend(folded, group(4096), POLICY) == recommend(whole, group(4096), POLICY)
+
+
+def test_a_budget_no_cap_fits_is_said_in_the_advice_never_dropped():
+    """Issue #36, finding 8 (F25): CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK=100000, too small for any cap: the group
+    was advised to raise to 7,040 (0.38 GiB per rank) and no reason mentioned the budget (``plan`` refuses it)."""
+    policy = AdvisorPolicy(budget_bytes_per_rank=100_000)
+    history = history_from(day_of(lambda rng, w, r: rng.randint(1200, 1500)), cap=512)
+    advice = recommend(history, group(512), policy)
+    said = [reason for reason in advice.reasons if "no cap fits the memory budget of 100,000 bytes" in reason]
+    assert said, advice.reasons
+    assert "CAPWATCH_ADVISOR__BUDGET_BYTES_PER_RANK" in said[0] and "raise the budget" in said[0]
+    assert advice.budget_cap is None

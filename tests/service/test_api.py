@@ -180,11 +180,11 @@ def _advice_whatif_history_and_metrics(client, clock):
     assert max(point["peak_runtime_tokens"] for point in history["group"]) == 300
     families = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
     value = {f"{s.name}{sorted(s.labels.items())}": s.value for f in families.values() for s in f.samples}
-    assert value["capwatch_cluster_cap_tokens[('cluster', 'c3'), ('dispatcher', 'target')]"] == 4096
-    assert value["capwatch_recommended_cap_tokens[('cluster', 'c3'), ('dispatcher', 'target')]"] == 384
-    assert value["capwatch_advice_action[('action', 'lower'), ('cluster', 'c3'), ('dispatcher', 'target')]"] == 1
-    assert value["capwatch_ranks[('cluster', 'c3'), ('dispatcher', 'target'), ('state', 'reporting')]"] == 4
-    assert value["capwatch_consistency_findings[('cluster', 'c3'), ('dispatcher', 'target'), ('finding', 'cap_mismatch')]"] == 0
+    assert value["capwatch_cluster_cap_tokens[('dispatcher', 'target'), ('ep_group', 'c3')]"] == 4096
+    assert value["capwatch_recommended_cap_tokens[('dispatcher', 'target'), ('ep_group', 'c3')]"] == 384
+    assert value["capwatch_advice_action[('action', 'lower'), ('dispatcher', 'target'), ('ep_group', 'c3')]"] == 1
+    assert value["capwatch_ranks[('dispatcher', 'target'), ('ep_group', 'c3'), ('state', 'reporting')]"] == 4
+    assert value["capwatch_consistency_findings[('dispatcher', 'target'), ('ep_group', 'c3'), ('finding', 'cap_mismatch')]"] == 0
 
 
 def test_unknown_cluster_and_role_are_404(client):
@@ -254,3 +254,10 @@ def test_a_ranks_own_largest_local_batch_is_kept_and_shown(client, clock):
     body["interval"]["max_local_tokens"] = 101  # more than R: impossible
     response = post(client, body)
     assert response.status_code == 422 and "max_local_tokens" in response.text
+
+
+def test_head_of_the_page_answers_like_its_get(client):
+    """Issue #36 (symptom 9): HEAD / answered 405 (uptime checks and curl -I use HEAD)."""
+    head, get = client.head("/"), client.get("/")
+    assert head.status_code == 200 and head.content == b""
+    assert head.headers["content-type"] == get.headers["content-type"]

@@ -125,3 +125,49 @@ def test_the_page_shows_deepeps_variable(service, reported, tmp_path):
     assert "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK" not in dom.stdout
     if advice["env"] is not None:
         assert page.text_by_id["env-line"] == f"export {DEEPEP.cap_env_var}={advice['recommended_cap']}"
+
+
+def test_a_whatif_cap_outside_deepeps_range_is_a_422(service, reported):
+    """Issue #36 (F23): /whatif checked a DeepEP group's caps against FlashInfer's range and answered 409 for
+    1,025 - 1,048,576: a question outside the group's backend range is a bad request, said as such."""
+    import urllib.error
+
+    for cap in (1025, 1_048_576):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _get(f"{service.url}/v1/clusters/{CLUSTER}/whatif?cap=128&cap={cap}")
+        assert refused.value.code == 422
+        assert f"cap {cap} is outside 1..1024" in refused.value.read().decode()
+
+
+def test_a_group_mixing_deepep_and_flashinfer_ranks_is_found_and_not_advised(service, reported):
+    """Issue #36 (symptom 9): a group mixing DeepEP and FlashInfer ranks had no finding naming the mismatch and was
+    advised by FlashInfer's rules."""
+    import urllib.error
+
+    from tests.support.simulate import SimulatedRank
+
+    mixed = "mixed-backends"
+    plan = plan_deepep_buffer(GEOMETRY, 2, 512, "auto")
+    deepep = rank_config(cap=512, ep_size=2, hidden_size=GEOMETRY.hidden_size, top_k=GEOMETRY.top_k,
+                         num_experts=GEOMETRY.num_experts, backend="sglang-deepep", a2a_backend=DEEPEP.name,
+                         deepep=DeepEPBuffer(mode="auto", buffer_experts=plan.buffer_experts,
+                                             normal_nvl_bytes=plan.normal_nvl_bytes,
+                                             normal_rdma_bytes=plan.normal_rdma_bytes))
+    counters = DispatchCounters(512, 2)
+    reporter = RankReporter(counters, RankIdentity(cluster=mixed, ep_rank=0, ep_size=2, boot_id=new_boot_id()),
+                            deepep, ReporterOptions(service.url, interval_s=None))
+    counters.record_step(100, 100)
+    assert reporter.close("done", timeout_s=10)
+    flashinfer = SimulatedRank(mixed, 1, 2, cap=512)
+    now = time.time()
+    request = urllib.request.Request(f"{service.url}/v1/reports", method="POST",
+                                     data=json.dumps(flashinfer.report(now - 5, now, [100])).encode(),
+                                     headers={"Content-Type": "application/json"})
+    urllib.request.build_opener(urllib.request.ProxyHandler({})).open(request, timeout=10).close()
+
+    findings = {finding["kind"]: finding for finding in _get(f"{service.url}/v1/clusters/{mixed}")["findings"]}
+    assert findings["backend_mismatch"]["severity"] == "critical"
+    assert "deepep" in findings["backend_mismatch"]["message"] and "flashinfer" in findings["backend_mismatch"]["message"]
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        _get(f"{service.url}/v1/clusters/{mixed}/advice")
+    assert refused.value.code == 409 and "different A2A backends" in refused.value.read().decode()

@@ -83,6 +83,17 @@ def test_two_authorization_headers_are_refused_on_every_path(tmp_path, clock, wa
 
 def test_a_foreign_host_is_refused_and_answers_carry_security_headers(client):
     assert client.get("/v1/clusters", headers={"Host": "rebound.example:8321"}).status_code == 421
+    for path in ("/metrics", "/v1/clusters/x/advice", "/"):
+        assert client.get(path, headers={"Host": "10.244.1.7:8321"}).status_code == 421
+
+
+@pytest.mark.parametrize("host", ["10.244.1.7:8321", "[fd00::7]:8321", "rebound.example"])
+def test_a_liveness_probe_is_answered_whatever_its_host(client, host):
+    """Kubernetes' httpGet probe sends Host: <pod IP>:<port>; /healthz answers it (status only), nothing else does."""
+    response = client.get("/healthz", headers={"Host": host})
+    assert response.status_code == 200 and response.json()["status"] == "ok"
+    assert client.post("/healthz", headers={"Host": host}).status_code == 421
+    assert client.get("/healthz", headers={"Host": "127.0.0.1:8321@evil.example"}).status_code == 400
     for path in ("/", "/v1/clusters", "/web/app.js"):
         response = client.get(path)
         assert response.status_code == 200

@@ -24,7 +24,7 @@ def test_service_metrics_pass_promtool(client, clock):
             client.post("/v1/reports", content=json.dumps(rank.report(T0 + 60 * window, T0 + 60 * window + 59, [300])))
     client.post("/v1/reports", content=b"{}")
     exposition = client.get("/metrics").text
-    assert 'capwatch_consistency_findings{cluster="lint",dispatcher="target",finding="cap_mismatch"} 1.0' in exposition
-    assert 'capwatch_advice_action{action="raise",cluster="lint",dispatcher="target"} 1.0' in exposition
+    assert 'capwatch_consistency_findings{dispatcher="target",ep_group="lint",finding="cap_mismatch"} 1.0' in exposition
+    assert 'capwatch_advice_action{action="raise",dispatcher="target",ep_group="lint"} 1.0' in exposition
     result = subprocess.run([PROMTOOL, "check", "metrics"], input=exposition, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr

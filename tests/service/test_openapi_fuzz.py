@@ -40,3 +40,22 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 def test_no_input_gets_a_server_error(case):
     response = case.call()
     assert response.status_code < 500, f"{case.method} {case.formatted_path}: {response.status_code} {response.text}"
+
+
+def test_allowed_hosts_that_refuse_everything_are_refused_in_one_line(tmp_path):
+    """Issue #36 (F14): CAPWATCH_ALLOWED_HOSTS='[]' answered 421 to everything, /healthz too."""
+    import subprocess
+
+    from tests.support.launcher import run_capwatch
+
+    result = run_capwatch("serve", "--port", "18998", "--db", str(tmp_path / "c.db"),
+                          env={"CAPWATCH_ALLOWED_HOSTS": "[]"}, timeout_s=60)
+    assert result.returncode == 2 and "CAPWATCH_ALLOWED_HOSTS" in result.stderr and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    del subprocess
+
+
+def test_an_origin_that_is_no_url_is_refused_not_a_500(client):
+    """urlsplit raised on Origin 'http://[::1' inside the report rules."""
+    response = client.post("/v1/reports", content="{}", headers={"Origin": "http://[::1"})
+    assert response.status_code == 403, response.text

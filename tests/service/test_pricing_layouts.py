@@ -128,4 +128,4 @@ def test_a_group_whose_ranks_cannot_be_priced_together_shows_its_error_and_nothi
     assert by_name["good"]["error"] is None and by_name["good"]["action"] is not None
     assert client.get("/v1/clusters/good/advice").status_code == 200
     metrics = client.get("/metrics")
-    assert metrics.status_code == 200 and 'capwatch_cluster_cap_tokens{cluster="good"' in metrics.text
+    assert metrics.status_code == 200 and 'capwatch_cluster_cap_tokens{dispatcher="target",ep_group="good"' in metrics.text

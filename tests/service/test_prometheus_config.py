@@ -107,7 +107,7 @@ def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
     families = {family.name: family for family in text_string_to_metric_families(text.decode())}
     info = families[catalogue.SGLANG_INFO.name].samples
     assert len(info) == 1 and info[0].value == 1 and info[0].labels == {
-        "cluster": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
+        "ep_group": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
         "disaggregation_mode": "null", "cap_source": "env", "floor_rule": "sglang"}
     assert families[catalogue.SGLANG_MAX_PREFILL_BUFFER_TOKENS.name].samples[0].value == 2048
     assert families[catalogue.SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS.name].samples[0].value == 256

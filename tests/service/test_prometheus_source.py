@@ -105,7 +105,7 @@ def test_views_and_advice_from_a_real_prometheus(tmp_path, ranks, prometheus):
             history = client.get("/v1/clusters/prom-a/history").json()
             assert {series["ep_rank"] for series in history["ranks"]} == set(range(EP_SIZE))
             assert max(p["peak_runtime_tokens"] for p in history["ranks"][HOT_RANK]["points"]) >= 850
-            assert "capwatch_recommended_cap_tokens{cluster=\"prom-a\",dispatcher=\"target\"}" in client.get("/metrics").text
+            assert "capwatch_recommended_cap_tokens{dispatcher=\"target\",ep_group=\"prom-a\"}" in client.get("/metrics").text
             # A rank whose exporter goes away is reported missing once Prometheus marks it stale.
             ranks[3].exporter.close()
             findings = wait_for(lambda: [f for f in client.get("/v1/clusters/prom-a").json()["findings"]

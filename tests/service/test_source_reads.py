@@ -86,10 +86,10 @@ def test_every_cluster_gauge_carries_the_dispatcher(counting, clock):
     feed(client, clock, "a", {"target": 256, "draft": 128})
     feed(client, clock, "drafty", {"draft": 128})  # draft ranks only: exported too
     families = {family.name: family for family in text_string_to_metric_families(client.get("/metrics").text)}
-    caps = {(s.labels["cluster"], s.labels["dispatcher"]): s.value
+    caps = {(s.labels["ep_group"], s.labels["dispatcher"]): s.value
             for s in families["capwatch_cluster_cap_tokens"].samples}
     assert caps == {("a", "target"): 256, ("a", "draft"): 128, ("drafty", "draft"): 128}
-    recommended = {(s.labels["cluster"], s.labels["dispatcher"]): s.value
+    recommended = {(s.labels["ep_group"], s.labels["dispatcher"]): s.value
                    for s in families["capwatch_recommended_cap_tokens"].samples}
     assert recommended[("a", "target")] == 512  # 300 x 1.15, aligned up; the draft's own peaks are far lower
     assert recommended[("a", "draft")] == 128
@@ -99,7 +99,7 @@ def test_every_cluster_gauge_carries_the_dispatcher(counting, clock):
                  "capwatch_recommended_cap_upper_tokens"):
         assert families[name].samples and all(s.labels["dispatcher"] in ("target", "draft")
                                               for s in families[name].samples), name
-    ranks = {(s.labels["cluster"], s.labels["dispatcher"], s.labels["state"]): s.value
+    ranks = {(s.labels["ep_group"], s.labels["dispatcher"], s.labels["state"]): s.value
              for s in families["capwatch_ranks"].samples}
     assert ranks[("a", "draft", "reporting")] == 2 and ranks[("a", "target", "reporting")] == 2
 

@@ -6,6 +6,7 @@ says degraded, and the log says what happened, once."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -41,6 +42,9 @@ def assert_lost_everywhere(service: ServiceProcess, client: httpx.Client, rank: 
         assert response.status_code == 503 and words in response.json()["detail"], (path, response.text)
     health = client.get("/healthz").json()
     assert health["status"] == "degraded" and words in health["problem"]
+    # A Kubernetes probe (Host: the pod's IP, not an allowed name): the status, not the words naming the file.
+    probe = client.get("/healthz", headers={"Host": "10.244.1.7:8321"})
+    assert probe.status_code == 200 and probe.json() == {**health, "problem": None}
     assert "capwatch_store_database_lost 1.0" in client.get("/metrics").text
     log = service.log_path.read_text()
     assert log.count("Reports are refused from now on") == 1 and words in log
@@ -101,3 +105,65 @@ def test_an_immutable_database_is_noticed_and_the_service_lives_on(service, clie
         wait_for(lambda: service.running, 1, "the service to be alive")
     finally:
         subprocess.run(["chattr", "-i", str(service.db_path)], capture_output=True)
+
+
+def test_a_database_restored_by_mv_under_write_load_starts_and_loses_nothing(tmp_path):
+    """Issue #36, finding 3 (F21): under write load, ``mv other.db capwatch.db`` (another closed capwatch database, an
+    operator restoring a backup). The service left the replaced database's -wal and -shm at the path, and the next
+    start read that log as the restored file's own: "damaged" in 5 of 5 runs, and in 2 the failed start wrote it into
+    the restored file. Now every acknowledged report is kept in a copy beside it, the stale log is set aside, and the
+    restored file starts as it is."""
+    import sqlite3
+    import threading
+
+    backup = tmp_path / "backup" / "other.db"
+    backup.parent.mkdir()
+    with ServiceProcess(backup) as other, httpx.Client(base_url=other.url, headers=JSON, timeout=30) as client:
+        restored_rank = SimulatedRank("restored", 0, 1, cap=1024)
+        assert all(post(client, restored_rank).status_code == 202 for _ in range(30))
+    assert not backup.with_name("other.db-wal").exists()  # a closed database: no log beside it
+
+    folder = tmp_path / "state"
+    folder.mkdir()
+    acknowledged: list[tuple[str, int]] = []
+    refused = threading.Event()
+    with ServiceProcess(folder / "capwatch.db", log_path=tmp_path / "service.log") as service:
+        def load() -> None:
+            rank = SimulatedRank("live", 0, 1, cap=1024)
+            with httpx.Client(base_url=service.url, headers=JSON, timeout=30) as client:
+                while not refused.is_set():
+                    now = time.time()
+                    report = rank.report(now - 5, now, [100, 200])
+                    status = client.post("/v1/reports", content=json.dumps(report)).status_code
+                    if status == 202:
+                        acknowledged.append((report["identity"]["boot_id"], report["sequence"]))
+                    elif status == 503:
+                        refused.set()
+
+        loaders = [threading.Thread(target=load) for _ in range(4)]
+        for thread in loaders:
+            thread.start()
+        wait_for(lambda: len(acknowledged) >= 200, 60, "reports acknowledged under load")
+        os.replace(backup, service.db_path)  # the restore, under load
+        assert refused.wait(30)
+        for thread in loaders:
+            thread.join(timeout=30)
+        log = service.log_path.read_text()
+    assert "was replaced by another file" in log and "capwatch serve --db" in log, log
+
+    copies = sorted(folder.glob("capwatch.db.lost-*"))
+    assert [copy.name for copy in copies if "-wal" not in copy.name and "-shm" not in copy.name] == \
+        [copies[0].name], copies
+    assert not (folder / "capwatch.db-wal").exists() or (folder / "capwatch.db-wal").stat().st_size == 0
+    with contextlib.closing(sqlite3.connect(f"file:{copies[0]}?mode=ro", uri=True)) as kept:
+        keys = set(kept.execute("SELECT json_extract(payload, '$.identity.boot_id'), json_extract(payload, "
+                                "'$.sequence') FROM reports WHERE cluster = 'live'").fetchall())
+    assert set(acknowledged) <= keys, f"{len(set(acknowledged) - keys)} acknowledged reports lost"
+
+    with ServiceProcess(folder / "capwatch.db") as restarted:  # starts: not "damaged"
+        with httpx.Client(base_url=restarted.url, timeout=30) as client:
+            assert [cluster["cluster"] for cluster in client.get("/v1/clusters").json()] == ["restored"]
+    with contextlib.closing(sqlite3.connect(f"file:{folder / 'capwatch.db'}?mode=ro", uri=True)) as restored:
+        assert restored.execute("PRAGMA quick_check").fetchone() == ("ok",)
+        assert restored.execute("SELECT COUNT(*) FROM reports WHERE cluster = 'restored'").fetchone() == (30,)
+        assert restored.execute("SELECT COUNT(*) FROM reports WHERE cluster = 'live'").fetchone() == (0,)

@@ -1,8 +1,9 @@
-"""The window rule (``advisor/sample.py``) is defined once and run three ways; one table of cases holds the
-three equal: the Python (``group_samples``), a real SQLite store (the cases' reports ingested, its windows
-table read back: the SQL derived from ``WINDOW_FIELDS``) and a real Prometheus (the ranks' series written
+"""The window rule (``advisor/sample.py``) is defined once and run four ways; one table of cases holds the
+four equal: the Python (``group_samples``), a real SQLite store (the cases' reports ingested, its windows
+table read back: the SQL derived from ``WINDOW_FIELDS``), a real Prometheus (the ranks' series written
 into its TSDB with ``promtool tsdb create-blocks-from openmetrics``, read by the Prometheus source's
-PromQL, derived from the same fields).
+PromQL, derived from the same fields) and the log reader (the cases as SGLang's decode lines and overflow
+assertions, read by ``capwatch.sglang_logs``: its timeline applies the rule to each window).
 
 The series stand for what each rank's exporter shows at a scrape every second: the forward-step and
 overflow counters (from zero at each boot), the cap, and the window's largest R so far.
@@ -19,7 +20,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from capwatch.advisor.history import SampleHistory
+from capwatch.advisor.policy import DEFAULT_POLICY
 from capwatch.advisor.sample import SUM_LIMIT, WINDOW_FIELDS, RankInterval, combined, group_samples
+from capwatch.sglang_logs.reader import read_logs
 from capwatch.service.config import Settings
 from capwatch.service.sources.prometheus.source import PrometheusSource
 from capwatch.service.store.options import StoreOptions
@@ -29,6 +33,7 @@ from capwatch.service.store.windows import read_windows
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.report import RankReport
 from tests.service.conftest import T0, FakeClock
+from tests.support import sglang_logs as sg
 from tests.support.prometheus import scrape_config, start_prometheus
 from tests.support.simulate import SimulatedRank
 
@@ -147,7 +152,7 @@ def _exposition(cluster: str, intervals: tuple[Interval, ...]) -> dict[str, list
     last_window = max(interval.window for interval in intervals) + 2
     for rank in sorted({interval.rank for interval in intervals}):
         mine = sorted((item for item in intervals if item.rank == rank), key=lambda item: item.end_s)
-        labels = f'cluster="{cluster}",ep_rank="{rank}",dispatcher="target"'
+        labels = f'ep_group="{cluster}",ep_rank="{rank}",dispatcher="target"'
         boots = {item.boot: T0 + item.window * WINDOW_S for item in reversed(mine)}  # boot -> when it started
         cap = mine[0].cap
         for second in range(int(last_window * WINDOW_S)):
@@ -221,6 +226,47 @@ def test_the_window_rule_is_the_same_in_python_sqlite_and_prometheus(case, store
     last = max(interval.window for interval in case.intervals)
     windows = prometheus_source.group_windows(case.name, "target", T0 + WINDOW_S, T0 + (last + 3) * WINDOW_S)
     assert _found(windows) == expected
+
+
+# --- the log reader: the cases as SGLang writes them --------------------------------------------------------
+
+LOG = sg.FORMAT["sglang-0.5.19+"]
+LOG_CAP = 512  # a log shows one cap (here --cap): the cases' caps are not in it
+
+
+def _as_logged(interval: Interval) -> Interval:
+    """What a log can show of an interval: one decode line (``#running-req`` = its peak, 0 when it ran no step)
+    and one assertion per overflow at the log's cap, each needing more than that cap. An idle rank logs no
+    assertion (an assertion is a step that overflowed)."""
+    overflows = interval.overflows if interval.steps else 0
+    peak = max(interval.peak, LOG_CAP + 1) if overflows else interval.peak
+    return Interval(interval.rank, interval.window, peak if interval.steps else 0, LOG_CAP, interval.steps,
+                    overflows, order=interval.order)
+
+
+def _log_lines(intervals: tuple[Interval, ...]) -> list[str]:
+    lines = LOG.start(T0 - 30)
+    for interval in sorted(intervals, key=lambda item: item.end_s):
+        rank = sg.Rank(dp=interval.rank, tp=interval.rank, ep=interval.rank)
+        lines += LOG.decode(interval.end_s, interval.peak, rank)
+        for _ in range(interval.overflows):
+            lines += LOG.record(interval.end_s, sg.overflow_traceback(interval.peak, interval.cap), rank)
+    return lines
+
+
+@pytest.mark.parametrize("case", CASES, ids=[case.name for case in CASES])
+def test_the_log_reader_applies_the_same_window_rule(case, tmp_path):
+    logged = tuple(_as_logged(interval) for interval in case.intervals)
+    path = tmp_path / "server.log"
+    path.write_text("\n".join(_log_lines(logged)) + "\n")
+    read = read_logs([str(path)], window_s=WINDOW_S, cap=LOG_CAP)
+    [segment] = [segment for segment in read.segments if segment.history.sample_count]
+    expected = SampleHistory(DEFAULT_POLICY.half_life_s, window_s=WINDOW_S).add_all(
+        group_samples((_as_rule_input(item) for item in logged), WINDOW_S), DEFAULT_POLICY.bump_factor,
+        DEFAULT_POLICY.bump_min_tokens)
+    assert segment.history.to_dict() == expected.to_dict()
+    assert segment.history.sample_count == len(case.expected)  # the log shows every window the table has
+    assert segment.overflow_lines == sum(item.overflows for item in logged)
 
 
 # --- beyond the table: Python and SQLite over any intervals, and the saturating sum ------------------------

@@ -88,7 +88,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_deepeps_asse
     for rank in range(WORLD):
         log = run.log(rank)
         assert f"capwatch: enabled on sglang {release} (deepep backend, GPU {rank})" in log, log[-3000:]
-        metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "cluster": cluster}
+        metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         steps = run.record(rank)["steps"]
         assert value(metrics, "moe_a2a_dispatch_calls_total", **series) == len(steps)
         # Each micro-batch of the leading layer is a step: its own batch against the cap.

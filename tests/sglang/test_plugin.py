@@ -99,7 +99,7 @@ def assert_metrics_match(run: RankRun, plan: dict, scraped: dict[int, dict], clu
     workspace_size = run.record(0)["workspace_size"]
     for (rank, role), entry in expected_geometry(run, plan).items():
         metrics = scraped[rank]
-        series = {"dispatcher": role, "ep_rank": rank, "cluster": cluster}
+        series = {"dispatcher": role, "ep_rank": rank, "ep_group": cluster}
         assert value(metrics, "moe_a2a_dispatch_calls_total", **series) == entry["dispatch_calls"]
         assert value(metrics, "moe_a2a_forward_steps_total", **series) == len(entry["steps"])
         assert value(metrics, "moe_a2a_tokens_sent_total", **series) == entry["sent"]

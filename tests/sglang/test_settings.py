@@ -16,7 +16,7 @@ def test_defaults_export_on_loopback_and_report_nowhere():
     assert settings == PluginSettings()
     assert settings.reporter() is None
     options = settings.exporter(3)
-    assert (options.host, options.port) == ("127.0.0.1", 9403)  # base port + local GPU index
+    assert (options.host, options.port) == ("127.0.0.1", 9473)  # base port + local GPU index
 
 
 def test_every_variable_is_read():
@@ -125,3 +125,24 @@ def test_roles_share_one_registry_told_apart_by_their_label():
     assert 'moe_a2a_dispatch_calls_total{dispatcher="draft"} 1.0' in text
     assert text.count("# TYPE moe_a2a_dispatch_calls_total counter") == 1
     assert 'capwatch_sglang_plugin_info{flashinfer_version="none",reason="",sglang_version="0.5.23",state="enabled"}' in text
+
+
+def test_the_legacy_cluster_label_switch_reaches_the_exporter():
+    """CAPWATCH_LEGACY_CLUSTER_LABEL=1: the scheduler's exporter serves the group's old label beside the new one."""
+    from capwatch.telemetry.exporter import RankExporter
+    from prometheus_client.core import GaugeMetricFamily
+
+    class Group:
+        def collect(self):
+            family = GaugeMetricFamily("moe_a2a_probe_tokens", "A probe.", labels=["ep_group"])
+            family.add_metric(["prod-a"], 1)
+            yield family
+
+    assert load({}).exporter(0).legacy_group_label is False
+    options = load({"CAPWATCH_LEGACY_CLUSTER_LABEL": "1"}).exporter(0)
+    assert options.legacy_group_label is True
+    text = RankExporter(Group(), legacy_group_label=options.legacy_group_label).render().decode()
+    assert 'moe_a2a_probe_tokens{cluster="prod-a",ep_group="prod-a"} 1.0' in text
+    assert 'moe_a2a_probe_tokens{ep_group="prod-a"} 1.0' in RankExporter(Group()).render().decode()
+    with pytest.raises(SettingsError, match="CAPWATCH_LEGACY_CLUSTER_LABEL='yes' must be 1 or 0"):
+        load({"CAPWATCH_LEGACY_CLUSTER_LABEL": "yes"})

@@ -9,8 +9,10 @@ import subprocess
 
 import pytest
 from capwatch.advisor.advice import ClusterAdvice
+from capwatch.advisor.vocabulary import ACTIONS
 
 from tests.sglang_logs.logs import T0, advise, decode_lines, read_description, traffic, write
+from tests.support import launcher
 from tests.support import sglang_logs as sg
 
 LOG = sg.FORMAT["sglang-0.5.19+"]
@@ -198,6 +200,26 @@ def test_the_services_advisor_settings_shape_advice_from_logs(tmp_path):
     assert default.returncode == wide.returncode == 0, default.stderr + wide.stderr
     assert json.loads(wide.stdout)["sample_count"] < json.loads(default.stdout)["sample_count"]
     one_error_line(run_cli("--sglang-log", path, env={"CAPWATCH_WINDOW_S": "-1"}), "window_s")
+    strict = run_cli("--sglang-log", path, "--json", env={"CAPWATCH_ADVISOR__MIN_SAMPLES": "100000"})
+    assert strict.returncode == 0 and json.loads(strict.stdout)["action"] == "insufficient_data", strict.stderr
+    one_error_line(run_cli("--sglang-log", path, env={"CAPWATCH_ADVISOR__SAFETY_MARGIN": "-1"}), "safety_margin")
+    # The service's own settings are not the log reader's: one it would refuse at start changes nothing here.
+    served = run_cli("--sglang-log", path, "--json", env={"CAPWATCH_PORT": "-1", "CAPWATCH_TOKEN": " "})
+    assert served.returncode == 0 and json.loads(served.stdout) == json.loads(default.stdout), served.stderr
+
+
+def test_advice_from_logs_loads_nothing_of_the_service(tmp_path):
+    """The log reader runs the advisor, a library below the service: advising from a log in a fresh process
+    imports no capwatch.service module (and no FastAPI)."""
+    lines = LOG.start(T0 - 30) + decode_lines(LOG, traffic(30, lambda m, s, d: 40 + (m % 30) + d))
+    path = write(tmp_path / "server.log", lines)
+    probe = ("import sys; from capwatch.sglang_logs.advise import advise_from_sglang_logs; "
+             f"print(advise_from_sglang_logs([{path!r}]).advice.action); "
+             "print(sorted(name for name in sys.modules if name.startswith(('capwatch.service', 'fastapi'))))")
+    result = launcher.run("-c", probe, timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    action, loaded = result.stdout.strip().splitlines()
+    assert action in ACTIONS and loaded == "[]", result.stdout
 
 
 @pytest.mark.parametrize("mode, binds, floor", [

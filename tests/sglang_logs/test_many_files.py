@@ -128,3 +128,28 @@ def test_the_timeline_holds_at_most_the_reorder_window_however_long_the_log(tmp_
     result = read([write(tmp_path / "long.log", LOG.start(T0 - 30) + decode_lines(LOG, four_days))])
     assert result.segments[0].history.sample_count == 60 * 24 * 4
     assert max(held) <= REORDER_S // 60 + 1
+
+
+def _with_open_files_limit(soft: int, hard: int):
+    import resource
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return limit
+
+
+def test_more_files_than_the_open_files_limit_is_one_line_before_reading(tmp_path):
+    """Issue #36 (F24): 25,000 files against ulimit -n 20,000 ended after 72 s with "Too many open files:
+    '.../r5496.log'; is the file complete?", naming an innocent file. At a bounded size: 300 files, limit 200."""
+    from tests.support.launcher import run_capwatch
+
+    files, _ = per_rank_logs(minutes=2)
+    paths = [write(tmp_path / f"r{index}.log", files[index % len(files)]) for index in range(300)]
+    refused = run_capwatch("advise", "--sglang-log", *paths, timeout_s=120, preexec_fn=_with_open_files_limit(200, 200))
+    assert refused.returncode == 2, (refused.stdout, refused.stderr)
+    assert "300 log files are read at once" in refused.stderr and "ulimit -Hn" in refused.stderr
+    assert "Too many open files" not in refused.stderr and len(refused.stderr.strip().splitlines()) == 1
+    # Below the hard limit the soft one is raised: the same files are read.
+    raised = run_capwatch("advise", "--json", "--sglang-log", *paths, timeout_s=120,
+                          preexec_fn=_with_open_files_limit(200, 4096))
+    assert raised.returncode == 0, raised.stderr

@@ -103,6 +103,13 @@ def test_the_repr_is_parsed_not_evaluated():
     ("{'tp_size': 8, 'speculative_algorithm': 'EAGLE', 'speculative_num_draft_tokens': 5000}", "not a plausible"),
     ("{'a': " * 300 + "1" + "}" * 300, "not Python syntax"),
     ("{'tp_size': 8, 'x': " + "[" * 40 + "]" * 40 + "}", "nested deeper"),
+    # Issue #36 (symptom 9): negative sizes were read as 1 and 0, a number as the backend as "a release before it".
+    ("{'tp_size': -5}", r"tp_size='-5' is not a plausible value \(at least 1\)"),
+    ("{'tp_size': 8, 'ep_size': -1}", "ep_size='-1' is not a plausible value"),
+    ("{'tp_size': 8, 'ep_num_redundant_experts': -5}", r"ep_num_redundant_experts='-5' is not a plausible value \(at "
+                                                       "least 0\)"),
+    ("{'tp_size': 8, 'moe_a2a_backend': " + "1" + "0" * 30 + "}", "moe_a2a_backend=.* is not a backend name"),
+    ("{'tp_size': 8, 'moe_a2a_backend': 'deep ep'}", "is not a backend name"),
 ])
 def test_args_that_do_not_read_say_why_in_one_line(text, why):
     if "10**9" in text:  # an expression is no value SGLang logs: read as unset

@@ -30,6 +30,7 @@ class RankPlan:
     backoff_max_s: float = 0.2
     max_pending_reports: int = 64
     bearer_token: str | None = None
+    legacy_cluster_label: bool = False
 
 
 def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, stop) -> dict:
@@ -47,7 +48,8 @@ def serve_rank(rank: int, world_size: int, plan: RankPlan, commands, replies, st
         plan.service_url, interval_s=plan.interval_s, backoff_initial_s=0.05, backoff_max_s=plan.backoff_max_s,
         max_pending_reports=plan.max_pending_reports, request_timeout_s=30.0, bearer_token=plan.bearer_token)
     telemetry = RankTelemetry(counters, identity, config, reporter=reporter,
-                              exporter=ExporterOptions(base_port=0, local_rank=rank)).start()
+                              exporter=ExporterOptions(base_port=0, local_rank=rank,
+                                                                legacy_group_label=plan.legacy_cluster_label)).start()
     for layer in layers:
         layer.on_overflow.append(telemetry.on_overflow)
     # -------------------------------------------------------------------------------------------------

@@ -30,8 +30,15 @@ def test_names_are_unique():
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("cap", [1, 2, 7, 128, 1000, 4096, 16384, 1 << 20])
-def test_runtime_buckets_ascend_and_end_at_the_cap(cap):
-    buckets = catalogue.runtime_token_buckets(cap)
-    assert list(buckets) == sorted(set(buckets)) and buckets[-1] == cap and buckets[0] >= 1
-    assert all(bound == int(bound) for bound in buckets)
+def test_runtime_buckets_are_fixed_and_cover_every_cap():
+    """The same bounds whatever the cap (ranks and restarts with different caps aggregate), each 1.33 - 1.5 x
+    the one below, up to the largest cap accepted."""
+    from capwatch.sizing.caps import MAX_CAP_TOKENS
+
+    buckets = catalogue.RUNTIME_TOKEN_BUCKETS
+    assert list(buckets) == sorted(set(buckets)) and all(bound == int(bound) for bound in buckets)
+    assert buckets[-1] == MAX_CAP_TOKENS and buckets[0] == 16
+    assert all(4 / 3 <= high / low <= 1.5 for low, high in zip(buckets, buckets[1:]))
+    assert not hasattr(catalogue, "runtime_token_buckets")  # nothing fits them to a cap any more
+
+

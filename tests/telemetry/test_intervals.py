@@ -118,3 +118,6 @@ def test_prometheus_buckets_are_cumulative_and_the_sum_is_exact_for_over_cap_ste
     counts, total = cumulative_buckets(counters.snapshot(), (1.0, 4.0, 15.0, 16.0))
     assert counts == [1, 3, 3, 4]
     assert total == 1 + 4 + 4 + 16 + 99
+    # Fixed bounds above the cap: the over-cap step (R = 99, the largest) counts from its bound on, never before.
+    counts, _ = cumulative_buckets(counters.snapshot(), (24.0, 96.0, 99.0, 128.0))
+    assert counts == [4, 4, 5, 5]

@@ -11,9 +11,10 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.utils import floatToGoString
 
 from capwatch.demo.ranks import RankFailedError
-from capwatch.telemetry.catalogue import runtime_token_buckets
+from capwatch.telemetry.catalogue import RUNTIME_TOKEN_BUCKETS
 from tests.support.prometheus import scrape_config, start_prometheus
 
 from .group import RankGroup
@@ -23,7 +24,7 @@ from .sink import ReportSink
 from .workload import Workload, expected_totals
 
 WORKLOAD = Workload()
-RANK_LABELS = ("cluster", "ep_rank", "dispatcher")
+RANK_LABELS = ("ep_group", "ep_rank", "dispatcher")
 
 
 def scrape(url: str) -> bytes:
@@ -109,9 +110,9 @@ def test_exported_values_equal_what_was_dispatched(group4):
         assert exported[("moe_a2a_tokens_received_total", ())] == expected.tokens_received[rank]
         assert exported[("moe_a2a_runtime_tokens_max", ())] == expected.max_runtime_tokens
         assert exported[("moe_a2a_cap_tokens", ())] == WORKLOAD.cap
-        for bound in runtime_token_buckets(WORKLOAD.cap):
+        for bound in RUNTIME_TOKEN_BUCKETS:
             steps_at_most = sum(n for r, n in expected.runtime_tokens_histogram.items() if r <= bound)
-            assert exported[("moe_a2a_runtime_tokens_bucket", (("le", str(bound)),))] == steps_at_most
+            assert exported[("moe_a2a_runtime_tokens_bucket", (("le", floatToGoString(bound)),))] == steps_at_most
         assert exported[("moe_a2a_runtime_tokens_count", ())] == expected.forward_steps
         assert exported[("moe_a2a_runtime_tokens_sum", ())] == sum(
             r * n for r, n in expected.runtime_tokens_histogram.items())
@@ -129,7 +130,7 @@ def test_a_real_prometheus_scrapes_every_rank_and_sums_add_up(group4, tmp_path):
         steps = group4.command("steps", 5)[0]["step"]
         expected = expected_totals(WORKLOAD, 4, range(steps))
         prometheus.wait_for('sum(up{job="capwatch-ranks"})', lambda result: result and result[0]["value"][1] == "4")
-        selector = '{cluster="live4", dispatcher="target"}'
+        selector = '{ep_group="live4", dispatcher="target"}'
         sent = prometheus.wait_for(
             f"sum(moe_a2a_tokens_sent_total{selector})",
             lambda result: result and float(result[0]["value"][1]) == sum(expected.tokens_sent))

@@ -123,15 +123,16 @@ def test_bad_window_is_refused(window_s, slots, message):
 
 
 def test_peak_between_agrees_with_the_interval_peak_of_the_full_histogram_delta():
-    from capwatch.telemetry.intervals import histogram_delta, interval_peak
+    from capwatch.telemetry.intervals import interval_between
     from capwatch.telemetry.peak_window import peak_between
 
     counters = DispatchCounters(CAP, 2)
     previous = coherent(counters.snapshot())
-    for runtime_tokens in (5, 99, 100, 101, 250, 150, 0, 3):
-        counters.record_step(runtime_tokens)
+    for runtime_tokens, local_tokens in ((5, 5), (99, 1), (100, 100), (101, 3), (250, 250), (150, 150), (0, 0),
+                                         (3, 2), (140, 120)):  # the last: R at its floor, the local max grows
+        counters.record_step(runtime_tokens, local_tokens)
         current = coherent(counters.snapshot())
-        assert peak_between(previous, current) == interval_peak(previous, current, histogram_delta(previous, current))
+        assert peak_between(previous, current) == interval_between(previous, current).peak_runtime_tokens
         assert peak_between(current, current) == 0
         previous = current
 

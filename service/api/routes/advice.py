@@ -54,6 +54,8 @@ def get_whatif(
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     try:
         return cluster_whatif(source, cluster, role, cap, clock(), settings)
+    except SizingError as error:  # a cap outside the group's backend range (DeepEP's 1..1024)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     except LookupError as error:
         raise not_found(error) from None
     except AdviceUnavailable as error:

@@ -23,7 +23,7 @@ def _read_asset(name: str) -> str:
     return resources.files("capwatch.service").joinpath("web", name).read_text(encoding="utf-8")
 
 
-@router.get("/", response_class=HTMLResponse, include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], response_class=HTMLResponse, include_in_schema=False)
 def index(request: Request) -> HTMLResponse:
     docs_url = request.app.docs_url
     docs_link = f'<a href="{docs_url.lstrip("/")}">{docs_url}</a> · ' if docs_url else ""

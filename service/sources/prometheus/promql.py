@@ -6,11 +6,11 @@ from capwatch.telemetry import catalogue
 
 
 def selector(cluster: str, role: str | None = None, **extra: str) -> str:
-    """``{cluster="...", dispatcher="...", ...}``, the values escaped as PromQL strings."""
+    """``{ep_group="...", dispatcher="...", ...}``, the values escaped as PromQL strings."""
     def quoted(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"')
 
-    labels = {"cluster": cluster, **({"dispatcher": role} if role else {}), **extra}
+    labels = {catalogue.GROUP_LABEL: cluster, **({"dispatcher": role} if role else {}), **extra}
     return "{" + ", ".join(f'{name}="{quoted(value)}"' for name, value in labels.items()) + "}"
 
 

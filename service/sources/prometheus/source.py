@@ -3,7 +3,7 @@
 Prometheus' HTTP API (``api.py``); stores nothing.
 
 Mapping to the report-fed store:
-- a rank = one ``moe_a2a_cap_tokens{cluster, ep_rank, dispatcher}`` series; its last sample's
+- a rank = one ``moe_a2a_cap_tokens{ep_group, ep_rank, dispatcher}`` series; its last sample's
   timestamp is "last seen" (a rank whose target is down goes stale in Prometheus and shows as missing);
 - its config is rebuilt from its series (``rank_config.py``): the ``RankConfig`` its reports carry, so
   the advisor gives the same advice from either source;
@@ -73,9 +73,8 @@ class PrometheusSource:
 
     def clusters(self) -> list[str]:
         now = self.clock()
-        data = self.api.get("/api/v1/label/cluster/values", {"match[]": catalogue.CAP_TOKENS.name,
-                                                              "start": now - self.settings.missing_after_s,
-                                                              "end": now})
+        data = self.api.get(f"/api/v1/label/{catalogue.GROUP_LABEL}/values", {
+            "match[]": catalogue.CAP_TOKENS.name, "start": now - self.settings.missing_after_s, "end": now})
         return sorted(data)
 
     def rank_states(self, cluster: str) -> list[RankState]:

@@ -1,0 +1,3 @@
+"""The dashboards tests' promtool fixture, for the rules inside the PrometheusRule."""
+
+from tests.dashboards.conftest import promtool  # noqa: F401
