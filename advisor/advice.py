@@ -62,6 +62,7 @@ class Deployment(BaseModel):
     # What the evidence bounds the cap in use by: the largest batch that ran without an overflow assertion (every
     # backend asserts above its cap). None where nothing bounds it.
     cap_at_least: int | None = None
+    mem_fraction_static: float | None = None  # the server's --mem-fraction-static, where known (a log's args)
 
 
 class Coverage(BaseModel):

@@ -45,6 +45,7 @@ class GroupConfig:
     cap_known: bool = True
     cap_source: str = "reported"  # advice.CapSource
     cap_at_least: int | None = None  # the largest batch that ran without an overflow assertion
+    mem_fraction_static: float | None = None  # the server's --mem-fraction-static, where known (a log's args)
 
 
 @dataclass(frozen=True, eq=False)

@@ -19,7 +19,8 @@ from capwatch.telemetry.report import SGLangLimits
 def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRules, prefill_dispatched: bool = True,
                  sglang: Iterable[SGLangLimits | None] = (), cuda_graph_max_batch_sizes: Iterable[int | None] = (),
                  speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None,
-                 cap_source: CapSource = "reported", cap_at_least: int | None = None) -> GroupConfig:
+                 cap_source: CapSource = "reported", cap_at_least: int | None = None,
+                 mem_fraction_static: float | None = None) -> GroupConfig:
     """The group's configuration: ``cap`` its current cap (the largest the ranks run; where ``cap_source`` is
     "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``prefill_dispatched``
     whether its prefill batches go through the cap (``BackendSpec.prefill_dispatched``: DeepEP's only in
@@ -33,4 +34,5 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(speculative_tokens, default=0),
         sglang=merged_sglang_limits(sglang), kv_bytes_per_token=kv_bytes_per_token,
-        cap_known=cap_source != "assumed", cap_source=cap_source, cap_at_least=cap_at_least)
+        cap_known=cap_source != "assumed", cap_source=cap_source, cap_at_least=cap_at_least,
+        mem_fraction_static=mem_fraction_static)

@@ -97,7 +97,7 @@ def deployment_of(given: Evidence) -> Deployment:
         floor_cap=given.floor_cap, floor_binds=None if given.floor is None else given.floor.binds,
         budget_cap=given.budget_cap, kv_bytes_per_token=group.kv_bytes_per_token,
         max_cap_tokens=given.rules.max_cap_tokens, cap_alignment=given.policy.alignment, cap_known=group.cap_known,
-        cap_source=group.cap_source, cap_at_least=group.cap_at_least)
+        cap_source=group.cap_source, cap_at_least=group.cap_at_least, mem_fraction_static=group.mem_fraction_static)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:
@@ -146,8 +146,8 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
             f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, "
             f"{format_gib(over)} more "
             f"than the {format_gib(reserve)} SGLang's automatic --mem-fraction-static reserves for it whatever the cap "
-            "(arg_groups/memory_hook.py): lower --mem-fraction-static by that much, or the KV pool and CUDA-graph "
-            "capture run short of memory")
+            "(arg_groups/memory_hook.py), and without room for it the KV pool and CUDA-graph capture run short of "
+            f"memory: {mem_fraction_to_set(over, given.group.mem_fraction_static)}")
     known = given.group.cap_known
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
                       workspace_bytes_group_recommended=recommended.bytes_group,
@@ -155,6 +155,18 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
                       kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed if known else None,
                       over_sglang_reserve_bytes_recommended=over),
                 tuple(reasons))
+
+
+def mem_fraction_to_set(over_bytes: int, current: float | None) -> str:
+    """The --mem-fraction-static that leaves ``over_bytes`` per rank to the buffer: it is a share of the GPU's memory
+    (G GiB), so the server's value less over / G; with the value and two common G worked out where the value is known."""
+    over_gib = over_bytes / 2**30
+    if current is None:
+        return (f"set --mem-fraction-static to the server's value (its server_args line shows it) less {over_gib:.2f} / "
+                "G, G the GPU's memory in GiB")
+    worked = "; ".join(f"{current - over_gib / memory:.3f} where G = {memory}" if current > over_gib / memory else
+                       f"nothing where G = {memory} (the buffer alone outgrows the static share)" for memory in (80, 141))
+    return f"set --mem-fraction-static to {current:g} - {over_gib:.2f} / G, G the GPU's memory in GiB: {worked}"
 
 
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:

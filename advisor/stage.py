@@ -35,7 +35,9 @@ def pct(rate: float) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A span of history in the unit that reads: 25 min, 3.0 h, 2.5 days."""
+    """A span of history in the unit that reads: 40 s, 25 min, 3.0 h, 2.5 days."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
     if seconds < 3600:
         return f"{seconds / 60:.0f} min"
     if seconds < 2 * 86_400:

@@ -1,4 +1,4 @@
-"""The one benchmark runner: ``python -m benchmarks NAME [--quick] [--json]``.
+"""The one benchmark runner: ``python -m benchmarks NAME [--quick] [--smoke] [--json]``.
 
 A benchmark is any module ``benchmarks/<name>.py`` exposing ``run(quick: bool = False) -> dict``
 (JSON-serialisable figures). ``NAME`` is one of them or ``all``; ``all`` runs every one and
@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib
+import inspect
 import json
 import os
 import pkgutil
@@ -74,11 +75,14 @@ def machine() -> dict:
     return info
 
 
-def run_one(name: str, quick: bool) -> dict:
-    """{"figures": ..., "seconds": ...} or {"error": ...}: one failure never hides the others."""
+def run_one(name: str, quick: bool, smoke: bool = False) -> dict:
+    """{"figures": ..., "seconds": ...} or {"error": ...}: one failure never hides the others. ``smoke``: a few calls
+    of everything (a benchmark whose ``run`` takes ``smoke``; the others run quick)."""
     started = time.perf_counter()
     try:
-        figures = importlib.import_module(f"benchmarks.{name}").run(quick=quick)
+        run = importlib.import_module(f"benchmarks.{name}").run
+        smoke_run = smoke and "smoke" in inspect.signature(run).parameters
+        figures = run(quick=quick or smoke, smoke=True) if smoke_run else run(quick=quick or smoke)
         json.dumps(figures)  # fail here, not in the report, when a figure is not JSON
     except Exception as error:  # noqa: BLE001 - reported, and the exit status says so
         return {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(),
@@ -242,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("name", metavar="NAME", help=f"one of: all, {', '.join(names) or '(none found)'}")
     parser.add_argument("--quick", action="store_true", help="smaller sizes and fewer repeats (CI, 2 cores)")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few calls of everything, anywhere (CI: figures meaningless; gpu_counting on CPU)")
     parser.add_argument("--output", type=Path, default=DEFAULT_REPORT,
                         help="where `all` writes the Markdown report (default: docs/benchmarks.md)")
     args = parser.parse_args(argv)
@@ -254,11 +260,11 @@ def main(argv: list[str] | None = None) -> int:
     for name in selected:
         if not args.json:
             print(f"running {name}{' (quick)' if args.quick else ''} ...", file=sys.stderr, flush=True)
-        results[name] = run_one(name, args.quick)
+        results[name] = run_one(name, args.quick, args.smoke)
         if not args.json:
             print_table(name, results[name])
 
-    if args.name == "all":
+    if args.name == "all" and not args.smoke:  # smoke figures mean nothing: no report
         report = render_report(results, args.quick, machine_info, started_at)
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(report, encoding="utf-8")

@@ -99,8 +99,9 @@ def _in_run(sglang, dispatcher, calls: int) -> dict:
     ``add_``), the parts it counts with unchanged. Beside them, the same clock pair with nothing between (its own
     cost, included in each part) and each call timed right after itself (warm): the profile of what the end-to-end
     figure adds. (The back-to-back calls count too; nothing reads these counters.)"""
+    import copy
+
     import torch
-    from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
@@ -127,25 +128,26 @@ def _in_run(sglang, dispatcher, calls: int) -> dict:
 
     alltoall = dispatcher.moe_a2a
     original = vars(alltoall)["dispatch"]
-    layer, counters = original.layer, original.layer.counters
-    proxy_counters = SimpleNamespace(record_step=step,
-                                     record_counter_words=timed("counter_words", counters.record_counter_words))
-    proxy = SimpleNamespace(counters=proxy_counters, cap=layer.cap, step_leader=True, guard=layer.guard)
+    layer, counters = original.counting, original.counting.counters
+    # The layer's counting, its two counting calls timed: the step (through its counters) and its dispatch (the
+    # call and the counter words: the plugin's only layer is its role's traffic sample).
+    proxy = copy.copy(layer)
+    proxy.counters, proxy.step_leader = SimpleNamespace(record_step=step), True
+    proxy.count_dispatch = timed("counter_words", layer.count_dispatch)
     tokens = 8
     set_dp_buffer_len(tokens * WORLD_SIZE, tokens, False, [tokens] * WORLD_SIZE)
     x = torch.randn(tokens, MODEL["hidden_size"]).to(torch.bfloat16)
     ids = torch.randint(0, MODEL["num_experts"], (tokens, MODEL["top_k"]), dtype=torch.int32)
     topk = StandardTopKOutput(torch.rand(tokens, MODEL["top_k"]), ids, None)
     try:
-        alltoall.dispatch = counted_dispatch(transport, proxy, original.counter_words, original.record)
+        alltoall.dispatch = proxy.counted(transport)
         for _ in range(calls):
             out = dispatcher.dispatch(x, topk)
             dispatcher.combine(sglang.module.FlashinferCombineInput(out.moe_output))
             started = clock()
             parts["clock_pair"].append(clock() - started)
             for name, call, args in (("step_back_to_back", counters.record_step, (tokens, tokens)),
-                                     ("counter_words_back_to_back", counters.record_counter_words,
-                                      (original.record, original.counter_words))):
+                                     ("counter_words_back_to_back", layer.count_dispatch, ())):
                 call(*args)  # warm: then timed right after itself
                 timed(name, call)(*args)
     finally:
@@ -163,7 +165,7 @@ def _after_wait(counted, calls: int) -> dict:
 
     from capwatch.dispatcher.counters import DispatchCounters
 
-    layer, counter_words = counted.layer, counted.counter_words
+    layer, counter_words = counted.counting, counted.counting.traffic.words
     counters = DispatchCounters(layer.cap, layer.counters.ep_size)
     record = counters.traffic_record()
 
@@ -190,7 +192,6 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
     costs, without the other rank's wait in the figure. The plugin side twice: as its role's step leader
     (the step counted too: on the host, eagerly) and as any other layer."""
     import torch
-    from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len
     from sglang.srt.layers.moe.topk import StandardTopKOutput
 
@@ -212,7 +213,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
         alltoall.get_combine_payload_tensor_in_workspace = lambda *args: payload
         if side == "plugin":  # the counting dispatch, as adoption made it, around the no-op transport
             counted = vars(alltoall)["dispatch"]
-            alltoall.dispatch = counted_dispatch(transport, counted.layer, counted.counter_words, counted.record)
+            alltoall.dispatch = counted.counting.counted(transport)
         else:
             alltoall.dispatch = transport
 
@@ -221,7 +222,7 @@ def _hot_path(sglang, dispatchers, calls: int) -> dict:
         out = dispatcher.dispatch(x, topk)
         dispatcher.combine(sglang.module.FlashinferCombineInput(out.moe_output))
 
-    layer = vars(dispatchers["plugin"].moe_a2a)["dispatch"].layer
+    layer = vars(dispatchers["plugin"].moe_a2a)["dispatch"].counting
     figures = {}
     for leader in (True, False):
         layer.step_leader = leader

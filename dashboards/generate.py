@@ -15,7 +15,7 @@ from pathlib import Path
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import dashboard as dashboard_models
 
-from capwatch.dashboards import overview, rank_detail
+from capwatch.dashboards import overview, panels, rank_detail
 
 GRAFANA_DIR = Path(__file__).resolve().parent / "grafana"
 # Only a checkout (pyproject.toml beside the dashboards/ folder) writes there by default: in an installed capwatch
@@ -27,9 +27,32 @@ DASHBOARDS: dict[str, Callable[[], dashboard_models.Dashboard]] = {
 }
 
 
+GRAFANA_VERSION = "11.6.0"  # the grafana-foundation-sdk build pinned in pyproject's dashboards extra
+
+
+def importable(dashboard: dict) -> dict:
+    """Grafana's export envelope, so "Import dashboard" asks which Prometheus to use (``__inputs``: the datasource
+    variable's starting value) and says what the dashboard needs (``__requires``). The dashboard keeps its uid, so
+    a re-import replaces it; provisioning reads the same file (the envelope is ignored there)."""
+    panel_types = sorted({panel["type"] for panel in _panels(dashboard.get("panels", []))} - {"row"})
+    dashboard["__inputs"] = [{"name": panels.IMPORT_INPUT, "label": "Prometheus", "type": "datasource",
+                              "pluginId": "prometheus", "pluginName": "Prometheus",
+                              "description": "The Prometheus that scrapes the ranks and the capwatch service."}]
+    dashboard["__requires"] = [
+        {"type": "grafana", "id": "grafana", "name": "Grafana", "version": GRAFANA_VERSION},
+        {"type": "datasource", "id": "prometheus", "name": "Prometheus", "version": "1.0.0"},
+        *({"type": "panel", "id": kind, "name": kind, "version": ""} for kind in panel_types)]
+    return dashboard
+
+
+def _panels(items: list) -> list[dict]:
+    return [panel for item in items for panel in [item, *_panels(item.get("panels", []))]]
+
+
 def render(build: Callable[[], dashboard_models.Dashboard]) -> str:
     """Stable text: sorted keys and a trailing newline, so regenerating an unchanged dashboard is a no-op."""
-    return json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+    dashboard = importable(json.loads(json.dumps(build(), cls=JSONEncoder)))
+    return json.dumps(dashboard, indent=2, sort_keys=True) + "\n"
 
 
 def render_all() -> dict[str, str]:

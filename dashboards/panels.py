@@ -22,6 +22,7 @@ from grafana_foundation_sdk.models import prometheus as prometheus_models
 from capwatch.telemetry.catalogue import CAP_TOKENS, FORWARD_STEPS, INFO, OVERFLOW_EVENTS
 
 DATASOURCE = dashboard_models.DataSourceRef(type_val="prometheus", uid="${datasource}")
+IMPORT_INPUT = "DS_PROMETHEUS"  # the one input Grafana's import asks for (generate.py writes __inputs)
 TAGS = ["capwatch", "moe", "all-to-all"]
 
 # Filters, innermost first: the service's gauges carry ep_group and dispatcher; the ranks add ep_rank.
@@ -199,7 +200,10 @@ def variables() -> list:
         dashboard_builders.DatasourceVariable("datasource")
         .label("Data source")
         .description("The Prometheus that scrapes the ranks and the capwatch service.")
-        .type("prometheus"),
+        .type("prometheus")
+        # Grafana's import asks for the input and puts the chosen datasource here; provisioned as is, the value
+        # matches no datasource and Grafana starts on its default Prometheus.
+        .current(dashboard_models.VariableOption(text="Prometheus", value=f"${{{IMPORT_INPUT}}}")),
         _query_variable(
             "ep_group", "EP group", f"label_values({INFO.name}, ep_group)",
             "EP group (deployment: CAPWATCH_CLUSTER) as the ranks label it."),

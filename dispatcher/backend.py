@@ -179,6 +179,12 @@ class A2ABackend(ABC):
     def recv_counts(self) -> torch.Tensor:
         """[ep_size] tokens received from each rank by the latest dispatch (device-resident)."""
 
+    def traffic_counts(self) -> torch.Tensor | None:
+        """``send_counts`` and ``recv_counts`` as one ``[2, ep_size]`` view (the sent row, the received row), where
+        the backend keeps them so: what a layer's counting adds in one op (``dispatcher.counting.CounterWords``).
+        None where they are not one view (the counting then copies them into a record)."""
+        return None
+
     def dispatch(
         self,
         token_selected_experts: torch.Tensor,

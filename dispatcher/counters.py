@@ -11,10 +11,12 @@ into a pinned buffer on a side stream, waited on with an event (no device-wide s
 engine captures a CUDA graph, no other thread may touch the device that way, so the capture code
 wraps itself in :func:`pause_snapshots` and snapshots return the latest one taken before.
 
-One ``DispatchCounters`` serves all MoE layers of one rank and role: the dispatch of every
-layer calls ``record_dispatch``; only the step leader (the first layer) calls ``record_step``,
-so a forward step is counted once however many layers share the counters. A speculative
-draft model keeps its own instance with ``role="draft"``.
+One ``DispatchCounters`` serves all MoE layers of one rank and role: only the step leader (the first layer)
+calls ``record_step``, so a forward step is counted once however many layers share the counters; every layer's
+dispatch is a call (a host int eagerly; under capture the role's ``layers_per_step`` per captured step, no op per
+layer), and the layers of the traffic sample add their per-rank counts (``dispatcher/counting.py`` elects them;
+docs/dispatcher.md, "Counting a GPU does not notice"). A speculative draft model keeps its own instance with
+``role="draft"``.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Field(IntEnum):
     OVERFLOW_LOCAL_OVER_RUNTIME_CHUNKED = 5
     CHUNKED_ROUNDS = 6
     MAX_LOCAL_TOKENS = 7  # this rank's own largest local batch (tokens it dispatched in one step) above the cap
-    # Last: the per-rank sent and received counts follow it, so a dispatch's call and its traffic are one add_.
+    # Counted on the host only: eager calls one by one; captured ones are the captured steps x layers_per_step.
     DISPATCH_CALLS = 8
 
 
@@ -96,20 +98,21 @@ class DispatchCounters:
     """The counters live in one flat int64 device tensor (one host copy per snapshot) and one int64 host array of
     the same layout; the snapshot adds the two. One writer at a time (the engine's thread), as for the device state;
     a snapshot may land between two of its updates, as between two kernels, and the next one catches up. Per-op
-    launch cost, not arithmetic, is what a call pays (a few us each on CPU, a kernel launch each on GPU), so an
-    eager call launches only what the host cannot count. An eager step launches nothing: its R and local batch are
-    host ints. A dispatch's send/receive counts are device values: one ``add_`` of a :class:`TrafficRecord` (its
-    leading 1 is the call), or, for FlashInfer's int32 counter words (:meth:`record_counter_words`), eagerly on CUDA
-    one ``add_`` of the words themselves (the kernel casts as it reads; the call counted on the host), and on CPU a
-    ``copy_`` into the int64 record first: a mixed-dtype ``add_`` there converts its operand into a new tensor, an
-    allocation per call.
+    launch cost, not arithmetic, is what a call pays (a few us each on CPU, a kernel launch each on GPU; a graph
+    node each when captured), so a call launches only what the host cannot count. An eager step launches nothing:
+    its R and local batch are host ints; an eager call is a host int. A sampled dispatch's send/receive counts are
+    device values: one ``add_`` of a :class:`TrafficRecord`'s counts, or of FlashInfer's int32 counter words
+    (:meth:`record_counter_words`) on CUDA (the kernel casts as it reads); on CPU those are first ``copy_``-ed into
+    the int64 record: a mixed-dtype ``add_`` there converts its operand into a new tensor, an allocation per call.
 
-    Under CUDA graph capture nothing on the host runs at replay, so every count goes to the device: a step
-    is **one** ``add_`` on a two-element view of the state (its R bin and its local-batch bin; plus an
-    ``add_`` and a ``clamp_`` on a step above the cap, a ``clamp_`` on a local batch above it), a dispatch
-    **one** ``add_`` of its record. No per-call op takes an index: ``index_add_`` copies a strided index, an
-    allocation per call. The maxes at or below the cap are the highest non-empty histogram bins; above it the
-    exact value is kept. The snapshot's token totals are the sums of the per-rank counts."""
+    Under CUDA graph capture nothing on the host runs at replay, so the step goes to the device: **one** ``add_``
+    on a two-element view of the state (its R bin and its local-batch bin; plus an ``add_`` and a ``clamp_`` on a
+    step above the cap, a ``clamp_`` on a local batch above it). A captured dispatch launches nothing but its
+    traffic's one ``add_`` (sampled layers only): its call is counted at snapshot time as ``layers_per_step`` per
+    captured step (every MoE layer of the role dispatches once per forward step; the session sets it from the
+    role's layers, default 1). No per-call op takes an index: ``index_add_`` copies a strided index, an allocation
+    per call. The maxes at or below the cap are the highest non-empty histogram bins; above it the exact value is
+    kept. The snapshot's token totals are the sums of the per-rank counts."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -135,13 +138,11 @@ class DispatchCounters:
         self._histogram_offset = histogram_offset
         self._local_offset = local_offset
 
-        self._one = torch.ones(1, **options)
-        self._calls = self._values[Field.DISPATCH_CALLS : Field.DISPATCH_CALLS + 1]
         self._traffic = self._state[sent_offset:histogram_offset].view(2, ep_size)
-        # The call count, then sent, then received: one dispatch's TrafficRecord lands in one add_.
-        if Field.DISPATCH_CALLS != num_fields - 1:
-            raise AssertionError("the dispatch call count must be the last field, before the per-rank counts")
-        self._dispatch_record = self._state[Field.DISPATCH_CALLS : histogram_offset]
+        # Calls per captured step: the MoE layers of the role (one dispatch each per forward step). Set before the
+        # first capture by whoever knows the layers (the session's election); a snapshot multiplies the captured
+        # steps by it.
+        self.layers_per_step = 1
         self._runtime_tokens_over_cap_sum = self._values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
                                                          Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
         self._steps = _StepBins(self._state, cap, histogram_offset, local_offset, options)
@@ -157,6 +158,7 @@ class DispatchCounters:
         self._words_direct = self.device.type == "cuda"  # int32 words added into int64 without a temporary
 
         # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
+        self.snapshot_poll_s = SNAPSHOT_POLL_S
         self._snapshot_lock = threading.Lock()
         self._snapshots_paused = 0
         self._last_snapshot = self._snapshot_from([0] * self._state.numel())  # the state starts at zero
@@ -198,12 +200,16 @@ class DispatchCounters:
             self._runtime_tokens_over_cap_sum.add_(runtime_tokens)
             self._max_runtime_tokens.clamp_(min=runtime_tokens)
 
+    def record_call(self) -> None:
+        """One dispatch call whose traffic is not counted (a layer outside the traffic sample): a host int eagerly;
+        nothing when captured (the captured steps count their calls)."""
+        if self._eager():
+            self._host_state[Field.DISPATCH_CALLS] += 1
+
     def record_dispatch(self, send_counts: torch.Tensor, recv_counts: torch.Tensor) -> None:
         """One dispatch call: tokens this rank sent to / received from each rank ([ep_size])."""
         if self._eager():
             self._host_state[Field.DISPATCH_CALLS] += 1
-        else:
-            self._calls.add_(self._one)
         self._traffic[0].add_(send_counts)
         self._traffic[1].add_(recv_counts)
 
@@ -212,22 +218,25 @@ class DispatchCounters:
         return TrafficRecord(self.ep_size, self.device)
 
     def record_traffic(self, record: "TrafficRecord") -> None:
-        """One dispatch call and its tokens sent to and received from each rank (``record.counts``, written
-        by the caller since its dispatch): one ``add_``, eager or captured (the record carries the call)."""
-        self._dispatch_record.add_(record.values)
+        """One dispatch call and its tokens sent to and received from each rank (``record.counts``, written by the
+        caller since its dispatch): one ``add_``, eager or captured (the call a host int, eagerly)."""
+        if self._eager():
+            self._host_state[Field.DISPATCH_CALLS] += 1
+        self._traffic.add_(record.counts)
 
     def record_counter_words(self, record: "TrafficRecord", counter_words: torch.Tensor) -> None:
         """One dispatch call and its counts as FlashInfer's workspace holds them after it: int32 words
-        (``[2, ep_size]``: sent, received), valid until the next dispatch. Eagerly on CUDA one ``add_`` of
-        the words (the kernel casts as it reads; the call counted on the host). On CPU, and under capture,
-        a ``copy_`` into the int64 ``record`` and one ``add_`` of it (its leading 1 is the call): on CPU a
-        mixed-dtype ``add_`` converts its operand into a new tensor first."""
-        if self._words_direct and self._eager():
+        (``[2, ep_size]``: sent, received; or a backend's own int64 counts), valid until the next dispatch. On CUDA,
+        eager or captured, one ``add_`` of the words (the kernel casts as it reads). On CPU a ``copy_`` into the
+        int64 ``record`` and one ``add_`` of it: a mixed-dtype ``add_`` there converts its operand into a new tensor
+        first. The call is a host int, eagerly."""
+        if self._eager():
             self._host_state[Field.DISPATCH_CALLS] += 1
+        if self._words_direct:
             self._traffic.add_(counter_words)
         else:
             record.counts.copy_(counter_words)
-            self._dispatch_record.add_(record.values)
+            self._traffic.add_(record.counts)
 
     def _capturing(self) -> bool:
         """Whether the calling thread's current stream is capturing a CUDA graph, asked safely from any thread
@@ -285,9 +294,11 @@ class DispatchCounters:
         device = self._copy_to_host()
         maxes = {field: max(int(device[field]), host[field])
                  for field in (Field.MAX_RUNTIME_TOKENS, Field.MAX_LOCAL_TOKENS)}
+        captured_steps = int(device[self._histogram_offset : self._local_offset].sum())  # only captured steps are there
         counts = device.add_(torch.frombuffer(host, dtype=torch.int64)).tolist()
         for field, value in maxes.items():
             counts[field] = value
+        counts[Field.DISPATCH_CALLS] += captured_steps * self.layers_per_step
         return counts
 
     def _copy_to_host(self) -> torch.Tensor:
@@ -298,7 +309,7 @@ class DispatchCounters:
         with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
             self._host_copy.copy_(self._state, non_blocking=True)
             self._copy_done.record(self._copy_stream)
-        self._copy_done.synchronize()  # waits for this copy only
+        wait_without_the_gil(self._copy_done, self.snapshot_poll_s)  # this copy only
         return self._host_copy
 
     def _snapshot_from(self, state: list[int]) -> CounterSnapshot:
@@ -333,6 +344,17 @@ class DispatchCounters:
         )
 
 
+SNAPSHOT_POLL_S = 50e-6  # how often a snapshot asks whether its copy is done (it sleeps between: no GIL held)
+
+
+def wait_without_the_gil(event, poll_s: float = SNAPSHOT_POLL_S) -> None:
+    """Wait for ``event`` (a CUDA event: ``query()``) without holding the GIL: ask, then sleep, until it is done.
+    ``Event.synchronize()`` would block inside one C call, and whether it lets the GIL go while it waits is
+    torch's choice; here the engine's thread never waits on a snapshot's copy, whatever the copy waits for."""
+    while not event.query():
+        time.sleep(poll_s)
+
+
 def _always() -> bool:
     return True
 
@@ -349,19 +371,14 @@ def _highest_bin(histogram: list[int]) -> int:
 
 
 class TrafficRecord:
-    """What one dispatch adds to its role's counters in one ``add_`` (:meth:`DispatchCounters.record_traffic`):
-    1 call, then the tokens sent to each rank, then those received from each rank, int64 like the counters.
-    (FlashInfer's words, eagerly on CUDA, skip it: their ``add_`` casts in the kernel.)
-
-    Made once per counted object, before any graph capture; at every dispatch ``counts`` (``[2, ep_size]``: the
-    sent row, the received row) is written in place: a ``copy_`` from FlashInfer's int32 counter words (which
-    converts as it copies; :meth:`DispatchCounters.record_counter_words`), DeepEP's ``scatter_add_`` and
-    ``sum(out=)``."""
+    """What one sampled dispatch adds to its role's counters in one ``add_`` (:meth:`DispatchCounters.record_traffic`):
+    ``counts``, ``[2, ep_size]`` int64 like the counters: the tokens sent to each rank, then those received from
+    each. Made once per counted object, before any graph capture; at every dispatch written in place: a ``copy_``
+    from FlashInfer's int32 counter words on CPU (which converts as it copies; on CUDA the words are added as they
+    are, :meth:`DispatchCounters.record_counter_words`), DeepEP's ``scatter_add_`` and ``sum(out=)``."""
 
     def __init__(self, ep_size: int, device: torch.device):
-        self.values = torch.zeros(1 + 2 * ep_size, dtype=torch.int64, device=device)
-        self.values[0] = 1
-        self.counts = self.values[1:].view(2, ep_size)
+        self.counts = torch.zeros(2, ep_size, dtype=torch.int64, device=device)
 
 
 class _StepBins:

@@ -72,6 +72,10 @@ class DispatchCounts:
                received_expert_ids: torch.Tensor, invalid_expert_id: int) -> None:
         """Nothing to do where the dispatch itself wrote the counts."""
 
+    def traffic(self) -> torch.Tensor | None:
+        """``send`` and ``recv`` as one ``[2, ep_size]`` view, or None where they are not one."""
+        return None
+
 
 def _workspace_int32(rank_bytes: torch.Tensor, offset: int, count: int) -> torch.Tensor:
     if offset % 4:
@@ -121,8 +125,11 @@ class DerivedCounts(DispatchCounts):
     (``plan_routes``), recv counts as the received rows whose expert ids are not all the invalid id."""
 
     def __init__(self, ep_size: int, device: torch.device):
-        self.send = torch.zeros(ep_size, dtype=torch.int64, device=device)
-        self.recv = torch.zeros(ep_size, dtype=torch.int64, device=device)
+        self._traffic = torch.zeros(2, ep_size, dtype=torch.int64, device=device)
+        self.send, self.recv = self._traffic[0], self._traffic[1]
+
+    def traffic(self) -> torch.Tensor:
+        return self._traffic
 
     def record(self, token_selected_experts: torch.Tensor, num_experts: int, runtime_max_tokens_per_rank: int,
                received_expert_ids: torch.Tensor, invalid_expert_id: int) -> None:
@@ -213,11 +220,10 @@ class FlashInferMoeAlltoAllBackend(A2ABackend):
     def workspace(self) -> torch.Tensor:
         return self.alltoall.workspace
 
-    def traffic_counts(self) -> torch.Tensor:
-        """The workspace's send and receive counter words as one ``[2, ep_size]`` view (valid from the
-        end of a dispatch until the next), counted by ``DispatchCounters.record_counter_words``."""
-        if self.counters_source != "workspace":
-            raise ValueError("traffic_counts reads the workspace's counter words: counters_source='workspace'")
+    def traffic_counts(self) -> torch.Tensor | None:
+        """The send and receive counts as one ``[2, ep_size]`` view (valid from the end of a dispatch until the
+        next): the workspace's int32 counter words, or the derived int64 counts; None for 0.7.4's banked
+        receive words (a bank chosen on the device per read)."""
         return self._counts.traffic()
 
     @property

@@ -21,9 +21,7 @@ A ``local > R`` overflow is always raised: the other ranks cannot know about it.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 import torch
 from capwatch.sizing.backends import BackendCapRules
@@ -34,74 +32,22 @@ from capwatch.vocabulary import OVERFLOW_POLICIES
 
 from .backend import A2ABackend
 from .counters import DispatchCounters
+# The overflow's event, error and suggested cap live with the counting primitive; importable from here as before.
+from .counting import CapOverflowError, CounterWords, LayerCounting, OverflowCallback, OverflowEvent, suggested_cap
 
+__all__ = ["CapOverflowError", "InstrumentedDispatcher", "OverflowCallback", "OverflowEvent", "suggested_cap"]
 
-def suggested_cap(tokens_needed: int, alignment: int = CAP_ALIGNMENT) -> int:
-    """Smallest multiple of ``alignment`` (128) that holds ``tokens_needed`` tokens per rank."""
-    return max(alignment, align_up(tokens_needed, alignment))
-
-
-@dataclass(frozen=True)
-class OverflowEvent:
-    kind: str  # "runtime_over_cap" | "local_over_runtime"
-    outcome: str  # "raised" | "chunked"
-    cap: int
-    runtime_max_tokens_per_rank: int
-    local_tokens: int
-    tokens_needed: int
-    suggested_cap: int
-    role: str
-    ep_rank: int
-    ep_size: int
-    rules: BackendCapRules = FLASHINFER  # whose cap: its variable and its largest value
-
-    @property
-    def message(self) -> str:
-        where = f"[{self.role} dispatcher, EP rank {self.ep_rank}/{self.ep_size}]"
-        set_cap = self.rules.env_line(self.suggested_cap)
-        if self.rules.local_batch_cap:  # the backend checks each rank's own batch: no group-wide R
-            most = self.rules.max_cap_tokens
-            fix = (f"Set {set_cap} (or more)" if self.tokens_needed <= most else
-                   f"{self.tokens_needed} is above the {most} {self.rules.name} accepts: lower the batch "
-                   "(--cuda-graph-max-bs, --max-running-requests, --chunked-prefill-size)")
-            return (f"{self.rules.name} dispatch has {self.local_tokens} tokens on this rank but the per-rank cap "
-                    f"is {self.cap}: {self.rules.overflow_outcome}. {fix}. {where}")
-        if self.kind == "runtime_over_cap":
-            return (
-                f"MoE A2A dispatch needs {self.tokens_needed} tokens per rank (runtime_max_tokens_per_rank) "
-                f"but the per-rank cap is {self.cap}. Set {set_cap} (or more) to hold {self.tokens_needed} "
-                f"tokens, or let InstrumentedDispatcher.run() chunk the step (overflow_policy='chunk'). {where}"
-            )
-        return (
-            f"MoE A2A dispatch has {self.local_tokens} local tokens but runtime_max_tokens_per_rank is "
-            f"{self.runtime_max_tokens_per_rank} (cap {self.cap}): they would overwrite other ranks' slots. "
-            f"Pass R >= {self.tokens_needed}, the largest local batch over all ranks; {self.tokens_needed} "
-            f"tokens per rank need {set_cap} (or more) if the cap is smaller. {where}"
-        )
-
-
-class CapOverflowError(RuntimeError):
-    def __init__(self, event: OverflowEvent):
-        super().__init__(event.message)
-        self.event = event
-
-
-OverflowCallback = Callable[[OverflowEvent], None]
 ExpertFn = Callable[[list[torch.Tensor]], torch.Tensor]
 
 
 class InstrumentedDispatcher:
-    """Wraps a backend; counts each step's geometry on the device, guards the cap.
+    """Wraps a backend; guards the cap and counts each dispatch through one :class:`LayerCounting` (``counting``:
+    the step on the leader, the overflows, the traffic), as every engine hook does.
 
-    ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records
-    the forward step; all of them record their dispatches. The step is recorded before the
-    guards, so a step that overflows still lands in the R histogram (bin ``cap + 1``).
-    Overflows are counted per step too: a chunked one (and its rounds) only by the step
-    leader, though every layer guards and chunks alike; a raised one by the layer that raises,
-    which ends the step, so it is counted once whichever layer it is.
-    ``on_overflow``: callbacks run with each counted :class:`OverflowEvent` after it is counted
-    and before anything is raised; a callback's own exception is attached to the overflow error
-    as a note (or warned, when chunking), never raised in its place.
+    ``step_leader``: of the MoE layers sharing one ``counters``, exactly one (layer 0) records the forward step;
+    all of them record their dispatches (see :class:`LayerCounting` for the overflows and ``on_overflow``). The
+    traffic goes in as the backend's ``traffic_counts()`` view where it has one (one op), else through a record
+    the dispatcher copies ``send_counts`` and ``recv_counts`` into.
     """
 
     def __init__(
@@ -126,57 +72,48 @@ class InstrumentedDispatcher:
         self.counters = counters
         self.cap = cap
         self.overflow_policy = overflow_policy
-        self.step_leader = step_leader
-        self.on_overflow: list[OverflowCallback] = list(on_overflow)
-        self.rules = rules
+        traffic_counts = getattr(backend, "traffic_counts", lambda: None)()
+        self._record = None if traffic_counts is not None else counters.traffic_record()  # fed per dispatch
+        self.counting = LayerCounting(counters, backend.ep_rank, backend.ep_size,
+                                      CounterWords(traffic_counts) if traffic_counts is not None else self._record,
+                                      rules=rules, step_leader=step_leader, on_overflow=on_overflow)
+        self._dispatch = self.counting.counted(self._transport)
 
-    # --- guards ----------------------------------------------------------------------------
+    @property
+    def step_leader(self) -> bool:
+        return self.counting.step_leader
 
-    def _overflow(self, kind: str, outcome: str, runtime_tokens: int, local_tokens: int, rounds: int = 0) -> OverflowEvent:
-        needed = max(runtime_tokens, local_tokens)
-        event = OverflowEvent(
-            kind=kind, outcome=outcome, cap=self.cap, runtime_max_tokens_per_rank=runtime_tokens,
-            local_tokens=local_tokens, tokens_needed=needed,
-            suggested_cap=suggested_cap(needed, self.rules.alignment),
-            role=self.counters.role, ep_rank=self.backend.ep_rank, ep_size=self.backend.ep_size, rules=self.rules,
-        )
-        failures = []
-        # Per step, not per layer: a chunked overflow recurs identically in every MoE layer of the
-        # step, so only the step leader counts and announces it (and its rounds). A raise ends the
-        # step, so the first layer that raises - leader or not - is the one that counts it.
-        if outcome == "raised" or self.step_leader:
-            self.counters.record_overflow(kind, outcome, chunked_rounds=rounds)  # counted before anything else
-            for callback in self.on_overflow:
-                try:
-                    callback(event)
-                except Exception as error:  # a broken hook must not hide the overflow itself
-                    failures.append(f"on_overflow callback {callback!r} failed: {error!r}")
-        if outcome == "raised":
-            error = CapOverflowError(event)
-            for failure in failures:
-                error.add_note(failure)
-            raise error
-        for failure in failures:
-            warnings.warn(failure, RuntimeWarning, stacklevel=3)
-        return event
+    @step_leader.setter
+    def step_leader(self, leader: bool) -> None:
+        self.counting.step_leader = leader
 
-    def _check_local(self, runtime_tokens: int, local_tokens: int) -> None:
-        if local_tokens > runtime_tokens:
-            self._overflow("local_over_runtime", "raised", runtime_tokens, local_tokens)
+    @property
+    def on_overflow(self) -> list[OverflowCallback]:
+        return self.counting.on_overflow
 
-    def _record_step(self, runtime_tokens: int, local_tokens: int) -> None:
-        if self.step_leader:
-            self.counters.record_step(runtime_tokens, local_tokens)
+    @property
+    def rules(self) -> BackendCapRules:
+        return self.counting.rules
+
+    def _transport(self, token_selected_experts, payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
+                   expert_id_payload_index=None):
+        received = self.backend.dispatch(token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                                         invalid_token_expert_id, expert_id_payload_index)
+        self._feed_record()
+        return received
+
+    def _feed_record(self) -> None:
+        """A backend without one ``[2, ep_size]`` view: its counts copied into the record the counting adds."""
+        if self._record is not None:
+            self._record.counts[0].copy_(self.backend.send_counts)
+            self._record.counts[1].copy_(self.backend.recv_counts)
 
     # --- the plain pair --------------------------------------------------------------------
 
     def guard(self, runtime_max_tokens_per_rank: int, local_tokens: int) -> None:
         """The cap guards alone, for an engine that computes R itself and asserts on it before it
         dispatches (SGLang): an overflow is counted (the step too), announced, then raised."""
-        if local_tokens > runtime_max_tokens_per_rank or runtime_max_tokens_per_rank > self.cap:
-            self._record_step(runtime_max_tokens_per_rank, local_tokens)  # an overflowing step still lands in the histogram
-            self._check_local(runtime_max_tokens_per_rank, local_tokens)
-            self._overflow("runtime_over_cap", "raised", runtime_max_tokens_per_rank, local_tokens)
+        self.counting.guard(runtime_max_tokens_per_rank, local_tokens)
 
     def dispatch(
         self,
@@ -187,17 +124,8 @@ class InstrumentedDispatcher:
         expert_id_payload_index: int | None = None,
     ) -> list[torch.Tensor]:
         """Guarded ``backend.dispatch``; ``R > cap`` always raises here (chunking needs :meth:`run`)."""
-        runtime_tokens = runtime_max_tokens_per_rank
-        if token_selected_experts.shape[0] > runtime_tokens or runtime_tokens > self.cap:
-            self.guard(runtime_tokens, token_selected_experts.shape[0])
-        backend, counters = self.backend, self.counters
-        received = backend.dispatch(
-            token_selected_experts, payloads, runtime_tokens, invalid_token_expert_id, expert_id_payload_index
-        )
-        if self.step_leader:
-            counters.record_step(runtime_tokens, token_selected_experts.shape[0])
-        counters.record_dispatch(backend.send_counts, backend.recv_counts)
-        return received
+        return self._dispatch(token_selected_experts, payloads, runtime_max_tokens_per_rank,
+                              invalid_token_expert_id, expert_id_payload_index)
 
     def combine(self, payload: torch.Tensor, runtime_max_tokens_per_rank: int, **options) -> torch.Tensor:
         """``backend.combine``; ``options`` are the backend's own (FlashInfer's ``payload_in_workspace``)."""
@@ -223,20 +151,22 @@ class InstrumentedDispatcher:
                                      invalid_token_expert_id, expert_id_payload_index)
             return self.combine(expert_fn(received), runtime_tokens)
 
-        self._record_step(runtime_tokens, local_tokens)
-        self._check_local(runtime_tokens, local_tokens)
+        counting = self.counting
+        counting.record_step(runtime_tokens, local_tokens)
+        if local_tokens > runtime_tokens:
+            counting.overflow("local_over_runtime", "raised", runtime_tokens, local_tokens)
         rounds = -(-runtime_tokens // self.cap)
-        self._overflow("runtime_over_cap", "chunked", runtime_tokens, local_tokens, rounds=rounds)
+        counting.overflow("runtime_over_cap", "chunked", runtime_tokens, local_tokens, rounds=rounds)
         outputs = []
         for round_index in range(rounds):
             start = round_index * self.cap
             round_tokens = min(self.cap, runtime_tokens - start)
             stop = min(start + self.cap, local_tokens)
             start = min(start, local_tokens)  # a rank may run out of tokens before the last round
-            received = self.backend.dispatch(
+            received = self._transport(
                 token_selected_experts[start:stop], [payload[start:stop] for payload in payloads], round_tokens,
                 invalid_token_expert_id, expert_id_payload_index,
             )
-            self.counters.record_dispatch(self.backend.send_counts, self.backend.recv_counts)
+            counting.count_dispatch()  # each round is a call (and its traffic, where this layer is sampled)
             outputs.append(self.backend.combine(expert_fn(received), round_tokens))
         return torch.cat(outputs, dim=0)

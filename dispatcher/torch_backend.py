@@ -44,8 +44,8 @@ class TorchA2ABackend(A2ABackend):
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         # Updated in place so that holders of a reference (counters, graphs) stay valid.
-        self._send_counts = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
-        self._recv_counts = torch.zeros(self.ep_size, dtype=torch.int64, device=self.device)
+        self._traffic = torch.zeros(2, self.ep_size, dtype=torch.int64, device=self.device)  # sent row, received row
+        self._send_counts, self._recv_counts = self._traffic[0], self._traffic[1]
         self._plan: RoutePlan | None = None
 
     @property
@@ -55,6 +55,9 @@ class TorchA2ABackend(A2ABackend):
     @property
     def recv_counts(self) -> torch.Tensor:
         return self._recv_counts
+
+    def traffic_counts(self) -> torch.Tensor:
+        return self._traffic
 
     def _dispatch(self, token_selected_experts, payloads, runtime_max_tokens_per_rank,
                   invalid_token_expert_id, expert_id_payload_index):

@@ -1,46 +1,17 @@
 """Each EP group's digest (its view and advice), for the list view, ``/metrics`` and ``/advice``, recomputed
-only when the group changed.
+only when the group changed: the digest functions (``_compute``, ``_quick``) and ``GroupDigests``, the thin
+coordinator of the change tracking (``cluster_changes.py``), the cache (``digest_cache.py``) and the background
+refresher (``refresher.py``).
 
-``GET /v1/clusters`` and ``/metrics`` cover every cluster. Recomputing every view and advice on
-each call made both grow with clusters nobody asked about (3,000 clusters: 1.7 s and 2.1 s, and the
-page polls every 3 s per tab). The choice here is *compute on change*: a group's digest depends only
-on its committed data — which the store versions per cluster (``generation``, bumped by every commit,
-fold and prune that touches it) — and on which of its ranks are reporting, stale or missing, the
-only way the clock enters a digest. Both are cheap to read, so a call recomputes the groups that
-changed and reuses the rest, serialised once. A cache per window would still recompute every
-group once per window; paging would change the API the page and ``capwatch advise`` read. A source
-without generations (Prometheus, which caches its own queries) is computed on every call.
-
-The generation is read before the rank states and the history: a commit landing while a digest is computed
-leaves it cached under the older generation, so the next read recomputes it (read after, the digest would be
-kept as current with the states from before the commit).
-
-How stale each reader may be:
-
-- ``GET /v1/clusters`` and ``/metrics`` (``every_group``): the list is kept as a ready answer, and only the
-  clusters that changed are looked at again: those the store's log of changes names (``changed_since``: every
-  commit, fold and prune) and those with a rank due to turn stale or missing by now (``_expiries``, the clock's
-  only way in). A read over thousands of unchanged clusters costs no more than serving the kept answer. What the
-  list needs is computed ahead, in the background (``start_refresher``: each pass, every changed group listed at
-  once from its ranks' states — ``pending``, its findings and advice as last computed, none yet for a new group —
-  then the changed groups computed, those never computed first, then the stalest, in slices that leave the
-  readers most of the time), and at start before the first read. A read recomputes changed groups itself only
-  when they are few (``READ_RECOMPUTE_MAX_GROUPS``: a deployment that changes little reads what it just wrote) and
-  within its budget (``RECOMPUTE_BUDGET_S``, stalest first); otherwise a group is served as the refresher listed
-  it, and one that arrived since its last pass (under a second ago) is left out of that read. Reads stay fast
-  after thousands of new clusters, a restart or under a steady write load, and a change shows within a second.
-- ``GET /v1/clusters/{cluster}/advice`` (``group``): never stale. A digest is reused only under the same
-  generation and rank statuses, where a fresh computation gives the same advice (it reads nothing else; the
-  clock only through the statuses); a changed group is recomputed in the request, whatever the budget, and
-  that catches the list up too.
-
-A group whose advice cannot be computed gets a digest with its error: that group shows it, every
-other group and the list keep working.
+A group's digest depends only on its committed data (versioned per cluster by a source with a log of changes,
+``ClusterSource.changes``) and on which of its ranks are reporting, stale or missing. ``/advice`` (``group``) is
+never stale; the list (``every_group``) is kept as a ready answer and served as the refresher computed it when
+many groups changed. Why compute on change, how stale each reader may be, and the budgets: docs/service.md,
+"Group digests".
 """
 
 from __future__ import annotations
 
-import heapq
 import logging
 import threading
 import time
@@ -50,9 +21,12 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from capwatch.advisor.advice import Advice
+from capwatch.service.cluster_changes import ChangeTracker
 from capwatch.service.cluster_view import ClusterView, rank_status, role_order
 from capwatch.service.config import Settings
+from capwatch.service.digest_cache import DigestCache
 from capwatch.service.queries import AdviceUnavailable, cluster_advice, cluster_view, role_states
+from capwatch.service.refresher import Refresher
 from capwatch.service.sources.contract import ClusterSource, RankState
 from capwatch.vocabulary import ROLES
 
@@ -72,6 +46,7 @@ class ClusterSummary(BaseModel):
     overflow_events_total: int
     workspace_bytes_group: int | None
     findings: list[str]
+    critical: bool = False  # a finding of critical severity: the page lists such a group first
     action: str | None
     recommended_cap: int | None
     last_report_unix_s: float | None
@@ -107,6 +82,7 @@ def _compute(source: ClusterSource, cluster: str, role: str, states: list[RankSt
         group_peak_runtime_tokens=view.group_peak_runtime_tokens, group_utilization=view.group_utilization,
         overflow_events_total=view.overflow_events_total, workspace_bytes_group=view.workspace_bytes_group,
         findings=[finding.kind for finding in view.findings], action=advice.action if advice else None,
+        critical=any(finding.severity == "critical" for finding in view.findings),
         recommended_cap=advice.recommended_cap if advice else None, last_report_unix_s=view.last_report_unix_s,
         error=error)
     return GroupDigest(cluster, role, view, advice, error, summary.model_dump_json().encode())
@@ -133,6 +109,7 @@ def _quick(cluster: str, role: str, states: list[RankState], now_s: float, setti
         overflow_events_total=sum(state.overflow_events_total for state in chosen),
         workspace_bytes_group=view.workspace_bytes_group if view is not None else None,
         findings=[finding.kind for finding in view.findings] if view is not None else [],
+        critical=view is not None and any(finding.severity == "critical" for finding in view.findings),
         action=advice.action if advice else None, recommended_cap=advice.recommended_cap if advice else None,
         last_report_unix_s=max(state.received_unix_s for state in chosen),
         error=last.error if last is not None else None, pending=True)
@@ -153,36 +130,15 @@ REFRESH_IDLE_S = 0.5  # how often it looks for changes when everything is curren
 READ_RECOMPUTE_MAX_GROUPS = 32
 
 
-@dataclass
-class _Cached:
-    key: tuple
-    digest: GroupDigest
-    computed: float  # time.perf_counter() when computed
-    full: bool = True  # False: listed by _quick, to be computed
-
-
-@dataclass(frozen=True)
-class _ClusterRead:
-    """A cluster's cache key and rank states, reused while its generation holds and no rank's status can have
-    changed (``valid_until``: the first moment one of them turns stale or missing): reading every rank of
-    thousands of clusters on each read was most of a read's cost."""
-
-    generation: int | None
-    key: tuple | None
-    states: list[RankState]
-    roles: list[str]
-    read_at: float
-    valid_until: float
-
-
 class GroupDigests:
-    """The digests of every group, reused while the group's data and rank states are unchanged.
+    """The digests of every group, reused while the group's data and rank states are unchanged: a thin coordinator
+    of the change tracking (``cluster_changes.ChangeTracker``), the cache (``digest_cache.DigestCache``) and the
+    background refresher (``refresher.Refresher``), under one lock.
 
-    With a source that versions its clusters (the store: ``generation`` and ``changed_since``) the list is kept
-    as a ready answer: a read or a refresher pass looks only at the clusters that changed since the last one
-    (the store's log of changes) or whose ranks are due to turn stale or missing (``_expiries``), so its cost
-    follows what changed, not how many clusters are held (a read over 5,000 unchanged clusters read every one's
-    generation: 40 ms)."""
+    With a source that keeps a log of changes (the store: ``ClusterSource.changes``) the list is kept as a ready
+    answer: a read or a refresher pass looks only at the clusters that changed since the last one or whose ranks
+    are due to turn stale or missing, so its cost follows what changed, not how many clusters are held (a read over
+    5,000 unchanged clusters read every one's generation: 40 ms)."""
 
     def __init__(self, source: ClusterSource, settings: Settings, clock: Callable[[], float],
                  recompute_budget_s: float = RECOMPUTE_BUDGET_S):
@@ -190,71 +146,27 @@ class GroupDigests:
         self.settings = settings
         self.clock = clock
         self.recompute_budget_s = recompute_budget_s
-        self._generation = getattr(source, "generation", None)
-        self._changes = getattr(source, "changed_since", None)
-        if self._changes is None:
-            self._generation = None  # without the log of changes, every read computes every group
-        self._cache: dict[tuple[str, str], _Cached] = {}
-        self._reads: dict[str, _ClusterRead] = {}  # clusters with ranks, as last read
-        self._mark: int | None = None  # how far the store's log of changes was taken (None: not yet)
-        self._last_now = float("-inf")
-        self._dirty: set[str] = set()  # clusters to read again: changed, or a rank's status due to change
-        self._expiries: list[tuple[float, str]] = []  # heap: when a cluster's rank statuses change next
-        self._unfinished: set[tuple[str, str]] = set()  # groups without a full digest for their current key
-        self._answers: dict[bool, list[GroupDigest]] = {}  # the list, per all_roles, until anything changes
-        self._order: list[str] | None = None  # sorted(self._reads), until a cluster comes or goes
         self._lock = threading.RLock()
-        self._refresher: threading.Thread | None = None
-        self._stop = threading.Event()
+        self.cache = DigestCache(self._lock)
+        # Without a log of changes (Prometheus), every read computes every group.
+        self.changes = ChangeTracker(source, source.changes(), settings, self._lock, self.cache.answers_changed)
+        self.refresher = Refresher(self.refresh, what="the groups' digests", name="capwatch-digests",
+                                   slice_s=REFRESH_SLICE_S, pause_s=REFRESH_PAUSE_S, idle_s=REFRESH_IDLE_S)
 
-    def _read(self, cluster: str, now_s: float) -> _ClusterRead:
-        """The cluster's cache key and rank states: the generation first (see the module's docstring)."""
-        generation = None if self._generation is None else self._generation(cluster)
-        known = self._reads.get(cluster)
-        if (known is not None and generation is not None and known.generation == generation
-                and known.read_at <= now_s < known.valid_until):
-            return known
-        states = self.source.rank_states(cluster)
-        roles = role_order(states)
-        if generation is None:
-            return _ClusterRead(None, None, states, roles, now_s, now_s)
-        settings, statuses, valid_until = self.settings, [], float("inf")
-        for state in states:
-            status = rank_status(state, now_s, settings.stale_after_s, settings.missing_after_s)
-            statuses.append(status)
-            if status != "missing":  # when it turns stale, or missing
-                threshold = settings.stale_after_s if status == "reporting" else settings.missing_after_s
-                valid_until = min(valid_until, state.received_unix_s + threshold)
-        read = _ClusterRead(generation, (generation, tuple(statuses)), states, roles, now_s, valid_until)
-        with self._lock:
-            if states:
-                if cluster not in self._reads:
-                    self._order = None
-                self._reads[cluster] = read
-                if valid_until != float("inf"):
-                    heapq.heappush(self._expiries, (valid_until, cluster))
-            elif self._reads.pop(cluster, None) is not None:  # pruned: kept no longer (nor an unknown name)
-                self._order = None
-            self._answers.clear()
-        return read
-
-    def _cached(self, cluster: str, role: str, key: tuple | None) -> GroupDigest | None:
-        cached = self._cache.get((cluster, role))
-        if key is None or cached is None or cached.key != key or not cached.full:
-            return None
-        return cached.digest
+    @property
+    def _versioned(self) -> bool:
+        return self.changes.changes is not None
 
     def _keep(self, cluster: str, role: str, key: tuple | None, digest: GroupDigest, full: bool = True) -> None:
         if key is None:
             return
         with self._lock:
-            self._cache[(cluster, role)] = _Cached(key, digest, time.perf_counter(), full)
-            self._answers.clear()
-            current = self._reads.get(cluster)
+            self.cache.keep((cluster, role), key, digest, full)
+            current = self.changes.reads.get(cluster)
             if current is None or current.key != key:
-                self._dirty.add(cluster)  # computed from an older read than the one kept: look again
+                self.changes.dirty.add(cluster)  # computed from an older read than the one kept: look again
             elif full:
-                self._unfinished.discard((cluster, role))
+                self.cache.unfinished.discard((cluster, role))
 
     def _computed(self, cluster: str, role: str, states: list[RankState], now_s: float,
                   key: tuple | None) -> GroupDigest:
@@ -277,97 +189,65 @@ class GroupDigests:
     def group(self, cluster: str, role: str, now_s: float) -> GroupDigest:
         """One group's digest, current for its committed data (never served stale; see the module's docstring).
         ``UnknownCluster`` (a LookupError) when the cluster has no ranks of ``role``; any other error is raised."""
-        read = self._read(cluster, now_s)
+        read = self.changes.read(cluster, now_s)
         role_states(self.source, cluster, role, read.states)
-        return self._cached(cluster, role, read.key) or self._computed(cluster, role, read.states, now_s, read.key)
+        return (self.cache.current((cluster, role), read.key)
+                or self._computed(cluster, role, read.states, now_s, read.key))
 
     # --- every group: kept as a ready answer, computed ahead -------------------------------------
 
-    def _take_changes(self, now_s: float) -> None:
-        """Mark for reading again every cluster changed since the last look, and every one with a rank whose
-        status has changed since (stale, missing) by ``now_s``."""
-        with self._lock:
-            self._mark, changed = self._changes(self._mark or 0)
-            self._dirty.update(changed)
-            if now_s < self._last_now:  # the clock went back: every status may be another
-                self._dirty.update(self._reads)
-            self._last_now = now_s
-            while self._expiries and self._expiries[0][0] <= now_s:
-                self._dirty.add(heapq.heappop(self._expiries)[1])
-
     def _read_again(self, now_s: float) -> None:
         """Read every marked cluster: its groups whose key changed are unfinished; a pruned cluster's go."""
-        with self._lock:
-            clusters, self._dirty = self._dirty, set()
-        for cluster in clusters:
+        for cluster in self.changes.take_dirty():
             try:
-                read = self._read(cluster, now_s)
+                read = self.changes.read(cluster, now_s)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue
             with self._lock:
-                for gone in [(cluster, role) for role in ROLES if role not in read.roles]:
-                    self._cache.pop(gone, None)  # the cluster pruned, or this role's ranks
-                    self._unfinished.discard(gone)
+                for role in ROLES:
+                    if role not in read.roles:
+                        self.cache.forget((cluster, role))  # the cluster pruned, or this role's ranks
                 for role in read.roles:
-                    cached = self._cache.get((cluster, role))
+                    cached = self.cache.entries.get((cluster, role))
                     if cached is None or cached.key != read.key or not cached.full:
-                        self._unfinished.add((cluster, role))
+                        self.cache.unfinished.add((cluster, role))
 
     def _list_unfinished(self, now_s: float) -> None:
         """List at once every unfinished group not yet listed under its current key (``_quick``)."""
         with self._lock:
-            unfinished = list(self._unfinished)
+            unfinished = list(self.cache.unfinished)
         for cluster, role in unfinished:
-            read, cached = self._reads.get(cluster), self._cache.get((cluster, role))
+            read, cached = self.changes.reads.get(cluster), self.cache.entries.get((cluster, role))
             if read is not None and (cached is None or cached.key != read.key):
                 digest = _quick(cluster, role, read.states, now_s, self.settings,
                                 cached.digest if cached is not None else None)
                 if digest is not None:
                     self._keep(cluster, role, read.key, digest, full=False)
 
-    def _staleness(self, group: tuple[str, str]) -> tuple:
-        """Never computed first, then the stalest."""
-        cached = self._cache.get(group)
-        return (cached is not None and cached.digest.view is not None, cached.computed if cached else 0.0)
-
     def _compute_unfinished(self, now_s: float, budget_s: float, stoppable: bool = False) -> int:
         """Compute unfinished groups, never computed first then the stalest, for at most ``budget_s`` (and, for
         the refresher, until it is stopped); how many are still to compute."""
         with self._lock:
-            todo = sorted(self._unfinished, key=self._staleness)
+            todo = sorted(self.cache.unfinished, key=self.cache.staleness)
         deadline = time.perf_counter() + budget_s
         for done, (cluster, role) in enumerate(todo):
-            if time.perf_counter() > deadline or (stoppable and self._stop.is_set()):
+            if time.perf_counter() > deadline or (stoppable and self.refresher.stopping):
                 return len(todo) - done
-            read = self._reads.get(cluster)
+            read = self.changes.reads.get(cluster)
             if read is None or self._computed_or_left_out(cluster, role, read.states, now_s, read.key) is None:
                 with self._lock:  # pruned meanwhile, or nothing to list (an error is logged, once)
-                    self._unfinished.discard((cluster, role))
+                    self.cache.unfinished.discard((cluster, role))
         return 0
 
     def _answer(self, all_roles: bool) -> list[GroupDigest]:
-        """The list as kept: each cluster's groups (or its first, target first) in the clusters' order."""
-        with self._lock:
-            answer = self._answers.get(all_roles)
-            if answer is None:
-                if self._order is None:
-                    self._order = sorted(self._reads)
-                answer = []
-                for cluster in self._order:
-                    roles = self._reads[cluster].roles
-                    for role in roles if all_roles else roles[:1]:
-                        cached = self._cache.get((cluster, role))
-                        if cached is not None:  # a group newer than the refresher's last pass: not yet
-                            answer.append(cached.digest)
-                self._answers[all_roles] = answer
-            return answer
+        return self.cache.answer(all_roles, self.changes.order, lambda cluster: self.changes.reads[cluster].roles)
 
     def refresh(self, budget_s: float) -> int:
         """One pass of the refresher: list every changed group at once, then compute the changed groups for at
         most ``budget_s`` (the never computed first, then the stalest); how many are still to compute."""
         now = self.clock()
-        self._take_changes(now)
+        self.changes.take_changes(now)
         self._read_again(now)
         self._list_unfinished(now)
         return self._compute_unfinished(now, budget_s, stoppable=True)
@@ -376,7 +256,7 @@ class GroupDigests:
         """Compute every group's digests (at start, so the first read finds them)."""
         try:
             now = self.clock()
-            self._take_changes(now)
+            self.changes.take_changes(now)
             self._read_again(now)
             self._compute_unfinished(now, float("inf"))  # every group, none listed quickly first: all computed now
             self._answer(all_roles=False)  # and the list itself, ready for the first read
@@ -384,52 +264,37 @@ class GroupDigests:
             log.exception("cannot compute the groups' digests at start; reads and the refresher will")
 
     def start_refresher(self) -> None:
-        """Keep every group's digest current in the background (a source without generations, Prometheus, is
-        read per request instead: nothing to refresh)."""
-        if self._refresher is not None or self._generation is None:
-            return
-        self._stop.clear()
-        self._refresher = threading.Thread(target=self._refresh_forever, name="capwatch-digests", daemon=True)
-        self._refresher.start()
+        """Keep every group's digest current in the background (a source without a log of changes, Prometheus,
+        is read per request instead: nothing to refresh)."""
+        if self._versioned:
+            self.refresher.start()
 
     def stop_refresher(self) -> None:
-        self._stop.set()
-        if self._refresher is not None:
-            self._refresher.join(timeout=10)
-            self._refresher = None
-
-    def _refresh_forever(self) -> None:
-        pause = REFRESH_IDLE_S
-        while not self._stop.wait(pause):
-            try:
-                remaining = self.refresh(REFRESH_SLICE_S)
-            except Exception:  # the source briefly unreadable: the next pass retries
-                log.exception("cannot refresh the groups' digests; retrying")
-                remaining = 0
-            pause = REFRESH_PAUSE_S if remaining else REFRESH_IDLE_S
+        self.refresher.stop()
 
     def every_group(self, all_roles: bool) -> list[GroupDigest]:
         """One digest per group (its first role, target first), or per group and role: as kept, the changed ones
         recomputed first within the read's budget, stalest first, when they are few or no refresher runs (see
         the module's docstring)."""
-        if self._generation is None:
+        if not self._versioned:
             return self._every_group_computed(all_roles)
         now = self.clock()
-        self._take_changes(now)
-        if self._refresher is None or len(self._dirty) + len(self._unfinished) <= READ_RECOMPUTE_MAX_GROUPS:
+        self.changes.take_changes(now)
+        if (not self.refresher.running
+                or len(self.changes.dirty) + len(self.cache.unfinished) <= READ_RECOMPUTE_MAX_GROUPS):
             self._read_again(now)
             self._compute_unfinished(now, self.recompute_budget_s)
         return self._answer(all_roles)
 
     def _every_group_computed(self, all_roles: bool) -> list[GroupDigest]:
-        """A source without generations (Prometheus, which caches its own queries): every group computed in the
-        read, for at most its budget (the rest left out of this answer)."""
+        """A source without a log of changes (Prometheus, which caches its own queries): every group computed in
+        the read, for at most its budget (the rest left out of this answer)."""
         now = self.clock()
         deadline = time.perf_counter() + self.recompute_budget_s
         digests = []
         for cluster in self.source.clusters():
             try:
-                read = self._read(cluster, now)
+                read = self.changes.read(cluster, now)
             except Exception:
                 log.exception("cannot read the ranks of cluster %s", cluster)
                 continue

@@ -143,7 +143,8 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     group = group_config(cap=current, pricing=pricing, a2a_backend=backend, prefill_dispatched=prefill_through_cap,
                          sglang=[limits],
                          kv_bytes_per_token=kv, cap_source=cap_source,
-                         cap_at_least=segment.peak_without_assertion or None)
+                         cap_at_least=segment.peak_without_assertion or None,
+                         mem_fraction_static=config.mem_fraction_static)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:

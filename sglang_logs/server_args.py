@@ -52,6 +52,9 @@ DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
 ARGS_MARK = "server_args="
 # SGLang's args line is tens of KiB (0.5.23: about 20 KiB for 542 fields); beyond this it is not one.
 MAX_ARGS_CHARS = 1 << 20
+# Items (commas) an args line may hold: SGLang's have a few hundred. Parsing builds a node per item, about 1 KB
+# each: a line of 1 Mi characters of "1," cost 529 MB (issue 36, F7b) before this bound.
+MAX_ARGS_ITEMS = 20_000
 MAX_TOKENS_PER_REQUEST = 1024  # SGLangLimits' bound: no speculative config drafts more per step
 MAX_PARALLEL_SIZE = 1 << 16  # tp/ep/dp sizes: far beyond any cluster
 _MAX_DEPTH = 32  # nesting of records in the args (SGLang's is 3)
@@ -110,6 +113,7 @@ class ServerConfig:
     kv_cache_dtype: str | None = None
     # What sizes the backend beyond the model, as its spec reads it (``BackendSpec.settings_params``).
     a2a_params: tuple[tuple[str, object], ...] = ()
+    mem_fraction_static: float | None = None  # as resolved (SGLang's automatic value, or the flag); None: unknown
 
     @property
     def a2a_group_size(self) -> int:
@@ -129,6 +133,9 @@ def parse_args(text: str) -> dict[str, Any]:
     body = text.strip()
     if len(body) > MAX_ARGS_CHARS:
         raise UnreadableArgs(f"{len(body):,} characters, more than any SGLang args line ({MAX_ARGS_CHARS:,} at most)")
+    items = body.count(",")
+    if items > MAX_ARGS_ITEMS:
+        raise UnreadableArgs(f"{items:,} items, more than any SGLang args line ({MAX_ARGS_ITEMS:,} at most)")
     if not body.startswith("{") and not re.match(r"[A-Za-z_]\w*\(", body):
         raise UnreadableArgs(f"{shown(body)} is neither a dict nor a ServerArgs(...) repr")
     try:
@@ -219,6 +226,14 @@ def _phase(args: dict, phase: str) -> dict:
     if isinstance(config, dict) and isinstance(config.get(phase), dict):
         return config[phase]
     return {}
+
+
+def _fraction(args: dict, key: str) -> float | None:
+    """A share in (0, 1]; None when absent or anything else (a fraction capwatch would not act on)."""
+    value = args.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0.0 < value <= 1.0 else None
 
 
 def _text(args: dict, key: str) -> str | None:
@@ -314,7 +329,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
         kv_cache_dtype=_text(args, "kv_cache_dtype"),
-        a2a_params=_backend_params(args).get(backend, ()))
+        a2a_params=_backend_params(args).get(backend, ()),
+        mem_fraction_static=_fraction(args, "mem_fraction_static"))
 
 
 def read_server_args(text: str) -> ServerConfig:

@@ -1,12 +1,14 @@
-"""capwatch inside SGLang 0.5.19 - 0.5.23: an ``sglang.srt.plugins`` entry point that instruments every
-``FlashinferDispatcher`` of a scheduler process, with no change to SGLang.
+"""capwatch inside SGLang 0.5.19 - 0.5.23: an ``sglang.srt.plugins`` entry point that instruments the MoE
+all-to-all dispatchers of a scheduler process (FlashInfer's and DeepEP's: one hook and one floor module per
+backend, ``hooks/``, ``floors/``), with no change to SGLang.
 
 SGLang loads every installed plugin while ``SGLANG_PLUGINS`` is empty (its default): installing the package
 enables the plugin. ``CAPWATCH_ENABLED=0`` switches it off (``switch.py``: nothing imported, hooked or bound);
 ``SGLANG_PLUGINS=<others>`` leaves it out. Configured by ``CAPWATCH_*`` variables (``settings.py``).
-``register`` runs in every SGLang process that loads plugins; it only hooks ``configure_scheduler_process``,
-and the rest happens in scheduler processes: ``releases.py`` picks the installed release's adapters
-(``hooks/``, ``floors/``). See docs/sglang.md.
+``register`` runs in every SGLang process that loads plugins; it only hooks ``configure_scheduler_process``
+(``plugin.py``), and the rest happens in scheduler processes: ``releases.py`` picks the installed release's
+adapters, ``session.py`` keeps one scheduler's counters, exporter and reports, ``status.py`` says whether it
+instruments. See docs/sglang.md.
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ Roles follow SGLang's workspaces: the decode one -> ``target``, the speculative 
 layers) -> ``draft``, SP prefill (0.5.23) -> ``sp_prefill``. Each role has one ``DispatchCounters``
 shared by all its layers; the lowest layer id is the step leader (with DeepEP's two-batch overlap, both
 micro-batches' dispatchers of that layer lead: each micro-batch is its own dispatch against the cap).
-A backend's hook module (``hooks/<backend>.py``) counts its dispatchers through :meth:`SchedulerSession.count_layer`
-and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry (reporter, collector) starts at its first dispatch, when
-every layer and workspace of the model is known; the exporter serves from the first moment (base port
-+ local GPU index) with the plugin's own info metric.
+A backend's hook module (``hooks/<backend>.py``) counts each counted object through
+:meth:`SchedulerSession.count_layer` (one ``dispatcher.counting.LayerCounting``, its way into the counters chosen
+by the hook) and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry
+(reporter, collector) starts at its first dispatch, when every layer and workspace of the model is known; the
+exporter serves from the first moment (base port + local GPU index) with the plugin's own info metric.
 """
 
 from __future__ import annotations
@@ -16,16 +17,14 @@ import contextlib
 import logging
 import math
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
-from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
-from capwatch.dispatcher.instrumented import InstrumentedDispatcher
+from capwatch.dispatcher.counting import LayerCounting, TrafficWay, elect
 from capwatch.sglang_plugin.settings import PluginSettings
 from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.rank import RankTelemetry, rank_config
 from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits
@@ -46,24 +45,31 @@ class RoleWatch:
     role: str
     counters: DispatchCounters
     geometry: dict
-    layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), InstrumentedDispatcher, dispatcher]
+    layers: list[list] = field(default_factory=list)  # [layer id (inf: unknown), LayerCounting, dispatcher]
     workspaces: dict[int, int] = field(default_factory=dict)  # data_ptr (or buffer id) -> bytes: each counted once
     # What the reports carry beyond the geometry (rank_config's backend, a2a_backend, flashinfer_version, deepep),
     # from the backend's hook module.
     reported: dict = field(default_factory=dict)
     lead_per_micro_batch: bool = False  # every dispatcher of the lowest layer id leads (DeepEP's two-batch overlap)
+    traffic_stride: int | None = None  # the traffic sample (dispatcher.counting.elect): the backend's hook says
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
-    def add_layer(self, layer_id: int | None, instrumented: InstrumentedDispatcher, dispatcher) -> None:
-        self.layers.append([math.inf if layer_id is None else layer_id, instrumented, dispatcher])
+    def add_layer(self, layer_id: int | None, counting: LayerCounting, dispatcher) -> None:
+        self.layers.append([math.inf if layer_id is None else layer_id, counting, dispatcher])
         self.elect_leader()
 
     def elect_leader(self) -> None:
-        lowest = min(entry[0] for entry in self.layers)
-        leader = min(range(len(self.layers)), key=lambda index: self.layers[index][0])  # first of equals
-        for index, (layer_id, each, _) in enumerate(self.layers):
-            each.step_leader = index == leader or (self.lead_per_micro_batch and layer_id == lowest)
+        """Each layer's place in model order (by layer id, first adopted first; a micro-batch's twin dispatcher of
+        one layer id shares its place where the role leads per micro-batch), then who leads and who is sampled."""
+        order = sorted(range(len(self.layers)), key=lambda index: self.layers[index][0])
+        positions, place, previous = [0] * len(self.layers), -1, None
+        for index in order:
+            layer_id = self.layers[index][0]
+            if not (self.lead_per_micro_batch and layer_id == previous and layer_id != math.inf):
+                place += 1
+            positions[index], previous = place, layer_id
+        elect(self.counters, [entry[1] for entry in self.layers], positions, self.traffic_stride)
 
 
 class SchedulerSession:
@@ -74,55 +80,43 @@ class SchedulerSession:
         self.limits = limits
         self.boot_id = new_boot_id()
         self.roles: dict[str, RoleWatch] = {}
-        self._layers: dict[int, tuple[InstrumentedDispatcher, FlashInferMoeAlltoAllBackend]] = {}  # id(MoeAlltoAll)
+        self._layers: dict[int, LayerCounting] = {}  # id(counted object) -> its counting
         self.status = PluginStatusCollector(state, reason, versions)
         self.role_series = RolesCollector()
         options = settings.exporter(local_gpu_index)
         self.exporter = RankExporter(self.status, self.role_series, legacy_group_label=options.legacy_group_label)
         self.exporter.serve(options)
 
-    # --- adoption, at FlashinferDispatcher construction ------------------------------------------
+    # --- adoption, at a dispatcher's construction (the backend's hook module) ------------------------
 
-    def adopt_layer(self, dispatcher, alltoall, role: str, layer_id: int | None) -> InstrumentedDispatcher:
-        """Count one MoeAlltoAll of a dispatcher (its own workspace: nothing allocated but the counters)."""
-        backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
-        geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
-                        hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
-                        num_experts=dispatcher.num_experts)
-        instrumented = self.count_layer(alltoall, dispatcher, backend, role, layer_id, geometry, backend.device,
-                                        FLASHINFER)
-        watch = self.roles[role]
-        watch.reported = dict(backend=reported_backend(FLASHINFER), flashinfer_version=self.versions["flashinfer"])
-        watch.workspaces.setdefault(alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
-        self._layers[id(alltoall)] = (instrumented, backend)
-        return instrumented
-
-    def count_layer(self, counted, dispatcher, place, role: str, layer_id: int | None, geometry: dict, device,
-                    rules: BackendCapRules, lead_per_micro_batch: bool = False) -> InstrumentedDispatcher:
+    def count_layer(self, counted, dispatcher, role: str, layer_id: int | None, geometry: dict, device,
+                    rules: BackendCapRules, traffic: Callable[[DispatchCounters], TrafficWay],
+                    traffic_stride: int | None = None, lead_per_micro_batch: bool = False) -> LayerCounting:
         """One counted object of a dispatcher (``counted``: what ``layer_of`` finds it by), in its role's counters
-        (made with the role's first layer: ``geometry``, the counters' ``device``). ``place`` has the rank's
-        ``ep_rank`` and ``ep_size``; ``rules`` name the cap's variable in overflow messages."""
+        (made with the role's first layer: ``geometry``, the counters' ``device``). ``traffic(counters)``: the
+        layer's way into them (the hook's choice: counter words or a record); ``rules`` name the cap's variable in
+        overflow messages and say which R the cap bounds. ``traffic_stride``: the role's traffic sample
+        (``dispatcher.counting.elect``: every this-many-th layer from the leader's; None, the leader's alone)."""
         watch = self.roles.get(role)
         if watch is None:
             counters = DispatchCounters(geometry["cap"], geometry["ep_size"], device, role=role)
-            watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch)
-        instrumented = InstrumentedDispatcher(place, watch.counters, geometry["cap"], rules=rules)
-        watch.add_layer(layer_id, instrumented, dispatcher)
+            watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch,
+                                                 traffic_stride=traffic_stride)
+        counting = LayerCounting(watch.counters, geometry["ep_rank"], geometry["ep_size"], traffic(watch.counters),
+                                 rules=rules)
+        watch.add_layer(layer_id, counting, dispatcher)
         if watch.telemetry is not None:
-            instrumented.on_overflow.append(watch.telemetry.on_overflow)
-        self._layers[id(counted)] = (instrumented, None)
-        return instrumented
+            counting.on_overflow.append(watch.telemetry.on_overflow)
+        self._layers[id(counted)] = counting
+        return counting
 
-    def count_buffer(self, role: str, buffer, size_bytes: int) -> None:
-        """A buffer the role's layers share (DeepEP's one per process): its bytes in the role's reports, once."""
-        self.roles[role].workspaces.setdefault(id(buffer), size_bytes)
+    def count_buffer(self, role: str, key: int, size_bytes: int) -> None:
+        """Memory the role's layers use (a FlashInfer workspace by its data pointer, DeepEP's one buffer per process
+        by its id): its bytes in the role's reports, once per ``key``."""
+        self.roles[role].workspaces.setdefault(key, size_bytes)
 
-    def layer_of(self, alltoall) -> InstrumentedDispatcher | None:
-        found = self._layers.get(id(alltoall))
-        return None if found is None else found[0]
-
-    def traffic_counts(self, alltoall):
-        return self._layers[id(alltoall)][1].traffic_counts()
+    def layer_of(self, counted) -> LayerCounting | None:
+        return self._layers.get(id(counted))
 
     def set_layer_id(self, dispatcher, layer_id: int | None) -> None:
         """A layer id that reaches the plugin after construction (0.5.22: ``create_moe_dispatcher``)."""
@@ -154,8 +148,8 @@ class SchedulerSession:
         telemetry = RankTelemetry(watch.counters, identity, self.config(watch), exporter=None,
                                   reporter=self.settings.reporter(),
                                   final_report_timeout_s=self.settings.final_report_timeout_s).start()
-        for _, instrumented, _ in watch.layers:
-            instrumented.on_overflow.append(telemetry.on_overflow)
+        for _, counting, _ in watch.layers:
+            counting.on_overflow.append(telemetry.on_overflow)
         self.role_series.collectors.append(telemetry.collector)
         watch.telemetry = telemetry
         return telemetry

@@ -65,16 +65,21 @@ INFO = MetricSpec(
     RANK_LABELS + ("ep_size", *INFO_CONFIG_LABELS, "cap_variable"))
 DISPATCH_CALLS = MetricSpec(
     "moe_a2a_dispatch_calls_total", "counter",
-    "A2A dispatch calls (one per MoE layer per forward step, more when chunked).", "calls")
+    "A2A dispatch calls (one per MoE layer per forward step, more when chunked; a step replayed in a CUDA graph "
+    "counts one per layer of its role).", "calls")
 FORWARD_STEPS = MetricSpec(
     "moe_a2a_forward_steps_total", "counter",
     "Forward steps that dispatched through the A2A (counted once across layers).", "steps")
 TOKENS_SENT = MetricSpec(
     "moe_a2a_tokens_sent_total", "counter",
-    "Token copies this rank sent to expert ranks (one per distinct target rank per token).", "tokens")
+    "Token copies this rank sent to expert ranks (one per distinct target rank per token; DeepEP: per (token, "
+    "expert) pair), counted on a sample of the MoE layers only, not scaled: in SGLang the step leader's layer and "
+    "every 16th after it (FlashInfer), the step leader's layer (DeepEP). Compare ranks and rates, not volumes.",
+    "tokens")
 TOKENS_RECEIVED = MetricSpec(
     "moe_a2a_tokens_received_total", "counter",
-    "Token copies this rank received from source ranks.", "tokens")
+    "Token copies this rank received from source ranks, on the same sample of MoE layers as "
+    "moe_a2a_tokens_sent_total (not scaled).", "tokens")
 OVERFLOW_EVENTS = MetricSpec(
     "moe_a2a_overflow_events_total", "counter",
     "Dispatches past the cap, by kind (runtime_over_cap: R > cap; local_over_runtime: local tokens > R) "

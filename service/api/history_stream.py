@@ -26,19 +26,25 @@ def _point(row: IntervalRow) -> dict:
 
 
 def _ranks(pages: Iterator[list[IntervalRow]]) -> Iterator[bytes]:
-    """``"ranks":[{"ep_rank":0,"points":[...]},...]`` from rows by rank then time."""
+    """``"ranks":[{"ep_rank":0,"points":[...]},...]`` from rows by rank then time. Each rank's points of a page are
+    serialised in one call (one call per row was most of a large answer's time)."""
     yield b'"ranks":['
-    current = None
+    current, written = None, False
     for page in pages:
-        parts = []
+        parts: list[bytes] = []
+        run: list[dict] = []
         for row in page:
             if row.ep_rank != current:
+                if run:
+                    parts.append((b"," if written else b"") + to_json(run)[1:-1])
+                    run = []
                 parts.append(b"" if current is None else b"]},")
                 parts.append(b'{"ep_rank":%d,"points":[' % row.ep_rank)
-                current = row.ep_rank
-            else:
-                parts.append(b",")
-            parts.append(to_json(_point(row)))
+                current, written = row.ep_rank, False
+            run.append(_point(row))
+        if run:
+            parts.append((b"," if written else b"") + to_json(run)[1:-1])
+            written = True
         yield b"".join(parts)
     yield b"]" if current is None else b"]}]"
 

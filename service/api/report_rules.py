@@ -117,6 +117,25 @@ class _Body:
         return b"".join(self.chunks), self.connected
 
 
+class _Slot:
+    """One body holding a slot: whose, how far it came, and its reading task (cancelled to preempt it)."""
+
+    def __init__(self, client: str | None, body: _Body, started: float):
+        self.client, self.body, self.started = client, body, started
+        self.task: asyncio.Future | None = None
+        self.preempted = False
+        self.cut: asyncio.Future = asyncio.get_running_loop().create_future()  # set when it gives its slot up
+
+    def rate(self, now: float) -> float:
+        """Bytes a second since its headers."""
+        return self.body.size / max(now - self.started, 1e-3)
+
+    def preempt(self) -> None:
+        self.preempted = True
+        if not self.cut.done():
+            self.cut.set_result(None)
+
+
 class BodyGate:
     """Receives request bodies: bounded in size and time, and in how many are waited for at once, overall and per
     client address. One per app, used from its event loop only.
@@ -132,28 +151,48 @@ class BodyGate:
         self.settings = settings
         self.receiving = 0
         self._by_client: dict[str | None, int] = {}
+        self._slots: dict[_Slot, None] = {}  # the bodies holding a slot, oldest first
 
-    def _take_slot(self, client: str | None) -> Refusal | None:
+    def _take_slot(self, client: str | None, newcomer: _Slot) -> Refusal | None:
         settings = self.settings
-        if self.receiving >= settings.max_concurrent_bodies:
+        held = self._by_client.get(client, 0)
+        if held >= settings.max_bodies_per_client:
+            if not self._preempt(newcomer, client):
+                return Refusal(503, "too_slow",
+                               f"{held} request bodies from {client or 'this client'} are being received already, "
+                               "its share (CAPWATCH_MAX_BODIES_PER_CLIENT); retry shortly",
+                               headers={"Retry-After": "1", "Connection": "close"})
+        elif self.receiving >= settings.max_concurrent_bodies and not self._preempt(newcomer, None):
             return Refusal(503, "too_slow",
                            f"{self.receiving} request bodies are being received already (CAPWATCH_MAX_CONCURRENT_BODIES); "
                            "retry shortly", headers={"Retry-After": "1", "Connection": "close"})
-        held = self._by_client.get(client, 0)
-        if held >= settings.max_bodies_per_client:
-            return Refusal(503, "too_slow",
-                           f"{held} request bodies from {client or 'this client'} are being received already, its "
-                           "share (CAPWATCH_MAX_BODIES_PER_CLIENT); retry shortly",
-                           headers={"Retry-After": "1", "Connection": "close"})
         self.receiving += 1
-        self._by_client[client] = held + 1
+        self._by_client[client] = self._by_client.get(client, 0) + 1
+        self._slots[newcomer] = None
         return None
 
-    def _release_slot(self, client: str | None) -> None:
+    def _preempt(self, newcomer: _Slot, client: str | None) -> bool:
+        """Free a slot for ``newcomer`` by cutting off the slowest body holding one (of ``client``, or of anyone),
+        if it arrives at under a quarter of the newcomer's pace: a body paced as a network delivers it is not
+        starved by clients that trickle theirs (issue 36, F22). The one cut off is answered 408."""
+        now = asyncio.get_running_loop().time()
+        candidates = [slot for slot in self._slots if not slot.preempted and (client is None or slot.client == client)]
+        if not candidates:
+            return False
+        slowest = min(candidates, key=lambda slot: slot.rate(now))
+        if slowest.rate(now) * 4 >= newcomer.rate(now):
+            return False
+        slowest.preempt()
+        self._release_slot(slowest)
+        return True
+
+    def _release_slot(self, slot: _Slot) -> None:
+        if self._slots.pop(slot, False) is not None:
+            return  # released already (preempted)
         self.receiving -= 1
-        held = self._by_client.pop(client) - 1
+        held = self._by_client.pop(slot.client) - 1
         if held:
-            self._by_client[client] = held
+            self._by_client[slot.client] = held
 
     async def read(self, receive: Receive, client: str | None = None) -> tuple[bytes, bool] | Refusal:
         """The body and whether the client is still there (False: it disconnected), or a refusal."""
@@ -165,17 +204,28 @@ class BodyGate:
             refusal = None  # not all here within the grace: what is missing needs a slot
         if refusal is not None or body.complete:
             return refusal or body.result()
-        refusal = self._take_slot(client)
+        slot = _Slot(client, body, started)
+        refusal = self._take_slot(client, slot)
         if refusal is not None:
             return refusal
+        loop = asyncio.get_running_loop()
+        slot.task = asyncio.ensure_future(self._receive(body, receive, settings.max_body_bytes))
         try:
-            left_s = settings.body_timeout_s - (asyncio.get_running_loop().time() - started)
-            refusal = await asyncio.wait_for(self._receive(body, receive, settings.max_body_bytes), max(left_s, 0.0))
-        except TimeoutError:
-            return Refusal(408, "too_slow", f"the request body did not arrive within {settings.body_timeout_s:g} s "
-                                            "(CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
+            left_s = settings.body_timeout_s - (loop.time() - started)
+            done, _ = await asyncio.wait({slot.task, slot.cut}, timeout=max(left_s, 0.0),
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if slot.task not in done:
+                if slot.cut in done:
+                    return Refusal(408, "too_slow", "the request body arrived too slowly while a faster one waited "
+                                                    "for its slot (CAPWATCH_MAX_CONCURRENT_BODIES); send it at once",
+                                   headers={"Connection": "close"})
+                return Refusal(408, "too_slow", f"the request body did not arrive within {settings.body_timeout_s:g} "
+                                                "s (CAPWATCH_BODY_TIMEOUT_S)", headers={"Connection": "close"})
+            refusal = slot.task.result()
         finally:
-            self._release_slot(client)
+            if not slot.task.done():
+                slot.task.cancel()
+            self._release_slot(slot)
         return refusal or body.result()
 
     async def _receive(self, body: _Body, receive: Receive, until_bytes: int) -> Refusal | None:

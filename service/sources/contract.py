@@ -113,7 +113,26 @@ def pages_of(rows: list[IntervalRow], limit: int, orders: tuple[str, ...], page_
     return len(rows) >= limit, [pages(order) for order in orders]
 
 
+class ClusterChanges(Protocol):
+    """An optional capability of a source: a version of each cluster's committed data and a log of which clusters
+    changed. The store has it (every commit, fold and prune bumps the cluster's generation and is logged); with it
+    the service's digests are recomputed only for what changed (``service/digests.py``)."""
+
+    def generation(self, cluster: str) -> int:
+        """Changes whenever the cluster's committed data does."""
+        ...
+
+    def changed_since(self, mark: int) -> tuple[int, list[str]]:
+        """The clusters whose committed data changed after ``mark`` (0: the start), and the next mark."""
+        ...
+
+
 class ClusterSource(Protocol):
+    def changes(self) -> ClusterChanges | None:
+        """The source's versions and log of changes (``ClusterChanges``), or None where it keeps none (Prometheus,
+        which caches its own queries): every read then computes anew."""
+        ...
+
     def clusters(self) -> list[str]: ...
     def rank_states(self, cluster: str) -> list[RankState]: ...
     def sample_history(self, cluster: str, role: str) -> SampleHistory: ...

@@ -89,7 +89,20 @@ SCHEMA_V3 = """
 CREATE INDEX IF NOT EXISTS reports_by_rank ON reports (cluster, role, ep_rank, interval_end_unix_s);
 """
 
-MIGRATIONS: tuple[str, ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3)
+# Version 4: the history's two orders read from covering indexes (every column a history row needs, after the
+# key): a page is read from the index alone, never from the table rows, whose large payload sits before
+# max_local_tokens (issue 36, F20: history reads 8 - 10x slower; benchmarks/history_read.py).
+HISTORY_ROW_COLUMNS = "id, peak_runtime_tokens, cap, forward_steps, overflow_events, max_local_tokens"
+SCHEMA_V4 = f"""
+DROP INDEX IF EXISTS reports_by_rank;
+DROP INDEX IF EXISTS reports_by_time;
+CREATE INDEX IF NOT EXISTS reports_by_rank_rows ON reports (cluster, role, ep_rank, interval_end_unix_s,
+    {HISTORY_ROW_COLUMNS});
+CREATE INDEX IF NOT EXISTS reports_by_time_rows ON reports (cluster, role, interval_end_unix_s,
+    {HISTORY_ROW_COLUMNS}, ep_rank);
+"""
+
+MIGRATIONS: tuple[str, ...] = (SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_V4)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 # Each batch is written with a few statements of many rows each: the sqlite3 module releases the

@@ -127,6 +127,10 @@ class Store:
         """How many clusters and ranks the store holds (bounded by ``max_clusters`` and ``max_ranks``)."""
         return self._ranks.counts()
 
+    def changes(self) -> Store:
+        """The store versions its clusters (``ClusterChanges``: ``generation`` and ``changed_since`` below)."""
+        return self
+
     def generation(self, cluster: str) -> int:
         """Changes whenever the cluster's committed data does (reports, folds, pruning)."""
         return self._ranks.generation(cluster)

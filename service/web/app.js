@@ -91,12 +91,30 @@
   }
 
   // --- renderers ---------------------------------------------------------------------------------
-  function renderAdvice(advice) {
+  // A critical finding (ranks on different caps, a rank missing) contradicts any cap advice: the card says so
+  // first and offers no line to copy until it is fixed. The advice's own caveats (a cap it did not know, low
+  // confidence) come first on the card too.
+  function renderAdvice(advice, critical) {
     const action = first(advice, ["action"], "insufficient_data");
     const badge = $("action");
-    badge.textContent = action.replace("_", " ");
+    const capUnknown = advice.cap_known === false;
+    const marks = [capUnknown ? "cap unknown" : "", advice.low_confidence ? "low confidence" : ""].filter(Boolean);
+    badge.textContent = action.replace("_", " ") + (marks.length ? ` · ${marks.join(", ")}` : "");
     badge.className = `badge ${action}`;
-    $("current-cap").textContent = tokens(first(advice, ["current_cap"]));
+    const blocked = $("advice-blocked");
+    blocked.hidden = !critical.length;
+    blocked.textContent = critical.length
+      ? `Do not apply this advice: ${critical.length === 1 ? "a critical finding" : `${critical.length} critical findings`} ` +
+        `(${critical.map((f) => first(f, ["kind"], "finding")).join(", ")}) above. ` +
+        `${first(critical[0], ["message"], "")} The line to export is withheld until it is fixed.`
+      : "";
+    const caveat = $("advice-caveat");
+    const caveats = [];
+    if (capUnknown) caveats.push(`The cap in use is unknown: ${tokens(first(advice, ["current_cap"]))} is assumed, not seen.`);
+    if (advice.low_confidence) caveats.push("Low confidence: too little history for a change; the range below is wide.");
+    caveat.hidden = !caveats.length;
+    caveat.textContent = caveats.join(" ");
+    $("current-cap").textContent = (capUnknown ? "? " : "") + tokens(first(advice, ["current_cap"]));
     $("recommended-cap").textContent = tokens(first(advice, ["recommended_cap"]));
     const facts = [
       // whose cap: the backend and the variable that sets it (FlashInfer's, DeepEP's)
@@ -104,7 +122,7 @@
       ["bounds", advice.lower_bound !== undefined && advice.lower_bound !== null
         ? `${tokens(advice.lower_bound)} – ${tokens(advice.upper_bound)}` : "–"],
       ["confidence", percent(first(advice, ["confidence"]))],
-      ["group peak R seen", tokens(first(advice, ["max_peak_runtime_tokens", "observed_peak_runtime_tokens"]))],
+      ["group peak R (all history)", tokens(first(advice, ["max_peak_runtime_tokens", "observed_peak_runtime_tokens"]))],
       ["overflow rate now", percent(first(advice, ["predicted_overflow_rate_current"]))],
       ["overflow rate after", percent(first(advice, ["predicted_overflow_rate_recommended"]))],
       ["workspace / rank now", gib(first(advice, ["workspace_bytes_per_rank_current"]))],
@@ -124,6 +142,7 @@
     const env = first(advice, ["env", "export"], "");
     $("env-line").textContent = env ? (env.startsWith("export ") ? env : `export ${env}`) : "no recommendation yet";
     $("env-line").dataset.env = env || "";
+    $("export").hidden = critical.length > 0 || capUnknown;  // no Copy for a value the findings contradict
     const reasons = $("reasons");
     reasons.textContent = "";
     for (const reason of first(advice, ["reasons"], [])) {
@@ -187,8 +206,8 @@
     }
     const hot = maxima.reduce((best, entry) => (entry.local > best.local
       || (entry.local === best.local && Number(entry.rank) < Number(best.rank)) ? entry : best));
-    line.textContent = `${hot.name} drives the group's peak: its largest local batch is ${tokens(hot.local)} tokens` +
-      (Number.isFinite(peak) ? ` (group peak R ${tokens(peak)})` : "") + ".";
+    line.textContent = `${hot.name} drives the group's peak: its largest local batch in the chart's span is ` +
+      `${tokens(hot.local)} tokens` + (Number.isFinite(peak) ? ` (group peak R, all history: ${tokens(peak)})` : "") + ".";
     line.dataset.rank = String(hot.rank);
     return String(hot.rank);
   }
@@ -198,7 +217,7 @@
     const current = first(advice, ["current_cap"]), recommended = first(advice, ["recommended_cap"]);
     if (current) marks.push({ label: "current", value: current, color: "#b91c1c" });
     if (recommended) marks.push({ label: "recommended", value: recommended, color: "#0f766e" });
-    if (peak) marks.push({ label: "peak R", value: peak, color: "#7c3aed" });
+    if (peak) marks.push({ label: "peak R (all history)", value: peak, color: "#7c3aed" });
     const band = advice.lower_bound ? { low: advice.lower_bound, high: advice.upper_bound || advice.lower_bound } : null;
     const maxValue = Math.max(...marks.map((m) => m.value), band ? band.high : 0) * 1.1 || 1;
     Charts.ruler($("chart-caps"), { marks, band, maxValue });
@@ -304,6 +323,19 @@
     return findings.length;
   }
 
+  function renderCritical(critical) {
+    $("critical").hidden = !critical.length;
+    const list = $("critical-findings");
+    list.textContent = "";
+    for (const finding of critical) {
+      const item = document.createElement("li"); item.className = "critical";
+      const kind = document.createElement("span"); kind.className = "kind"; kind.textContent = first(finding, ["kind"], "finding");
+      const ranks = first(finding, ["ranks"], []);
+      item.append(kind, document.createTextNode(first(finding, ["message"], "") + (ranks.length ? ` (ranks ${ranks.join(", ")})` : "")));
+      list.appendChild(item);
+    }
+  }
+
   function renderRanks(ranks, rows) {
     const localMaxima = localMaxByRank(rows);
     const body = $("ranks").querySelector("tbody");
@@ -336,9 +368,56 @@
   }
 
   // --- the chain ---------------------------------------------------------------------------------
+  // What a cluster needs, most urgent first: the order of the list at / and of the picker.
+  const NEEDS = [
+    ["error", (s) => Boolean(s.error), "cannot be advised"],
+    ["critical", (s) => Boolean(s.critical), "critical finding"],
+    ["ranks", (s) => (s.ranks_missing || 0) + (s.ranks_stale || 0) > 0, "missing or stale ranks"],
+    ["raise", (s) => s.action === "raise", "raise the cap"],
+    ["lower", (s) => s.action === "lower", "lower the cap"],
+    ["data", (s) => !s.action || s.action === "insufficient_data", "too little data yet"],
+    ["hold", () => true, "nothing to do"],
+  ];
+  const needOf = (summary) => NEEDS.findIndex(([, test]) => test(summary));
+  function byNeed(summaries) {
+    return [...summaries].sort((a, b) => needOf(a) - needOf(b)
+      || (b.overflow_events_total || 0) - (a.overflow_events_total || 0)
+      || (b.group_utilization || 0) - (a.group_utilization || 0)
+      || String(a.cluster).localeCompare(String(b.cluster)));
+  }
+
+  function renderClusters(summaries) {
+    const body = $("clusters").querySelector("tbody");
+    body.textContent = "";
+    for (const summary of summaries) {
+      const need = NEEDS[needOf(summary)];
+      const row = document.createElement("tr");
+      if (summary.cluster === state.cluster) row.className = "current";
+      const link = document.createElement("a");
+      link.href = `?cluster=${encodeURIComponent(summary.cluster)}`; link.textContent = summary.cluster;
+      const cells = [link, need[2] + (summary.error ? `: ${summary.error}` : ""), (summary.action || "–").replace("_", " "),
+        tokens(summary.cap), tokens(summary.recommended_cap),
+        `${summary.ranks_reporting ?? "–"} reporting` + (summary.ranks_missing ? `, ${summary.ranks_missing} missing` : "")
+          + (summary.ranks_stale ? `, ${summary.ranks_stale} stale` : ""),
+        tokens(summary.group_peak_runtime_tokens), tokens(summary.overflow_events_total)];
+      cells.forEach((value, index) => {
+        const cell = document.createElement("td");
+        if (value instanceof Node) cell.appendChild(value); else cell.textContent = value === undefined ? "–" : value;
+        if (index === 1) cell.className = `need-${need[0]}`;
+        row.appendChild(cell);
+      });
+      row.dataset.cluster = summary.cluster;
+      row.dataset.need = need[0];
+      body.appendChild(row);
+    }
+    $("clusters-card").hidden = summaries.length < 2;
+  }
+
   async function loadClusters() {
     const raw = await getJSON("v1/clusters");
-    const clusters = listOf(raw, ["clusters", "items"]).map((c) => (typeof c === "string" ? c : first(c, ["cluster", "name"])));
+    const summaries = byNeed(listOf(raw, ["clusters", "items"])
+      .map((c) => (typeof c === "string" ? { cluster: c } : { ...c, cluster: first(c, ["cluster", "name"]) })));
+    const clusters = summaries.map((s) => s.cluster);
     const select = $("cluster");
     const wanted = new URLSearchParams(location.search).get("cluster") || state.cluster;
     select.textContent = "";
@@ -346,8 +425,10 @@
       const option = document.createElement("option"); option.value = option.textContent = name;
       select.appendChild(option);
     }
+    // Without a cluster named, the one that needs action most.
     state.cluster = clusters.includes(wanted) ? wanted : clusters[0] || null;
     if (state.cluster) select.value = state.cluster;
+    renderClusters(summaries);
     return clusters;
   }
 
@@ -376,12 +457,17 @@
         ? serviceGroup.map((g) => ({ t: Number(first(g, ["window_start_unix_s", "t"])), peak: Number(g.peak_runtime_tokens),
           overflows: Number(first(g, ["overflow_events"], 0)) || 0 }))
         : groupByInterval(rows);
-      const peak = groupPeaks.length ? Math.max(...groupPeaks.map((g) => g.peak).filter(Number.isFinite)) : undefined;
+      // One peak, everywhere on the page: the advice's, over all the history it holds (the chart's span is shorter).
+      const spanPeak = groupPeaks.length ? Math.max(...groupPeaks.map((g) => g.peak).filter(Number.isFinite)) : undefined;
+      const peak = numberOrNull(first(adviceData, ["max_peak_runtime_tokens"])) ?? spanPeak;
+      const critical = findings.filter((finding) => first(finding, ["severity"]) === "critical");
       const whatif = await optional(getJSON(`${base}/whatif?` + whatIfCaps(adviceData, peak).map((c) => `cap=${c}`).join("&")));
       if (whatif.__error) errors.push(whatif.__error);
 
-      renderAdvice(adviceData);
+      renderCritical(critical);
+      renderAdvice(adviceData, critical);
       const counts = {
+        critical: critical.length,
         utilizationPoints: renderUtilization(rows, groupPeaks, adviceData),
         hotRank: renderHotRank(rows, peak),
         capMarks: renderCaps(adviceData, peak),

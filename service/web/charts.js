@@ -105,6 +105,10 @@ const Charts = (() => {
     return [low, high];
   }
 
+  // A reference line far above the data would squash it flat (ranks at 6 % of the cap on a 0 - 125 % axis):
+  // the axis then spans the data, and each reference above it is named at the top edge instead of drawn.
+  const ZOOM_BELOW = 0.5;  // zoom when the data's top is below this share of the lowest reference above it
+
   // series: [{name, points: [[x, y], ...]}]; lines: [{y, label, color}] horizontal references.
   function lines(container, { series, lines: references = [], xFormat = formatNumber, yFormat = formatNumber,
     yMin = 0, xLabel = "", yTitle = "", emptyText = "no data yet" }) {
@@ -112,20 +116,34 @@ const Charts = (() => {
     if (!drawn.length) return empty(container, emptyText);
     const { svg, inner } = frame(container);
     const xs = drawn.flatMap((s) => s.points.map((p) => p[0]));
-    const ys = drawn.flatMap((s) => s.points.map((p) => p[1])).concat(references.map((r) => r.y));
+    const dataYs = drawn.flatMap((s) => s.points.map((p) => p[1]));
     const [xLow, xHigh] = extent(xs);
+    const [, dataHigh] = extent(dataYs);
+    const lowestReference = Math.min(...references.map((r) => r.y).filter((v) => v > dataHigh));
+    const zoomed = Number.isFinite(lowestReference) && dataHigh > 0 && dataHigh < lowestReference * ZOOM_BELOW;
+    const shown = zoomed ? references.filter((r) => r.y <= dataHigh * 1.15) : references;
+    const above = zoomed ? references.filter((r) => r.y > dataHigh * 1.15) : [];
+    const ys = dataYs.concat(shown.map((r) => r.y));
     const [, yHigh] = extent(ys);
-    const yTicks = niceTicks(Math.min(yMin, ...ys), yHigh * 1.05);
+    const yTicks = niceTicks(Math.min(yMin, ...ys), yHigh * (zoomed ? 1.15 : 1.05));
     const x = scale(xLow, xHigh, inner.x0, inner.x1);
     const y = scale(yTicks[0], yTicks[yTicks.length - 1], inner.y0, inner.y1);
+    svg.setAttribute("data-y-top", yTicks[yTicks.length - 1]);
+    svg.setAttribute("data-zoomed", zoomed ? "1" : "0");
     yAxis(svg, inner, y, yTicks, yFormat, "left", yTitle);
     xAxis(svg, inner, x, niceTicks(xLow, xHigh, 6).filter((t) => t >= xLow && t <= xHigh), xFormat);
-    for (const reference of references) {
+    // Labels inside the plot, right-aligned above their line: never past the chart's right edge.
+    for (const reference of shown) {
       el("line", { x1: inner.x0, x2: inner.x1, y1: y(reference.y), y2: y(reference.y), stroke: reference.color,
         "stroke-dasharray": "5 4", "stroke-width": 1.5, "data-reference": reference.label }, svg);
-      el("text", { x: inner.x1 + 4, y: y(reference.y) + 4, fill: reference.color, "font-size": 11 }, svg)
-        .textContent = reference.label;
+      el("text", { x: inner.x1 - 4, y: y(reference.y) - 4, fill: reference.color, "font-size": 11, "text-anchor": "end",
+        "data-reference-label": reference.label }, svg).textContent = reference.label;
     }
+    above.forEach((reference, index) => {
+      el("text", { x: inner.x1 - 4, y: inner.y1 - 6 - index * 13, fill: reference.color, "font-size": 11,
+        "text-anchor": "end", "data-reference-label": reference.label, "data-above": "1" }, svg)
+        .textContent = `\u2191 ${reference.label} at ${yFormat(reference.y)}, above this chart`;
+    });
     drawn.forEach((s, index) => {
       const color = s.color || PALETTE[index % PALETTE.length];
       s.color = color;

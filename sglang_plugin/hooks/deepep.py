@@ -39,8 +39,8 @@ from dataclasses import dataclass
 
 import torch
 from capwatch.backends.deepep import DeepEPBuffer
-from capwatch.dispatcher.counters import DispatchCounters, TrafficRecord
-from capwatch.dispatcher.instrumented import CapOverflowError
+from capwatch.dispatcher.counters import TrafficRecord
+from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_plugin.session import reported_backend
 from capwatch.sizing.deepep_plan import DEEPEP
@@ -77,14 +77,6 @@ class Adapter:
 
 LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED)
 ADAPTERS = {release: LOW_LATENCY_ADAPTER for release in LOW_LATENCY_ADAPTER.releases}
-
-
-@dataclass(frozen=True)
-class RankPlace:
-    """Where this rank sits in the EP group (what ``InstrumentedDispatcher`` names in an overflow)."""
-
-    ep_rank: int
-    ep_size: int
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
@@ -134,14 +126,14 @@ def register(session, adapter: Adapter, source) -> None:
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     """Count one low-latency dispatcher (DeepEP's buffer is SGLang's: nothing allocated but the counters)."""
     group = dispatcher.group
-    place = RankPlace(group.rank(), group.size())
-    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=place.ep_rank, ep_size=place.ep_size,
+    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(), ep_size=group.size(),
                     hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
                     num_experts=dispatcher.num_experts)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layer = session.count_layer(dispatcher, dispatcher, place, role, layer_id, geometry, device, DEEPEP,
+    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
+                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
                                 lead_per_micro_batch=True)
-    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer.counters))
+    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
 
 
 @dataclass(frozen=True)
@@ -149,7 +141,7 @@ class Traffic:
     """A dispatch's (token, expert) pairs sent to (``counts[0]``) and received from (``counts[1]``) each rank, and
     the scratch that computes them: all made at adoption, before any graph capture, so no call allocates."""
 
-    record: TrafficRecord  # the call and the counts ([2, ranks]: ``counts``), as the counters add them
+    record: TrafficRecord  # the layer's way into the counters: the counts ([2, ranks]: ``counts``) it adds
     destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
     sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
     received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
@@ -160,11 +152,12 @@ class Traffic:
         return self.record.counts
 
     @classmethod
-    def made(cls, dispatcher, counters: DispatchCounters) -> "Traffic":
+    def made(cls, dispatcher, layer: LayerCounting) -> "Traffic":
+        """Scratch for ``layer``, whose way into the counters is a record (``layer.traffic``) this fills."""
         pairs = dispatcher.num_max_dispatch_tokens_per_rank * dispatcher.router_topk
+        counters = layer.counters
         local_experts, device = dispatcher.num_experts // counters.ep_size, counters.device
-        record = counters.traffic_record()
-        return cls(record,
+        return cls(layer.traffic,
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(pairs, dtype=torch.int64, device=device),
                    torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device),
@@ -191,7 +184,7 @@ def describe_buffer(session, dispatcher, role: str) -> dict:
                        configs.normal_combine_config or module.Buffer.get_combine_config(ranks)):
             normal_nvl = max(normal_nvl, config.get_nvl_buffer_size_hint(hidden_bytes, ranks))
             normal_rdma = max(normal_rdma, config.get_rdma_buffer_size_hint(hidden_bytes, ranks))
-    session.count_buffer(role, buffer, int(buffer.num_nvl_bytes) + int(buffer.num_rdma_bytes))
+    session.count_buffer(role, id(buffer), int(buffer.num_nvl_bytes) + int(buffer.num_rdma_bytes))
     return dict(backend=reported_backend(DEEPEP), a2a_backend=DEEPEP.name,
                 deepep=DeepEPBuffer(mode=mode, buffer_experts=dispatcher.num_experts, normal_nvl_bytes=normal_nvl,
                                     normal_rdma_bytes=normal_rdma))
@@ -215,10 +208,10 @@ def _first_dispatch(session, dispatcher, layer, traffic):
     return first
 
 
-def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
-    """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted: the batch and what it sends."""
-    counters = layer.counters
-    record_step, cap = counters.record_step, layer.cap
+def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic):
+    """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted by the layer's ``LayerCounting``:
+    the guard (R is the rank's own batch: ``rules.local_batch_cap``), the step on the leader, what it sends."""
+    record_step, cap = layer.counters.record_step, layer.cap
     sent, experts_per_rank = traffic.counts[0], traffic.experts_per_rank
 
     def counted(hidden_states, topk_output):
@@ -229,6 +222,8 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
         state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
         if layer.step_leader:
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what DeepEP checks
+        if not layer.counts_traffic:  # outside the traffic sample: dispatch_b counts the call alone
+            return state
         pairs = state[1].flatten()  # topk_ids, int64; -1: no expert (DeepEP sends nothing for it)
         destination, weight = traffic.destination[:pairs.numel()], traffic.sent[:pairs.numel()]
         torch.clamp(pairs, min=0, out=destination).div_(experts_per_rank, rounding_mode="floor")
@@ -240,25 +235,28 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer, traffic):
     return counted
 
 
-def counted_dispatch_b(dispatch_b, dispatcher, layer, traffic):
-    """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)."""
-    record_traffic, received = layer.counters.record_traffic, traffic.counts[1]
+def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic):
+    """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)
+    into the layer's record, then its traffic (the record's one ``add_``)."""
+    record_traffic, record_call, received = layer.record_traffic, layer.counters.record_call, traffic.counts[1]
 
     def counted(*state):
         output = dispatch_b(*state)
+        if not layer.counts_traffic:
+            record_call()  # a host int eagerly, nothing captured
+            return output
         torch.bitwise_right_shift(dispatcher.handle[1], 32, out=traffic.received_per_expert)
         torch.sum(traffic.received_per_expert, dim=0, out=received)
-        record_traffic(traffic.record)
+        record_traffic()
         return output
 
     return counted
 
 
-def count_overflow(layer, local_tokens: int) -> None:
+def count_overflow(layer: LayerCounting, local_tokens: int) -> None:
     """A batch DeepEP will refuse: counted, reported (bounded wait) and logged, never raised; DeepEP's own
     assertion then ends the rank as it would without capwatch."""
     try:
         layer.guard(local_tokens, local_tokens)
     except CapOverflowError as overflow:
         logger.error("capwatch: %s (counted and reported; DeepEP's assertion ends the rank)", overflow)
-

@@ -2,8 +2,9 @@
 
 After SGLang constructs a ``FlashinferDispatcher`` (a ``HookRegistry`` hook on ``__init__``), the plugin
 adopts it: each ``MoeAlltoAll`` it holds keeps its workspace and every method, but its ``dispatch`` is
-shadowed by an instance attribute that counts (``counted_dispatch``); SGLang's own ``dispatch`` is left
-alone. That is the whole hot path:
+shadowed by an instance attribute that counts (its layer's ``LayerCounting.counted``: the one counting
+primitive, ``dispatcher/counting.py``, with the workspace's counter words as its way in); SGLang's own
+``dispatch`` is left alone. That is the whole hot path:
 
 - it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
   sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
@@ -44,8 +45,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.dispatcher.instrumented import CapOverflowError
+from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
+from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.session import reported_backend
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -196,12 +200,22 @@ def register(session, adapter: Adapter, source) -> None:
 
 
 def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -> None:
-    """Count each MoeAlltoAll the dispatcher holds (no second workspace; its traffic record made now, at
-    construction, before any graph capture)."""
+    """Count each MoeAlltoAll the dispatcher holds: its own workspace, whose int32 counter words are the layer's way
+    into the counters (no second workspace; nothing allocated but the counters and the layer's record, made now,
+    at construction, before any graph capture)."""
     for attribute, role in adapter.roles(module, dispatcher):
         alltoall = getattr(dispatcher, attribute)
-        layer = session.adopt_layer(dispatcher, alltoall, role, layer_id)
-        alltoall.dispatch = _first_dispatch(session, alltoall, layer, layer.counters.traffic_record())
+        backend = FlashInferMoeAlltoAllBackend.adopt(alltoall)
+        geometry = dict(cap=dispatcher.max_num_tokens, ep_rank=backend.ep_rank, ep_size=backend.ep_size,
+                        hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+                        num_experts=dispatcher.num_experts)
+        words = CounterWords(backend.traffic_counts())
+        layer = session.count_layer(alltoall, dispatcher, role, layer_id, geometry, backend.device, FLASHINFER,
+                                    traffic=lambda counters: words, traffic_stride=TRAFFIC_SAMPLE_STRIDE)
+        session.roles[role].reported = dict(backend=reported_backend(FLASHINFER),
+                                            flashinfer_version=session.versions["flashinfer"])
+        session.count_buffer(role, alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
+        alltoall.dispatch = _first_dispatch(session, alltoall, layer)
 
 
 def unadopt(dispatcher) -> None:
@@ -212,41 +226,14 @@ def unadopt(dispatcher) -> None:
             vars(alltoall).pop("dispatch", None)
 
 
-def _first_dispatch(session, alltoall, layer, record):
+def _first_dispatch(session, alltoall, layer):
     """The role's reports and series start at its first dispatch (every layer and workspace is known
     then); after it, the MoeAlltoAll's dispatch is the counting one, with no check left per call."""
     def first(*args, **kwargs):
         session.start_role_once(layer.counters.role)
-        alltoall.dispatch = counted = counted_dispatch(type(alltoall).dispatch.__get__(alltoall), layer,
-                                                       session.traffic_counts(alltoall), record)
+        alltoall.dispatch = counted = layer.counted(type(alltoall).dispatch.__get__(alltoall))
         return counted(*args, **kwargs)
     return first
-
-
-def counted_dispatch(dispatch, layer, counter_words, record):
-    """``MoeAlltoAll.dispatch`` as SGLang calls it, counted: the hot path (see the module docstring).
-    ``counter_words``: the workspace's int32 send/receive words (``[2, ep_size]`` view), valid from the end
-    of a dispatch until the next; ``record``: the layer's ``TrafficRecord`` (where they need a copy first)."""
-    counters = layer.counters
-    record_step, record_counter_words = counters.record_step, counters.record_counter_words
-    cap = layer.cap
-
-    def counted(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id=None,
-                expert_id_payload_index=None, **more):
-        local_tokens = token_selected_experts.shape[0]
-        if runtime_max_tokens_per_rank > cap or local_tokens > runtime_max_tokens_per_rank:
-            layer.guard(runtime_max_tokens_per_rank, local_tokens)  # counts, reports, raises CapOverflowError
-        received = dispatch(token_selected_experts, input_payloads, runtime_max_tokens_per_rank,
-                            invalid_token_expert_id, expert_id_payload_index, **more)
-        if layer.step_leader:
-            record_step(runtime_max_tokens_per_rank, local_tokens)
-        record_counter_words(record, counter_words)
-        return received
-
-    # What it counts into and the transport it wraps, named (the benchmark rebuilds it around another transport).
-    # Not __wrapped__: inspect would then take the transport's signature for this function's.
-    counted.layer, counted.counter_words, counted.record, counted.transport = layer, counter_words, record, dispatch
-    return counted
 
 
 def runtime_tokens(module, local_tokens: int) -> int:

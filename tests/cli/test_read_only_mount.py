@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-from tests.support.launcher import environment, outside_checkout
+from tests.support.launcher import PYTHON, environment, outside_checkout
 
 
 def _unshare_works() -> bool:
@@ -28,8 +27,8 @@ def test_a_database_on_a_read_only_mount_names_the_mount(tmp_path, existing):
     mount.mkdir()
     prepare = f"mount -t tmpfs none {mount} && "
     if existing:
-        prepare += f"{sys.executable} -c \"import sqlite3; sqlite3.connect('{mount}/capwatch.db').close()\" && "
-    script = (prepare + f"mount -o remount,ro {mount} && exec {sys.executable} -m capwatch serve --port 1 "
+        prepare += f"{PYTHON} -c \"import sqlite3; sqlite3.connect('{mount}/capwatch.db').close()\" && "
+    script = (prepare + f"mount -o remount,ro {mount} && exec {PYTHON} -m capwatch serve --port 1 "
               f"--db {mount}/capwatch.db")
     result = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, timeout=120,
                             env=environment(), cwd=outside_checkout())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -73,6 +74,9 @@ def _contained(part: object, whole: object, path: str = "") -> list[str]:
     return [] if part == whole else [path]
 
 
+IMPORT_ENVELOPE = ("__inputs", "__requires")  # Grafana's export envelope around a dashboard, not the dashboard's
+
+
 def test_committed_json_loads_into_the_grafana_schema_models(committed_dashboards):
     """The SDK's schema models (generated from Grafana's own schema) read every field back unchanged;
     they only add defaults (e.g. table and heatmap ``fieldConfig.defaults.custom``)."""
@@ -81,7 +85,8 @@ def test_committed_json_loads_into_the_grafana_schema_models(committed_dashboard
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
     def unknown_fields(raw: dict) -> list[str]:
-        return _contained(raw, json.loads(json.dumps(Dashboard.from_json(raw), cls=JSONEncoder)))
+        dashboard = {key: value for key, value in raw.items() if key not in IMPORT_ENVELOPE}
+        return _contained(dashboard, json.loads(json.dumps(Dashboard.from_json(dashboard), cls=JSONEncoder)))
 
     plugins.register_default_plugins()
     for name, raw in committed_dashboards.items():
@@ -113,3 +118,24 @@ def test_annotations_mark_overflows_cap_changes_and_restarts(committed_dashboard
         assert found["Restarts"]["expr"].startswith("resets(moe_a2a_forward_steps_total{")
         assert all('ep_group=~"$ep_group"' in item["expr"] and item["datasource"]["uid"] == "${datasource}"
                    and item["enable"] for item in found.values())
+
+
+def test_import_asks_for_the_prometheus_and_the_dashboard_keeps_its_uid(committed_dashboards):
+    """What Grafana's import does with the envelope: every ${DS_...} names a declared input; replaced by the chosen
+    datasource's uid, it becomes the datasource variable's starting value, and the panels still query $datasource.
+    __requires names every panel type the dashboard uses."""
+    uids = set()
+    for name, dashboard in committed_dashboards.items():
+        inputs = {item["name"]: item for item in dashboard["__inputs"]}
+        assert list(inputs) == ["DS_PROMETHEUS"] and inputs["DS_PROMETHEUS"]["pluginId"] == "prometheus", name
+        text = json.dumps(dashboard)
+        assert set(re.findall(r"\$\{(DS_[A-Z_]+)\}", text)) == set(inputs), name
+        imported = json.loads(text.replace("${DS_PROMETHEUS}", "prom-uid-1"))
+        (variable,) = [item for item in imported["templating"]["list"] if item["type"] == "datasource"]
+        assert variable["current"]["value"] == "prom-uid-1"
+        assert all(target["datasource"]["uid"] == "${datasource}" for _, target in lint.targets(imported))
+        required = {item["id"] for item in dashboard["__requires"] if item["type"] == "panel"}
+        assert required == {panel["type"] for panel in lint.panels(dashboard)}, name
+        assert {"grafana", "prometheus"} <= {item["id"] for item in dashboard["__requires"]}
+        uids.add(dashboard["uid"])
+    assert len(uids) == len(committed_dashboards) and all(uids)  # a fixed uid each: a re-import replaces it

@@ -40,10 +40,11 @@ def assert_quiet(stderr: str) -> None:
 
 
 def test_demo_json_with_embedded_service_and_hold(tmp_path):
-    """Two ranks replay a paced 12 s trace; the demo, started in a folder outside the checkout, starts its own
+    """Two ranks replay a paced 18 s trace (past the demo's 15 s of low confidence, so a lower can be advised); the
+    demo, started in a folder outside the checkout, starts its own
     service, prints only the advice JSON, then holds: the page (``/`` and ``/web/app.js``, the package's files),
     the service's gauges and each rank's exporter (on B + r) answer."""
-    counts = generate_token_counts(WorkloadSpec(ranks=2, steps=48, peak_tokens_per_rank=96, day_steps=48,
+    counts = generate_token_counts(WorkloadSpec(ranks=2, steps=72, peak_tokens_per_rank=96, day_steps=48,
                                                 mean_decode_steps=10, seed=5))
     trace = write_timed_trace(tmp_path / "trace.jsonl", counts, seconds_per_step=0.25)
     metrics_base, port = free_port_block(2), free_port()

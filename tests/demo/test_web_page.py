@@ -103,7 +103,8 @@ def test_page_shows_each_ranks_own_line_and_names_the_hot_rank(service, cluster_
     hot_rank = page.text_by_id.get("hot-rank", "")
     if reported:
         assert page.body["data-hot-rank"] == "0", hot_rank
-        assert hot_rank.startswith("rank 0 drives the group's peak: its largest local batch is 300 tokens")
+        assert hot_rank.startswith("rank 0 drives the group's peak: its largest local batch in the chart's span is "
+                                   "300 tokens")
         assert drawn["group R"] >= 3 and drawn["rank 0"] >= 10 and drawn["rank 1"] >= 10
     else:
         assert page.body["data-hot-rank"] == "" and "these ranks do not report their own local batch" in hot_rank

@@ -7,6 +7,7 @@ device path is driven by swapping ``DispatchCounters._eager`` ("captured"), as a
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -189,13 +190,16 @@ def test_one_step_is_one_kernel_whatever_its_r_and_local_batch(mode):
     assert list(snapshot.runtime_tokens_histogram) == expected_r
     assert list(snapshot.local_tokens_histogram) == expected_local
     assert snapshot.forward_steps == len(pairs) + 1
-    assert snapshot.dispatch_calls == 0  # a step is no dispatch call: record_traffic/record_dispatch count them
+    # Eagerly a step is no dispatch call (each dispatch counts its own); a captured step stands for its layers' calls.
+    assert snapshot.dispatch_calls == (0 if mode == "eager" else (len(pairs) + 1) * counters.layers_per_step)
     assert snapshot.runtime_tokens_sum == sum(runtime for runtime, _ in pairs) + 4
     assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (cap + 2, cap + 2)
 
 
 @pytest.mark.parametrize("mode", ["eager", "captured"])
-def test_traffic_is_one_add_of_a_record_and_counts_its_call(mode):
+def test_traffic_is_one_add_of_a_record_and_its_call_is_counted_on_the_host_eagerly(mode):
+    """Eagerly each dispatch is a call (a host int); captured, no dispatch op counts a call: the captured steps do
+    (``layers_per_step`` each), so a dispatch captured without a step adds its tokens and no call."""
     counters = DispatchCounters(cap=8, ep_size=3)
     if mode == "captured":
         captured(counters)
@@ -208,10 +212,11 @@ def test_traffic_is_one_add_of_a_record_and_counts_its_call(mode):
     counters.record_counter_words(record, words)
     snapshot = counters.snapshot()
     assert snapshot.tokens_sent_per_rank == (2, 0, 4) and snapshot.tokens_received_per_rank == (6, 2, 0)
-    assert snapshot.dispatch_calls == 2 and snapshot.forward_steps == 0
+    assert snapshot.dispatch_calls == (2 if mode == "eager" else 0) and snapshot.forward_steps == 0
     counters.record_dispatch(torch.tensor([1, 1, 1]), torch.tensor([0, 0, 5]))
+    counters.record_call()  # a layer outside the traffic sample
     snapshot = counters.snapshot()
-    assert snapshot.dispatch_calls == 3 and snapshot.tokens_received_per_rank == (6, 2, 5)
+    assert snapshot.dispatch_calls == (4 if mode == "eager" else 0) and snapshot.tokens_received_per_rank == (6, 2, 5)
 
 
 def test_recording_a_step_or_its_traffic_never_reads_the_device():
@@ -263,14 +268,18 @@ calls = st.one_of(
     st.tuples(st.just("traffic"), rank_counts, rank_counts),
     st.tuples(st.just("words"), rank_counts, rank_counts),
     st.tuples(st.just("dispatch"), rank_counts, rank_counts),
+    st.tuples(st.just("call"), st.none(), st.none()),
 )
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.booleans(), calls), max_size=40))
-def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed):
-    """Whatever is counted on the host and whatever on the device, the snapshot is the plain count of every call."""
+@given(st.lists(st.tuples(st.booleans(), calls), max_size=40), st.integers(min_value=1, max_value=61))
+def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed, layers_per_step):
+    """Whatever is counted on the host and whatever on the device, the snapshot is the plain count of every step and
+    every token; the calls are every eager call plus ``layers_per_step`` per captured step (a captured call is no
+    op: a graph replays every layer's dispatch of its step)."""
     counters = DispatchCounters(cap=CAP, ep_size=EP_SIZE)
+    counters.layers_per_step = layers_per_step
     counters._words_direct = True  # CUDA's eager path for the words (on CPU it allocates, but adds the same)
     record = counters.traffic_record()
     words = workspace_counter_words(torch.zeros(256, dtype=torch.uint8), ep_size=EP_SIZE)
@@ -279,7 +288,12 @@ def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed):
     dispatches = runtime_sum = max_runtime = max_local = 0
     for is_captured, (kind, first, second) in mixed:
         counters._eager = (lambda: False) if is_captured else (lambda: True)
+        if kind == "call":
+            counters.record_call()
+            dispatches += not is_captured
+            continue
         if kind == "step":
+            dispatches += layers_per_step if is_captured else 0
             counters.record_step(first, second)
             histogram[min(first, CAP + 1)] += 1
             runtime_sum, max_runtime = runtime_sum + first, max(max_runtime, first)
@@ -295,7 +309,7 @@ def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed):
             counters.record_counter_words(record, words)
         else:
             counters.record_dispatch(torch.tensor(first), torch.tensor(second))
-        dispatches += 1
+        dispatches += not is_captured
         sent = [a + b for a, b in zip(sent, first)]
         received = [a + b for a, b in zip(received, second)]
     snapshot = counters.snapshot()
@@ -305,3 +319,42 @@ def test_any_mix_of_eager_and_captured_calls_adds_up_exactly(mixed):
     assert (snapshot.max_runtime_tokens, snapshot.max_local_tokens) == (max_runtime, max_local)
     assert snapshot.dispatch_calls == dispatches
     assert list(snapshot.tokens_sent_per_rank) == sent and list(snapshot.tokens_received_per_rank) == received
+
+
+def test_a_snapshots_wait_for_its_copy_lets_the_gil_go():
+    """The telemetry thread waits on its copy by asking the event and sleeping between (the GIL free), never inside
+    ``Event.synchronize()`` (one C call: whether it lets the GIL go is torch's choice): the engine's thread runs
+    meanwhile."""
+    import threading
+
+    from capwatch.dispatcher.counters import wait_without_the_gil
+
+    class Copy:  # a CUDA event whose copy takes a while
+        def __init__(self):
+            self.asked = 0
+
+        def query(self) -> bool:
+            self.asked += 1
+            return self.asked > 200
+
+        def synchronize(self):
+            raise AssertionError("a snapshot must not wait inside synchronize()")
+
+    stop, engine_turns = threading.Event(), []
+
+    def engine() -> None:
+        while not stop.is_set():
+            engine_turns.append(1)
+            time.sleep(0)
+
+    thread = threading.Thread(target=engine)
+    thread.start()
+    try:
+        copy = Copy()
+        before = len(engine_turns)
+        wait_without_the_gil(copy, poll_s=1e-4)
+        during = len(engine_turns) - before
+    finally:
+        stop.set()
+        thread.join(5)
+    assert copy.asked == 201 and during > 50, (copy.asked, during)

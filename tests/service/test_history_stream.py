@@ -129,3 +129,26 @@ def test_the_streamed_answer_is_the_one_built_whole(rows, page_rows, window_s):
         "cluster": "c", "role": "target", "since_unix_s": 1.0, "until_unix_s": 2.0, "window_s": window_s}
     assert {key: streamed[key] for key in ("truncated", "ranks", "group")} == built_whole(rows, 100, window_s)
     ClusterHistory.model_validate(streamed)
+
+
+def test_every_history_page_is_read_from_a_covering_index(tmp_path):
+    """Issue #36 (F20): each page's rows were looked up in the table, past their large payload (to reach
+    max_local_tokens); both orders of the history now read an index alone (benchmarks/history_read.py)."""
+    from capwatch.service.store import reads
+
+    store = Store(tmp_path / "c.db")
+    try:
+        statements: list[str] = []
+        connection = store._reader()
+        connection.set_trace_callback(statements.append)
+        truncated, pages = reads.interval_pages(store._reader, "none", "target", 0.0, 1e10, 100, ("rank", "time"), 10)
+        for order in pages:
+            list(order)
+        connection.set_trace_callback(None)
+        page_queries = [text for text in statements if "ORDER BY" in text and "LIMIT" in text and "OFFSET" not in text]
+        assert len(page_queries) == 2
+        for text in page_queries:
+            plan = " ".join(row[3] for row in connection.execute("EXPLAIN QUERY PLAN " + text))
+            assert "COVERING INDEX" in plan, (text, plan)
+    finally:
+        store.close()

@@ -271,6 +271,9 @@ def test_a_500_answer_carries_the_security_headers(tmp_path):
     from fastapi.testclient import TestClient
 
     class BrokenSource:  # a read that fails in a way no handler expects: Starlette's own 500
+        def changes(self):
+            return None
+
         def clusters(self):
             return ["x"]
 

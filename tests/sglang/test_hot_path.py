@@ -1,84 +1,172 @@
-"""The FlashInfer and DeepEP hooks' counting dispatch, per call, in the main venv: exactly the torch ops its module
-docstring promises (on CPU a ``copy_`` of the workspace's int32 counter words into the layer's int64 record and
-one ``add_`` of it; eagerly the call and the step are counted on the host, and under CUDA graph capture they are
-device ops: the call in the record, one ``add_`` more on the step leader), nothing allocated, nothing read back to
-the host, and the counts land. "captured" drives the counters' device path on CPU (``DispatchCounters._eager``),
-as a capture on CUDA takes it.
+"""The FlashInfer and DeepEP hooks' counting, per call, in the main venv: exactly the torch ops the chosen design
+promises (docs/dispatcher.md, "Counting a GPU does not notice"), per kind of layer, eagerly and under a simulated
+CUDA graph capture; nothing allocated, nothing read back to the host, and the counts land.
 
-torch's profiler lists every aten op a call runs, nested ones too: on CPU an ``add_`` of int32 words into the
-int64 counters runs ``aten::to`` (a converted copy: an allocation), and an ``index_add_`` with a strided index
-runs ``aten::contiguous`` (another) before they add; either would show here.
+The design: the step leader counts the step (on the host eagerly, one ``add_`` captured); every layer's call is a
+host int eagerly and no op captured; only the layers of the traffic sample add their per-rank counts, one ``add_``
+of FlashInfer's int32 words on CUDA. So, per counted call, device ops:
+
+=====================  =====  ========
+layer                  eager  captured
+=====================  =====  ========
+step leader            1      2
+sampled                1      1
+any other              0      0
+=====================  =====  ========
+
+"captured" drives the counters' device path on CPU (``DispatchCounters._eager``), as a capture on CUDA takes it;
+"CUDA's words" adds the words as CUDA does (``_words_direct``; on CPU that add converts into a temporary, so the
+ops are counted as the top-level ops the call dispatches). On CPU itself the words are a ``copy_`` into the layer's
+int64 record and one ``add_``: listed too, and checked to allocate nothing. A change that adds a device op per
+layer fails here without a GPU.
 """
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.dispatcher.instrumented import InstrumentedDispatcher
-from capwatch.sglang_plugin.hooks.flashinfer import counted_dispatch
+from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CounterWords, LayerCounting, elect
+from capwatch.sizing.deepep_plan import DEEPEP
 from torch.profiler import ProfilerActivity, profile
 
 from tests.support.host_reads import forbid_host_reads
 from tests.support.workspace import workspace_counter_words
 
 CAP, EP_SIZE = 16, 2
+LAYERS = 58  # DeepSeek-V3's MoE layers
+KINDS = {"step leader": 0, "sampled": TRAFFIC_SAMPLE_STRIDE, "other layer": 1}
+# Device ops per counted call, (eager, captured), as the design says: the table in the module docstring.
+DEVICE_OPS = {"step leader": (1, 2), "sampled": (1, 1), "other layer": (0, 0)}
 
 
+VIEWS = {"aten::flatten", "aten::slice", "aten::select", "aten::view", "aten::as_strided", "aten::alias"}
+
+
+def top_level_ops(profiler) -> list[str]:
+    """The ops the call itself dispatched (not those an op runs inside it), views apart: a view launches nothing."""
+    return sorted(event.name for event in profiler.events() if event.cpu_parent is None and event.name not in VIEWS)
+
+
+def flashinfer_layers(counters: DispatchCounters):
+    """A role of ``LAYERS`` layers elected as the FlashInfer hook's session elects them, each with its own workspace
+    counter words (as the backend views them)."""
+    words = [workspace_counter_words(torch.zeros(EP_SIZE, 256, dtype=torch.uint8)[0], EP_SIZE) for _ in range(LAYERS)]
+    layers = [LayerCounting(counters, 0, EP_SIZE, CounterWords(each)) for each in words]
+    elect(counters, layers, list(range(LAYERS)), TRAFFIC_SAMPLE_STRIDE)
+    for each in words:
+        each.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))  # what FlashInfer's kernel writes
+    return layers, words
+
+
+@pytest.mark.parametrize("cuda_words", [True, False], ids=["CUDA's words", "CPU's words"])
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
-@pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
-def test_a_counted_dispatch_copies_and_adds_once_and_allocates_nothing(leader, captured):
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_a_counted_flashinfer_dispatch_runs_the_designs_ops_and_allocates_nothing(kind, captured, cuda_words):
     counters = DispatchCounters(CAP, EP_SIZE)
+    counters._words_direct = cuda_words
     if captured:
         counters._eager = lambda: False
-    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
-    # This rank's row of a FlashInfer workspace; its send and receive counter words as the backend views them.
-    words = workspace_counter_words(torch.zeros(EP_SIZE, 256, dtype=torch.uint8)[0], EP_SIZE)
-    words.copy_(torch.tensor([[3, 2], [1, 4]], dtype=torch.int32))  # what FlashInfer's kernel writes
+    layers, _ = flashinfer_layers(counters)
+    layer = layers[KINDS[kind]]
     received = [torch.zeros(EP_SIZE, 8, 4)]
 
     def transport(token_selected_experts, input_payloads, runtime_max_tokens_per_rank, invalid_token_expert_id,
                   expert_id_payload_index):  # FlashInfer's launch: no torch op on the host here
         return received
 
-    record = counters.traffic_record()
-    counted = counted_dispatch(transport, layer, words, record)
+    counted = layer.counted(transport)  # as the FlashInfer hook shadows MoeAlltoAll.dispatch
     # What it counts into, by name (benchmarks/sglang_dispatch.py rebuilds it around a no-op transport).
-    named = (counted.layer, counted.counter_words, counted.record, counted.transport)
-    assert all(a is b for a, b in zip(named, (layer, words, record, transport), strict=True))
+    assert counted.counting is layer and counted.transport is transport
     experts = torch.zeros(5, 8, dtype=torch.int32)
     counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1)  # the step's view is kept now
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         assert counted(experts, [], 8, invalid_token_expert_id=-1, expert_id_payload_index=1) is received
-    ops = sorted(event.name for event in profiler.events())
-    assert ops == sorted(["aten::copy_", "aten::add_"] + (["aten::add_"] if leader and captured else [])), ops
-    assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
+    ops = top_level_ops(profiler)
+    eager_ops, captured_ops = DEVICE_OPS[kind]
+    if cuda_words:
+        assert len(ops) == (captured_ops if captured else eager_ops), ops
+        assert set(ops) <= {"aten::add_"}, ops
+    else:  # on CPU the words go through the layer's int64 record: a copy_ before their add_
+        traffic = ["aten::copy_", "aten::add_"] if layer.counts_traffic else []
+        assert ops == sorted(traffic + (["aten::add_"] if kind == "step leader" and captured else [])), ops
+        assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
     snapshot = counters.snapshot()
-    assert snapshot.dispatch_calls == 2
-    assert snapshot.tokens_sent_per_rank == (6, 4) and snapshot.tokens_received_per_rank == (2, 8)
-    assert snapshot.forward_steps == (2 if leader else 0)
-    if leader:
+    leads, sampled = kind == "step leader", kind != "other layer"
+    assert snapshot.forward_steps == (2 if leads else 0)
+    # Eagerly each call is a host int; captured, the calls are the captured steps' layers (a leader's two steps).
+    assert snapshot.dispatch_calls == (2 if not captured else 2 * LAYERS if leads else 0)
+    assert snapshot.tokens_sent_per_rank == ((6, 4) if sampled else (0, 0))
+    assert snapshot.tokens_received_per_rank == ((2, 8) if sampled else (0, 0))
+    if leads:
         assert snapshot.runtime_tokens_histogram[8] == 2 and snapshot.local_tokens_histogram[5] == 2
 
 
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_every_step_of_a_model_counts_r_the_local_batch_and_calls_exactly_and_the_sampled_traffic(captured):
+    """58 layers, a few steps of varying R and local batch through every layer: the steps, the R and local-batch
+    histograms and the calls are exact; the tokens are the sampled layers' (4 of 58), each exactly."""
+    counters = DispatchCounters(CAP, EP_SIZE)
+    if captured:
+        counters._eager = lambda: False
+    layers, _ = flashinfer_layers(counters)
+    counted = [layer.counted(lambda *args: None) for layer in layers]
+    steps = [(8, 5), (16, 16), (3, 1), (12, 7)]
+    for runtime, local in steps:
+        experts = torch.zeros(local, 8, dtype=torch.int32)
+        for dispatch in counted:
+            dispatch(experts, [], runtime)
+    snapshot = counters.snapshot()
+    sampled = [index for index, layer in enumerate(layers) if layer.counts_traffic]
+    assert sampled == list(range(0, LAYERS, TRAFFIC_SAMPLE_STRIDE)) == [0, 16, 32, 48]
+    assert [index for index, layer in enumerate(layers) if layer.step_leader] == [0]
+    assert snapshot.forward_steps == len(steps) and snapshot.dispatch_calls == len(steps) * LAYERS
+    assert snapshot.runtime_tokens_sum == sum(runtime for runtime, _ in steps)
+    for runtime, local in steps:
+        assert snapshot.runtime_tokens_histogram[runtime] == 1 and snapshot.local_tokens_histogram[local] == 1
+    assert snapshot.tokens_sent_per_rank == (3 * len(steps) * len(sampled), 2 * len(steps) * len(sampled))
+
+
+def test_an_overflow_is_counted_once_per_step_whichever_layers_guard():
+    """Every layer guards (host ints, no device op); the raised overflow is counted by the layer that raises and
+    the step by the leader: exact, sampled or not."""
+    from capwatch.dispatcher.counting import CapOverflowError
+
+    counters = DispatchCounters(CAP, EP_SIZE)
+    layers, _ = flashinfer_layers(counters)
+    experts = torch.zeros(4, 8, dtype=torch.int32)
+    with pytest.raises(CapOverflowError):
+        layers[0].counted(lambda *args: None)(experts, [], CAP + 1)  # the leader raises: the step ends there
+    snapshot = counters.snapshot()
+    assert snapshot.overflow_events == {**snapshot.overflow_events, ("runtime_over_cap", "raised"): 1}
+    assert snapshot.overflow_events_total == 1 and snapshot.runtime_tokens_histogram[CAP + 1] == 1
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
-def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(leader):
-    """The DeepEP hook's ``dispatch_a`` + ``dispatch_b`` per call: the pairs' destinations and weights into the
-    scratch made at adoption, the layout range's high words summed into the record, one ``add_``; nothing
-    allocated (a Python int divisor was wrapped into a new tensor on every call), nothing read back."""
+def test_a_counted_deepep_dispatch_counts_traffic_on_the_leaders_layer_only(leader, captured):
+    """The DeepEP hook's ``dispatch_a`` + ``dispatch_b`` per call. Its traffic is eight ops (the pairs' destinations
+    and weights into the scratch made at adoption, the layout range's high words summed into the record, one
+    ``add_``), so only the step leader's layer is sampled; any other layer runs none. Nothing allocated (a Python
+    int divisor was wrapped into a new tensor on every call), nothing read back."""
     from capwatch.sglang_plugin.hooks.deepep import Traffic, counted_dispatch_a, counted_dispatch_b
 
     experts, top_k = 8, 2
     counters = DispatchCounters(CAP, EP_SIZE)
-    layer = InstrumentedDispatcher(SimpleNamespace(ep_rank=0, ep_size=EP_SIZE), counters, CAP, step_leader=leader)
+    if captured:
+        counters._eager = lambda: False
+    layers = [LayerCounting(counters, 0, EP_SIZE, counters.traffic_record(), rules=DEEPEP) for _ in range(3)]
+    elect(counters, layers, [0, 1, 2], traffic_stride=None)  # as the session elects DeepEP's layers
+    layer = layers[0 if leader else 1]
     # Each of the 4 local experts' layout range: pairs from each rank in the high words (rank 0 sent 1 + 2 + 0 + 0,
     # rank 1 3 + 4 + 0 + 1), as DeepEP lays it out: [local experts, ranks].
     layout = torch.tensor([[1, 3], [2, 4], [0, 0], [0, 1]], dtype=torch.int64) << 32
     dispatcher = SimpleNamespace(num_experts=experts, num_max_dispatch_tokens_per_rank=CAP, router_topk=top_k,
                                  handle=(None, layout))
-    traffic = Traffic.made(dispatcher, counters)
+    traffic = Traffic.made(dispatcher, layer)
     topk_ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int64)  # ranks 0, 1 | 1, none | 0, 1
 
     def dispatch_a(hidden_states, topk_output):  # DeepEP's launch: what SGLang keeps for dispatch_b
@@ -94,7 +182,33 @@ def test_a_counted_deepep_dispatch_allocates_nothing_and_reads_nothing_back(lead
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         assert counted_b(*counted_a(hidden, None)) is hidden
     assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
+    traffic_ops = ["aten::add_", "aten::bitwise_right_shift", "aten::clamp", "aten::div_", "aten::ge",
+                   "aten::scatter_add_", "aten::sum", "aten::zero_"]
+    expected = (traffic_ops if leader else []) + (["aten::add_"] if leader and captured else [])
+    assert top_level_ops(profiler) == sorted(expected)
     snapshot = counters.snapshot()
-    assert snapshot.dispatch_calls == 2
-    assert snapshot.tokens_sent_per_rank == (4, 6) and snapshot.tokens_received_per_rank == (6, 16)
+    assert snapshot.dispatch_calls == (2 if not captured else 2 * 3 if leader else 0)
+    assert snapshot.tokens_sent_per_rank == ((4, 6) if leader else (0, 0))
+    assert snapshot.tokens_received_per_rank == ((6, 16) if leader else (0, 0))
     assert snapshot.forward_steps == (2 if leader else 0)
+
+
+def test_the_session_elects_places_in_model_order_with_micro_batch_twins_sharing_one():
+    """Layer ids arrive in any order (some unknown: last, each its own place); with DeepEP's two-batch overlap a
+    layer id's two dispatchers share a place, so both lead on the lowest and the calls per step are the places."""
+    from capwatch.sglang_plugin.session import RoleWatch
+
+    for lead_per_micro_batch, stride in ((False, 2), (True, None)):
+        counters = DispatchCounters(CAP, EP_SIZE)
+        watch = RoleWatch("target", counters, {}, lead_per_micro_batch=lead_per_micro_batch, traffic_stride=stride)
+        ids = [7, 3, 3, None, 5, 7, None]
+        layers = [LayerCounting(counters, 0, EP_SIZE, counters.traffic_record()) for _ in ids]
+        for layer_id, layer in zip(ids, layers):
+            watch.add_layer(layer_id, layer, object())
+        leaders = [layer_id for layer_id, layer in zip(ids, layers) if layer.step_leader]
+        sampled = [layer_id for layer_id, layer in zip(ids, layers) if layer.counts_traffic]
+        if lead_per_micro_batch:  # places: 3 3 | 5 | 7 7 | None | None
+            assert leaders == [3, 3] and sampled == [3, 3] and counters.layers_per_step == 5
+        else:  # places: 3 | 3 | 5 | 7 | 7 | None | None; every 2nd from the first
+            assert leaders == [3] and counters.layers_per_step == 7
+            assert sorted(sampled, key=lambda i: math.inf if i is None else i) == [3, 5, 7, None]

@@ -12,6 +12,7 @@ import urllib.request
 
 import pytest
 import torch
+from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE
 from capwatch.sglang_plugin.hooks.flashinfer import ADAPTERS
 
 from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
@@ -54,8 +55,9 @@ def _role_of(step: dict, release: str) -> str:
     return "draft" if step.get("draft") else "sp_prefill" if step.get("sp_prefill") else "target"
 
 
-def _layers(plan: dict, role: str) -> int:
-    return len(plan.get({"target": "target_layers", "draft": "draft_layers", "sp_prefill": "sp_prefill_layers"}[role], []))
+def _layers(plan: dict, role: str) -> list[int]:
+    """The role's layer ids, in the order the rank program runs them."""
+    return plan.get({"target": "target_layers", "draft": "draft_layers", "sp_prefill": "sp_prefill_layers"}[role], [])
 
 
 def _targets(ids: torch.Tensor, world: int) -> list[set[int]]:
@@ -73,7 +75,13 @@ def expected_geometry(run: RankRun, plan: dict) -> dict[tuple[int, str], dict]:
     for step in plan["steps"]:
         role = _role_of(step, run.sglang_release)
         runtime_tokens = max(step["dp_tokens"])
-        for _ in range(_layers(plan, role)):
+        layer_ids = _layers(plan, role)
+        # Model order: by layer id where the plugin learns it at construction; 0.5.22 learns it only from
+        # create_moe_dispatcher, which these ranks do not call, so there the layers keep their adoption order.
+        in_order = layer_ids if ADAPTERS[run.sglang_release].layer_id_at_create else sorted(layer_ids)
+        for layer_id in layer_ids:
+            # The traffic sample: every TRAFFIC_SAMPLE_STRIDE-th layer in model order, from the first (the leader).
+            sampled = in_order.index(layer_id) % TRAFFIC_SAMPLE_STRIDE == 0
             targets = []
             for rank in range(world):
                 targets.append(_targets(records[rank]["topk_ids"][cursors[rank]], world))
@@ -81,8 +89,9 @@ def expected_geometry(run: RankRun, plan: dict) -> dict[tuple[int, str], dict]:
             for rank in range(world):
                 entry = expected.setdefault((rank, role), {"dispatch_calls": 0, "steps": [], "sent": 0, "received": 0})
                 entry["dispatch_calls"] += 1
-                entry["sent"] += sum(len(t) for t in targets[rank])
-                entry["received"] += sum(rank in t for source in targets for t in source)
+                if sampled:
+                    entry["sent"] += sum(len(t) for t in targets[rank])
+                    entry["received"] += sum(rank in t for source in targets for t in source)
         for rank in range(world):
             expected[(rank, role)]["steps"].append(runtime_tokens)
     return expected

@@ -98,6 +98,18 @@ def test_two_hours_of_log_do_not_cut_the_cap_sixteen_fold(tmp_path):
     assert "hold (low confidence)" in table.stdout and "band up to" in table.stdout, table.stdout
 
 
+def test_the_memory_fraction_to_set_is_given_not_only_the_bytes(tmp_path):
+    """Symptom 8: "lower --mem-fraction-static by 3.64 GiB" without the value to set. The args say 0.82: the value
+    is 0.82 less the bytes over SGLang's reserve per GiB of the GPU's memory, worked out for two GPUs."""
+    advice = advise_from_sglang_logs([deepep_decode_log(tmp_path)]).advice
+    over_gib = advice.over_sglang_reserve_bytes_recommended / 2**30
+    assert advice.mem_fraction_static == 0.82 and over_gib > 0
+    memory = next(reason for reason in advice.reasons if "--mem-fraction-static" in reason)
+    assert "lower --mem-fraction-static by" not in memory, memory
+    assert f"set --mem-fraction-static to 0.82 - {over_gib:.2f} / G" in memory, memory
+    assert f"{0.82 - over_gib / 80:.3f} where G = 80" in memory and f"{0.82 - over_gib / 141:.3f} where G = 141" in memory
+
+
 def test_the_dp_rank_that_leads_every_window_is_named(tmp_path):
     """Symptom 4: a DP rank at 556 tokens with the others at 205 - 218 was not named (the reader named one only
     when more than one rank had held a window's peak)."""

@@ -153,3 +153,18 @@ def test_any_values_give_a_configuration_or_a_one_line_refusal(args):
         assert "\n" not in str(error)
         return
     assert 1 <= config.tokens_per_request <= 1024 and config.default_cap >= 4096
+
+
+def test_an_args_line_of_many_small_items_is_refused_in_bounded_memory():
+    """Issue #36 (F7b): a dict just under the 1 Mi-character bound, of small items, cost 529 MB to parse."""
+    import tracemalloc
+
+    text = "{'tp_size': 8, 'x': [" + "1," * ((1 << 20) // 2 - 40) + "1]}"
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnreadableArgs, match="items, more than any SGLang args line"):
+            read_server_args(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB"

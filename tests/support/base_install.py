@@ -12,7 +12,8 @@ from pathlib import Path
 
 from tests.support.service import INSTALLED_PYTHON
 
-# Run by .venv-service's python: every file (relative to site-packages) of every distribution in the base closure.
+# Run by .venv-service's python: every file of every distribution in the base closure, (relative to its
+# site-packages, where it lies).
 BASE_FILES = """
 import json, sys
 import importlib.metadata as metadata
@@ -26,7 +27,6 @@ while wanted:
         continue
     seen.add(key)
     distribution = metadata.distribution(name)
-    # Where each file is: a worktree's venv may take its dependencies from another venv's site-packages.
     files += [(str(path), str(distribution.locate_file(path))) for path in distribution.files or []
               if not str(path).startswith("..")]
     for line in distribution.requires or []:
@@ -43,8 +43,8 @@ def build_base_venv(folder: Path) -> Path:
     listing = subprocess.run([str(INSTALLED_PYTHON), "-c", BASE_FILES], check=True, capture_output=True, text=True,
                              timeout=120, cwd=folder)
     target = next(folder.glob("lib/python3*/site-packages"))
-    for name, location in json.loads(listing.stdout)["files"]:
-        origin, copy = Path(location), target / name
+    for name, located in json.loads(listing.stdout)["files"]:  # a venv may see another's site-packages (a .pth)
+        origin, copy = Path(located), target / name
         if origin.is_file() and not copy.exists():
             copy.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(origin, copy)

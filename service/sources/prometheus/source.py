@@ -71,6 +71,10 @@ class PrometheusSource:
 
     # --- ClusterSource ------------------------------------------------------------------------
 
+    def changes(self) -> None:
+        """No versions, no log of changes: Prometheus caches its own queries (``prometheus_cache_s``)."""
+        return None
+
     def clusters(self) -> list[str]:
         now = self.clock()
         data = self.api.get(f"/api/v1/label/{catalogue.GROUP_LABEL}/values", {
