@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from capwatch.advisor.vocabulary import Action
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from pydantic import BaseModel
 
 

@@ -21,7 +21,8 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.pricing import Pricing
 from capwatch.advisor.tail import TailModel, tail_model
 from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 

@@ -31,7 +31,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, get_args
 
 from capwatch.advisor.stage import Step
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import FloorRule, SGLangLimits
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below

@@ -1,8 +1,8 @@
 """The one builder of an EP group's ``GroupConfig`` from what is known of its ranks: the service's (each live
 rank's reported config, ``service/queries.py``) and the log reader's (the server's args, one rank's worth,
 ``sglang_logs/advise.py``) go through ``group_config``, so both apply the same rules: the backend's cap rules by
-its name, whether prefill batches go through the cap (DeepEP's mode), and each floor term's largest value over
-the ranks (the cap is one number for all of them)."""
+its name, whether prefill batches go through the cap (its spec says, from its parameters), and each floor term's
+largest value over the ranks (the cap is one number for all of them)."""
 
 from __future__ import annotations
 
@@ -11,26 +11,26 @@ from collections.abc import Iterable
 from capwatch.advisor.advice import CapSource
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.floor import merged_sglang_limits
-from capwatch.advisor.pricing import Pricing
-from capwatch.sizing.backends import BackendCapRules, backend_rules
-from capwatch.sizing.deepep_plan import prefill_dispatched
+from capwatch.backends import Pricing, spec_of
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
 
 
-def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRules, deepep_mode: str | None = None,
+def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRules, prefill_dispatched: bool = True,
                  sglang: Iterable[SGLangLimits | None] = (), cuda_graph_max_batch_sizes: Iterable[int | None] = (),
                  speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None,
                  cap_source: CapSource = "reported", cap_at_least: int | None = None,
                  mem_fraction_static: float | None = None) -> GroupConfig:
     """The group's configuration: ``cap`` its current cap (the largest the ranks run; where ``cap_source`` is
-    "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``deepep_mode`` a DeepEP
-    group's ``--deepep-mode`` (None for other backends); the ranks' SGLang limits, CUDA-graph batches and draft
+    "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``prefill_dispatched``
+    whether its prefill batches go through the cap (``BackendSpec.prefill_dispatched``: DeepEP's only in
+    --deepep-mode low_latency); the ranks' SGLang limits, CUDA-graph batches and draft
     tokens per step, each merged to its largest (None where not known)."""
     graph_batches = [batch for batch in cuda_graph_max_batch_sizes if batch is not None]
     return GroupConfig(
         cap=cap, pricing=pricing,
-        backend=a2a_backend if isinstance(a2a_backend, BackendCapRules) else backend_rules(a2a_backend),
-        prefill_dispatched=deepep_mode is None or prefill_dispatched(deepep_mode),
+        backend=a2a_backend if isinstance(a2a_backend, BackendCapRules) else spec_of(a2a_backend).rules,
+        prefill_dispatched=prefill_dispatched,
         cuda_graph_max_batch_size=max(graph_batches) if graph_batches else None,
         speculative_tokens=max(speculative_tokens, default=0),
         sglang=merged_sglang_limits(sglang), kv_bytes_per_token=kv_bytes_per_token,

@@ -33,7 +33,7 @@ import time
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend
 from capwatch.advisor.sample import GroupSample
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token

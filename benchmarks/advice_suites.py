@@ -29,7 +29,7 @@ from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.floor import deployment_floor
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend
 from capwatch.advisor.sample import GroupSample
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.version import capwatch_version
 

@@ -69,8 +69,8 @@ def build() -> dashboard_models.Dashboard:
              Query(service(svc.RECOMMENDED_CAP_TOKENS), "recommended {{ep_group}}")]))
         .with_panel(stat_panel(
             "Workspace across the group",
-            "A2A memory summed over the ranks, by each backend's sizing: FlashInfer's workspace formula, or "
-            "DeepEP's buffer as SGLang allocates it.",
+            "A2A memory summed over the ranks, by each backend's sizing: its workspace or buffer as the engine "
+            "allocates it.",
             "bytes", [Query(group_workspace_bytes, GROUP_LEGEND)]))
         .with_panel(stat_panel(
             "Advice",

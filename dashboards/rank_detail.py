@@ -142,7 +142,7 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("Memory"))
         .with_panel(timeseries_panel(
             "Workspace bytes per rank",
-            "A2A memory of each rank at its cap, by its backend's sizing (FlashInfer's workspace, DeepEP's buffer).",
+            "A2A memory of each rank at its cap, by its backend's sizing (its workspace or buffer).",
             "bytes", [Query(ranks(cat.WORKSPACE_BYTES.name), RANK_LEGEND)], min_value=0))
         .with_panel(timeseries_panel(
             "Payload bytes per token",

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
 from .counters import DispatchCounters, TrafficRecord

@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
-from capwatch.sizing.backends import FLASHINFER, BackendCapRules
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
 from capwatch.vocabulary import OVERFLOW_POLICIES
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from capwatch.advisor.pricing import pricing_of
+from capwatch.backends import pricing_of, spec_of
 from capwatch.service.findings import Finding, consistency_findings
 from capwatch.service.sources.contract import RankState
 from capwatch.service.vocabulary import RankStatus

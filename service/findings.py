@@ -11,9 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from capwatch.advisor.pricing import pricing_of
+from capwatch.backends import pricing_of, spec_of
 from capwatch.service.sources.contract import RankState
-from capwatch.sizing.backends import backend_rules
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 
@@ -80,7 +79,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
         # The double count is a backend's known bug (FlashInfer's cap x ep_size max_num_tokens; DeepEP takes the
         # per-rank cap as is).
         sized_for_group = (pricing_of(state.config, state.ep_size).known_bytes_per_rank(state.cap * state.ep_size)
-                           if state.ep_size > 1 and backend_rules(state.config.a2a_backend).sized_for_group_bug
+                           if state.ep_size > 1 and spec_of(state.config.a2a_backend).rules.sized_for_group_bug
                            else None)
         if sized_for_group and abs(reported - sized_for_group) <= DOUBLE_COUNT_TOLERANCE * sized_for_group:
             doubled.append((state, reported, expected))
@@ -96,7 +95,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
                      f"(as in sglang PR #25907); size the workspace with the per-rank cap")))
     if mismatched:
         state, reported, expected = mismatched[0]
-        rules = backend_rules(state.config.a2a_backend)
+        rules = spec_of(state.config.a2a_backend).rules
         findings.append(Finding(
             kind="workspace_mismatch", severity="info", ranks=sorted(s.ep_rank for s, _, _ in mismatched),
             message=(f"rank {state.ep_rank} reports {reported} {rules.memory} bytes; {rules.sized_by} gives "

@@ -8,7 +8,7 @@ from capwatch.advisor.advice import Advice, WhatIf
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.group import group_config
 from capwatch.advisor.kv import kv_bytes_per_token_of
-from capwatch.advisor.pricing import pricing_of
+from capwatch.backends import pricing_of, spec_of
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
@@ -62,9 +62,10 @@ def group_config_of_ranks(states: list[RankState], now_s: float, settings: Setti
                          "backend_mismatch finding")
     widest = max(live, key=lambda state: (state.cap, state.ep_rank))
     config = widest.config
+    spec = spec_of(config.a2a_backend)
     return group_config(
         cap=widest.cap, pricing=pricing_of(config, max(state.ep_size for state in live)),
-        a2a_backend=config.a2a_backend, deepep_mode=None if config.deepep is None else config.deepep.mode,
+        a2a_backend=spec.rules, prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)),
         sglang=[state.config.sglang for state in live],
         cuda_graph_max_batch_sizes=[state.config.cuda_graph_max_batch_size for state in live],
         speculative_tokens=[state.config.speculative_tokens for state in live],

@@ -25,19 +25,17 @@ from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.group import group_config
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.pricing import Pricing, WorkspacePricing
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.advisor.settings import AdvisorSettings
+from capwatch.backends import DEFAULT_BACKEND, SPECS, Pricing, spec_of
 from capwatch.sglang_logs.log_file import LATE, STDIN, UNCONFIGURED, UNSTAMPED
 from capwatch.sglang_logs.reader import LogError, LogRead, read_logs
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 from capwatch.sglang_logs.timeline import Segment
-from capwatch.sizing.backends import BACKENDS, DEEPEP, BackendCapRules, backend_rules
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, plan_deepep_buffer
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry, model_geometry
-from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 
 NO_BACKEND = "none"  # SGLang's --moe-a2a-backend when MoE tokens move without an all-to-all
 
@@ -135,15 +133,15 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     except ValueError as error:
         raise LogError(str(error)) from None
     current = segment.cap_in_use
-    deepep_mode = (config.deepep_mode or DEEPEP_MODES[0]) if backend is DEEPEP else None
-    pricing = _pricing(config, geometry, flags.ep_size or config.a2a_group_size, deepep_mode)
+    pricing, prefill_through_cap = _pricing(backend, config, geometry, flags.ep_size or config.a2a_group_size)
     limits = None if config.limits is None else config.limits.model_copy(
         update={"cap_source": "default" if flags.cap is None and segment.cap_seen is None else "env"})
     if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
     cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
-    group = group_config(cap=current, pricing=pricing, a2a_backend=backend, deepep_mode=deepep_mode, sglang=[limits],
+    group = group_config(cap=current, pricing=pricing, a2a_backend=backend, prefill_dispatched=prefill_through_cap,
+                         sglang=[limits],
                          kv_bytes_per_token=kv, cap_source=cap_source,
                          cap_at_least=segment.peak_without_assertion or None,
                          mem_fraction_static=config.mem_fraction_static)
@@ -196,38 +194,28 @@ def _latest_with_data(read: LogRead, paths: list[str], flags: ServerFlags) -> Se
     raise LogError(f"no SGLang decode lines ('Decode batch, #running-req: ...') in {where}{hint}")
 
 
-def _pricing(config: ServerConfig, geometry: ModelGeometry, ep_size: int, deepep_mode: str | None) -> Pricing:
-    """The backend's memory per rank at any cap for this server: DeepEP's buffer in ``deepep_mode``, else
-    FlashInfer's workspace."""
-    if deepep_mode is None:
-        return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
-                                combine_bytes_per_token(geometry.hidden_size))
-    mode = deepep_mode
-    if mode not in DEEPEP_MODES:
-        raise LogError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token cap; "
-                       "no advice")
-    try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
-        plan = plan_deepep_buffer(geometry, ep_size, DEEPEP.alignment, mode, config.redundant_experts,
-                                  geometry.shared_experts if config.shared_experts_fusion else 0)
+def _pricing(backend: BackendCapRules, config: ServerConfig, geometry: ModelGeometry,
+             ep_size: int) -> tuple[Pricing, bool]:
+    """The backend's memory per rank at any cap for this server, and whether its prefill batches meet the cap."""
+    try:
+        return spec_of(backend.name).settings_pricing(dict(config.a2a_params), geometry, ep_size, backend.alignment)
     except SizingError as error:
-        raise LogError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
-    return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
-                         plan.normal_rdma_bytes)
+        raise LogError(str(error)) from None
 
 
 def _backend(config: ServerConfig, flags: ServerFlags, segment: Segment) -> BackendCapRules:
     name = config.moe_a2a_backend
     if name is None:
         if segment.from_flags:
-            return backend_rules(next(iter(BACKENDS)))  # flags alone: the one capwatch sizes, named in the reasons
+            return DEFAULT_BACKEND.rules  # flags alone: the one capwatch sizes, named in the reasons
         raise LogError("the server_args name no moe_a2a_backend (a release before the option): pass --a2a-backend "
-                       f"({', '.join(sorted(BACKENDS))}) to size that backend's cap for this traffic")
+                       f"({', '.join(sorted(SPECS))}) to size that backend's cap for this traffic")
     if name == NO_BACKEND:
         raise LogError(f"the server runs moe_a2a_backend={NO_BACKEND!r}: MoE tokens move without an all-to-all, so "
                        "there is no per-rank dispatch cap; pass --a2a-backend "
-                       f"({', '.join(sorted(BACKENDS))}) to size one for this traffic")
+                       f"({', '.join(sorted(SPECS))}) to size one for this traffic")
     try:
-        return backend_rules(name)
+        return spec_of(name).rules
     except SizingError as error:
         raise LogError(f"the server runs the {name!r} A2A backend: {error}; no advice") from None
 

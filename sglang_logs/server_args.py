@@ -43,7 +43,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from capwatch.sizing.backends import BACKENDS
+from capwatch.backends import SPECS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.telemetry.report import SGLangLimits
 
@@ -83,13 +83,13 @@ class DefaultCapRule:
     prefill_name: str  # "prefill buffer" (0.5.22+) or "chunked prefill" (before)
 
     def cap(self, backend: str | None) -> int:
-        rules = BACKENDS.get(backend or "")
+        rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return rules.default_cap
         return max(self.prefill_tokens, SGLANG_DEFAULT_MIN_CAP)
 
     def words(self, backend: str | None) -> str:
-        rules = BACKENDS.get(backend or "")
+        rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return f"SGLang's default {rules.default_cap} for {rules.name}"
         return f"SGLang's default max({self.prefill_name} {self.prefill_tokens}, {SGLANG_DEFAULT_MIN_CAP})"
@@ -111,10 +111,8 @@ class ServerConfig:
     speculative_algorithm: str | None = None
     decode_log_interval: int | None = DEFAULT_DECODE_LOG_INTERVAL  # None: unknown
     kv_cache_dtype: str | None = None
-    # DeepEP's buffer beyond the model: --deepep-mode, --ep-num-redundant-experts, --enforce-shared-experts-fusion.
-    deepep_mode: str | None = None
-    redundant_experts: int = 0
-    shared_experts_fusion: bool = False
+    # What sizes the backend beyond the model, as its spec reads it (``BackendSpec.settings_params``).
+    a2a_params: tuple[tuple[str, object], ...] = ()
     mem_fraction_static: float | None = None  # as resolved (SGLang's automatic value, or the flag); None: unknown
 
     @property
@@ -218,8 +216,8 @@ def _backend_name(args: dict) -> str | None:
         return None
     value = args["moe_a2a_backend"]
     if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", value):
-        raise UnreadableArgs(f"moe_a2a_backend={shown(value)} is not a backend name (e.g. 'flashinfer', 'deepep', "
-                             "'none')")
+        raise UnreadableArgs(f"moe_a2a_backend={shown(value)} is not a backend name (e.g. "
+                             f"{', '.join(map(repr, SPECS))}, 'none')")
     return value
 
 
@@ -241,6 +239,29 @@ def _fraction(args: dict, key: str) -> float | None:
 def _text(args: dict, key: str) -> str | None:
     value = args.get(key)
     return value if isinstance(value, str) and len(value) <= 4096 else None
+
+
+@dataclass(frozen=True)
+class _Args:
+    """The args as a backend's spec reads them (``capwatch.backends.spec.SettingsReader``)."""
+
+    args: dict
+
+    def text(self, key: str) -> str | None:
+        return _text(self.args, key)
+
+    def size(self, key: str, default: int, least: int) -> int:
+        return _size(self.args, key, default, least)
+
+    def flag(self, key: str) -> bool:
+        return bool(self.args.get(key))
+
+
+def _backend_params(args: dict) -> dict[str, tuple[tuple[str, object], ...]]:
+    """What sizes each known backend beyond the model, read by its spec: every backend's settings are read, so one
+    that is no plausible value is refused whichever backend the server runs."""
+    reader = _Args(args)
+    return {name: spec.settings_params(reader) for name, spec in SPECS.items()}
 
 
 def max_prefill_buffer_tokens(args: dict) -> int:
@@ -307,10 +328,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         tokens_per_request=tokens_per_request, limits=limits, default_cap=rule.cap(backend), default_rule=rule,
         speculative_algorithm=algorithm,
         decode_log_interval=interval if interval and interval > 0 else DEFAULT_DECODE_LOG_INTERVAL,
-        kv_cache_dtype=_text(args, "kv_cache_dtype"), deepep_mode=_text(args, "deepep_mode"),
-        redundant_experts=_size(args, "ep_num_redundant_experts", 0, least=0),
-        shared_experts_fusion=bool(args.get("enforce_shared_experts_fusion"))
-        and not args.get("disable_shared_experts_fusion"),
+        kv_cache_dtype=_text(args, "kv_cache_dtype"),
+        a2a_params=_backend_params(args).get(backend, ()),
         mem_fraction_static=_fraction(args, "mem_fraction_static"))
 
 

@@ -1,9 +1,8 @@
-"""The A2A backends capwatch knows, each with the rules of its per-rank cap: the variable SGLang reads
-the cap from, the alignment and range capwatch advises within, and what happens below its floor.
+"""The rules of an A2A backend's per-rank cap: the variable the engine reads it from, the alignment and range
+capwatch advises within, and what happens below its floor.
 
-One entry per backend, keyed by the name SGLang's ``--moe-a2a-backend`` gives it; every part that names a
-cap's variable or bounds a cap takes it from here. A backend's buffer layout is its own module beside
-``flashinfer_moe_a2a`` and ``deepep_low_latency`` (docs/sizing.md, "Adding a backend", lists the rest).
+Each backend's own rules live in its sizing module (``FLASHINFER`` in ``flashinfer_releases``, ``DEEPEP`` in
+``deepep_plan``) and reach every other part through its spec (``capwatch.backends``, the one registry).
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ from dataclasses import dataclass
 
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_low_latency import MAX_DISPATCH_TOKENS_PER_RANK
-from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_DEFAULT_CAP, SGLANG_DEEPEP_RESERVE_BYTES
 
 
 @dataclass(frozen=True)
@@ -39,8 +36,8 @@ class BackendCapRules:
     local_batch_cap: bool = False
     overflow_outcome: str = "the dispatch is refused"  # what a batch above the cap does, in words
     memory: str = "workspace"  # what the cap sizes, in the advice's words
-    sized_by: str = "FlashInfer's formula"  # what capwatch prices it with, in the findings' words
-    mismatch_hint: str = "check flashinfer_version and the payload sizes"  # where a reported size that differs comes from
+    sized_by: str = "its formula"  # what capwatch prices it with, in the findings' words
+    mismatch_hint: str = "check the payload sizes"  # where a reported size that differs comes from
     # A known bug sized this backend's memory for cap x ep_size tokens per rank (sglang PR #25907, FlashInfer's
     # max_num_tokens): the service's findings name it when a rank's reported size matches that.
     sized_for_group_bug: bool = False
@@ -57,29 +54,3 @@ class BackendCapRules:
     def env_line(self, cap: int) -> str:
         """``VAR=cap``: the line an operator exports."""
         return f"{self.cap_env_var}={cap}"
-
-
-FLASHINFER = BackendCapRules("flashinfer", "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
-                             sized_for_group_bug=True)
-DEEPEP = BackendCapRules(
-    "deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
-    required_alignment=128,
-    why_aligned="a cap off a multiple of 128 corrupts DeepEP's FP8 scales (sglang#28994)",
-    why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
-    default_cap=SGLANG_DEEPEP_DEFAULT_CAP,
-    below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
-    eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="DeepEP's dispatch assertion ends the rank",
-    memory="buffer", sized_by="DeepEP's size hints as SGLang adds them",
-    mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
-    sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES)
-
-BACKENDS: dict[str, BackendCapRules] = {rules.name: rules for rules in (FLASHINFER, DEEPEP)}
-BACKEND_NAMES: tuple[str, ...] = tuple(BACKENDS)
-
-
-def backend_rules(name: str) -> BackendCapRules:
-    """The rules of the backend SGLang calls ``name``; SizingError naming the known ones otherwise."""
-    rules = BACKENDS.get(name)
-    if rules is None:
-        raise SizingError(f"capwatch does not size the {name!r} A2A backend; it knows {', '.join(sorted(BACKENDS))}")
-    return rules

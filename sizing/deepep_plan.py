@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up, largest_aligned_cap
 from capwatch.sizing.checks import SizingError, check_integer, check_positive
 from capwatch.sizing.deepep_low_latency import (
@@ -41,6 +42,18 @@ DEEPEP_WORKSPACE_BYTES = 32 << 20  # LEGACY_NUM_WORKSPACE_BYTES, cudaMalloc'd be
 NVSHMEM_HEAP_STEP_BYTES = 1 << 29  # NVSHMEM_CUMEM_GRANULARITY = 2**29, set by deep_ep.Buffer
 SGLANG_DEEPEP_RESERVE_BYTES = 2048 << 20  # reserve_for_deepep_a2a_mb: 2 * 1024 MB (SGLang's MB are MiB)
 SGLANG_DEEPEP_DEFAULT_CAP = 128  # envs.SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK's default
+
+DEEPEP = BackendCapRules(
+    "deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
+    required_alignment=128,
+    why_aligned="a cap off a multiple of 128 corrupts DeepEP's FP8 scales (sglang#28994)",
+    why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
+    default_cap=SGLANG_DEEPEP_DEFAULT_CAP,
+    below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
+    eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="DeepEP's dispatch assertion ends the rank",
+    memory="buffer", sized_by="DeepEP's size hints as SGLang adds them",
+    mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
+    sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES)
 
 
 class NoDeepEPCapFits(SizingError):
@@ -141,7 +154,7 @@ class DeepEPPricing:
     def of_config(cls, config, ep_size: int) -> DeepEPPricing:
         """The pricing of a rank's reported config (a ``RankConfig`` of a deepep rank, or a source's
         ``UnpricedConfig``)."""
-        return cls.of_buffer(ep_size, config.hidden_size, config.deepep)
+        return cls.of_buffer(ep_size, config.hidden_size, getattr(config, "deepep", None))
 
     def bytes_per_rank(self, cap: int) -> int:
         if self.hidden_size is None or self.buffer_experts is None:

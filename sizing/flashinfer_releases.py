@@ -9,6 +9,7 @@ import functools
 import re
 from dataclasses import dataclass
 
+from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.checks import INT32_MAX, MAX_NUM_EXPERTS, SizingError, check_integer, check_positive
 
 ALIGNMENT_BYTES = 128  # kCachelineAlignment: where both layouts start their regions
@@ -140,3 +141,8 @@ def check_routing(top_k: int, num_experts: int, ep_size: int, version: FlashInfe
     if eplb_stats_num_experts > num_experts:
         raise SizingError(f"eplb_stats_num_experts {eplb_stats_num_experts} must be <= num_experts {num_experts}")
 
+
+# FlashInfer's cap: any cap within capwatch's range; a known bug sized its workspace for cap x ep_size.
+FLASHINFER = BackendCapRules("flashinfer", "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
+                             sized_by="FlashInfer's formula",
+                             mismatch_hint="check flashinfer_version and the payload sizes", sized_for_group_bug=True)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
 from capwatch.sizing.checks import INT32_MAX, SizingError, check_positive
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from capwatch.backends import SPECS
+
 PREFIX = "moe_a2a_"
 # Every per-rank series carries these; ``ep_group`` names the EP group (a deployment: CAPWATCH_CLUSTER, the
 # service's cluster). It was ``cluster`` before, the label multi-cluster Prometheus, Thanos, Mimir and
@@ -32,14 +34,13 @@ class MetricSpec:
     labels: tuple[str, ...] = RANK_LABELS
 
 
-# moe_a2a_info's, moe_a2a_sglang_info's and moe_a2a_deepep_info's own labels are RankConfig's,
-# RankConfig.sglang's and RankConfig.deepep's field names (ep_size aside, the identity's; cap_variable aside, the
-# backend's variable from sizing/backends.py, so an alert can name it); the value "none" on moe_a2a_info, an empty
+# moe_a2a_info's, moe_a2a_sglang_info's and each backend's moe_a2a_<backend>_info's own labels are RankConfig's,
+# RankConfig.sglang's and the backend's parameters' field names (ep_size aside, the identity's; cap_variable aside,
+# the backend's variable from its rules, so an alert can name it); the value "none" on moe_a2a_info, an empty
 # one on the SGLang info, is None.
 INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend", "payload_format", "flashinfer_version",
                                        "overflow_policy")
 SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule")
-DEEPEP_INFO_LABELS: tuple[str, ...] = ("mode",)
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
@@ -47,8 +48,8 @@ CAP_TOKENS = MetricSpec(
     "tokens")
 WORKSPACE_BYTES = MetricSpec(
     "moe_a2a_workspace_bytes", "gauge",
-    "A2A memory of this rank at its cap by its backend's sizing: FlashInfer's workspace formula, or DeepEP's "
-    "buffer as SGLang allocates it.", "bytes")
+    "A2A memory of this rank at its cap by its backend's sizing: its workspace or buffer as the engine "
+    "allocates it.", "bytes")
 WORKSPACE_ALLOCATED_BYTES = MetricSpec(
     "moe_a2a_workspace_allocated_bytes", "gauge",
     "A2A workspace or buffer bytes this rank's backend actually allocated (only where the backend knows).", "bytes")
@@ -169,21 +170,29 @@ SGLANG_TOKENS_PER_REQUEST = MetricSpec(
     "moe_a2a_sglang_tokens_per_request", "gauge",
     "Tokens each request dispatches per decode/verify step under SGLang (1, or the speculative draft tokens).",
     "tokens")
-DEEPEP_INFO = MetricSpec(
-    "moe_a2a_deepep_info", "info",
-    "How SGLang sized this rank's DeepEP buffer: its --deepep-mode (value is always 1; present only on DeepEP "
-    "ranks).", "", RANK_LABELS + DEEPEP_INFO_LABELS)
-DEEPEP_BUFFER_EXPERTS = MetricSpec(
-    "moe_a2a_deepep_buffer_experts", "gauge",
-    "Experts DeepEP's low-latency buffer is sized for: routed + redundant + fused shared-expert slots.", "experts")
-DEEPEP_NORMAL_NVL_BYTES = MetricSpec(
-    "moe_a2a_deepep_normal_nvl_bytes", "gauge",
-    "Normal mode's NVLink buffer in this rank's DeepEP buffer (--deepep-mode auto; 0 in low_latency): does not "
-    "depend on the cap.", "bytes")
-DEEPEP_NORMAL_RDMA_BYTES = MetricSpec(
-    "moe_a2a_deepep_normal_rdma_bytes", "gauge",
-    "Normal mode's RDMA size hint (--deepep-mode auto): the RDMA buffer is the larger of it and the low-latency "
-    "size at the cap.", "bytes")
+
+
+@dataclass(frozen=True)
+class BackendMetrics:
+    """A backend's own series (``BackendSpec.series``) as metrics: its info and its gauges with the parameter
+    each reads; both absent on other backends' ranks."""
+
+    info: MetricSpec
+    info_labels: tuple[str, ...]
+    gauges: tuple[tuple[MetricSpec, str], ...]
+
+    @property
+    def metrics(self) -> tuple[MetricSpec, ...]:
+        return (self.info, *(spec for spec, _ in self.gauges))
+
+
+BACKEND_METRICS: dict[str, BackendMetrics] = {
+    spec.name: BackendMetrics(
+        MetricSpec(f"{PREFIX}{spec.name}_info", "info", spec.series.info_help, "", RANK_LABELS + spec.series.info_labels),
+        spec.series.info_labels,
+        tuple((MetricSpec(f"{PREFIX}{spec.name}_{gauge.field}", "gauge", gauge.help, gauge.unit), gauge.field)
+              for gauge in spec.series.gauges))
+    for spec in SPECS.values() if spec.series is not None}
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
 REPORTS_PENDING = MetricSpec(
@@ -223,13 +232,13 @@ METRICS: tuple[MetricSpec, ...] = (
     MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS, EPLB_STATS_EXPERTS, CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
     SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
-    DEEPEP_INFO, DEEPEP_BUFFER_EXPERTS, DEEPEP_NORMAL_NVL_BYTES, DEEPEP_NORMAL_RDMA_BYTES,
+    *(metric for backend in BACKEND_METRICS.values() for metric in backend.metrics),
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
     REPORTER_ERRORS,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:
-# (gauge, RankConfig field), (gauge, RankConfig.sglang field) and (gauge, RankConfig.deepep field). A gauge is
+# (gauge, RankConfig field), (gauge, RankConfig.sglang field) and a backend's (BACKEND_METRICS). A gauge is
 # absent where the field is None.
 RANK_CONFIG_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (CAP_TOKENS, "cap"), (WORKSPACE_BYTES, "workspace_bytes_per_rank"),
@@ -244,11 +253,6 @@ SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
     (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
 )
-DEEPEP_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
-    (DEEPEP_BUFFER_EXPERTS, "buffer_experts"), (DEEPEP_NORMAL_NVL_BYTES, "normal_nvl_bytes"),
-    (DEEPEP_NORMAL_RDMA_BYTES, "normal_rdma_bytes"),
-)
-
 # The R histogram's bucket bounds (tokens), the same on every rank whatever its cap, so ranks, restarts and caps
 # aggregate (``sum by (le)``) while the cap is being tuned: powers of two and their halfway points 1.5 x 2^k, from
 # 16 to MAX_CAP_TOKENS (2^20), every cap SGLang and capwatch accept. 33 bounds + ``+Inf``: each 1.33 - 1.5 x the

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from capwatch.sizing.backends import backend_rules
+from capwatch.backends import spec_of
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.catalogue import MetricSpec
 from capwatch.telemetry.intervals import IntervalTracker, cumulative_buckets, zero_snapshot
@@ -72,12 +72,12 @@ class DispatchCollector(Collector):
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
         self._info = {"ep_size": str(identity.ep_size),
                       **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS},
-                      "cap_variable": backend_rules(config.a2a_backend).cap_env_var}
+                      "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
             label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
-        self._deepep_info = None if config.deepep is None else {
-            label: getattr(config.deepep, label) for label in catalogue.DEEPEP_INFO_LABELS}
+        # Each backend's own series, from its parameters (absent on other backends' ranks: None).
+        self._backend_params = {name: getattr(config, name) for name in catalogue.BACKEND_METRICS}
         self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS
 
     def describe(self) -> Iterator[Metric]:
@@ -104,12 +104,14 @@ class DispatchCollector(Collector):
         limits = config.sglang
         for spec, field in catalogue.SGLANG_LIMIT_GAUGES:
             yield self._gauge(spec, None if limits is None else getattr(limits, field))
-        deepep_info = _family(catalogue.DEEPEP_INFO)
-        if self._deepep_info is not None:
-            deepep_info.add_metric(labels, self._deepep_info)
-        yield deepep_info
-        for spec, field in catalogue.DEEPEP_GAUGES:
-            yield self._gauge(spec, None if config.deepep is None else getattr(config.deepep, field))
+        for name, metrics in catalogue.BACKEND_METRICS.items():
+            params = self._backend_params[name]
+            backend_info = _family(metrics.info)
+            if params is not None:
+                backend_info.add_metric(labels, {label: str(getattr(params, label)) for label in metrics.info_labels})
+            yield backend_info
+            for spec, field in metrics.gauges:
+                yield self._gauge(spec, None if params is None else getattr(params, field))
 
         yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
         yield self._counter(catalogue.FORWARD_STEPS, snapshot.forward_steps)

@@ -20,16 +20,13 @@ from collections.abc import Callable
 from typing import Protocol
 
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.sizing.backends import DEEPEP, FLASHINFER
-from capwatch.sizing.deepep_low_latency import low_latency_layout
-from capwatch.sizing.deepep_plan import DeepEPPricing, check_buffer_experts
+from capwatch.backends import DEFAULT_BACKEND, spec_of
 from capwatch.sizing.model_presets import custom_geometry
-from capwatch.sizing.plan import plan_workspace
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.peak_window import DEFAULT_PEAK_WINDOW_S
-from capwatch.telemetry.report import DeepEPBuffer, RankConfig, RankIdentity
+from capwatch.telemetry.report import RankConfig, RankIdentity
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions
 
 # Without a reporter the exporter still closes intervals (for the interval-peak gauges) this often.
@@ -60,34 +57,23 @@ def rank_config(
     allocated_workspace_bytes: int | None = None,
     cuda_graph_max_batch_size: int | None = None,
     speculative_tokens: int = 0,
-    a2a_backend: str = FLASHINFER.name,
-    deepep: DeepEPBuffer | None = None,
+    a2a_backend: str = DEFAULT_BACKEND.name,
     **extra,
 ) -> RankConfig:
-    """The reported configuration, priced by its backend's pricing: FlashInfer's one pricing function (every
-    layout, 0.7.4's ``NVLinkOneSidedAlltoAll`` included), or DeepEP's buffer as SGLang sizes it (``deepep``
-    says how). Raises ``SizingError`` for a configuration the backend would refuse, and pydantic's
-    ``ValidationError`` for one the service would refuse."""
-    if a2a_backend == DEEPEP.name and deepep is not None:
-        check_buffer_experts(deepep.buffer_experts, ep_size)
-        layout = low_latency_layout(cap, hidden_size, deepep.buffer_experts)
-        dispatch_bytes, combine_bytes = layout.dispatch_message_bytes, layout.combine_message_bytes
-        workspace_bytes = DeepEPPricing.of_buffer(ep_size, hidden_size, deepep).bytes_per_rank(cap)
-    else:
-        plan = plan_workspace(custom_geometry(hidden_size, top_k, num_experts), ep_size, cap, payload_format,
-                              eplb_stats_num_experts, flashinfer_version)
-        dispatch_bytes, combine_bytes = plan.dispatch_bytes_per_token, plan.combine_bytes_per_token
-        workspace_bytes = plan.workspace_bytes_per_rank
+    """The reported configuration, priced by its backend's spec (``capwatch.backends``): FlashInfer's one pricing
+    function (every layout), DeepEP's buffer as SGLang sizes it, ...; a backend's own parameters come as the
+    keyword of its name (``deepep=DeepEPBuffer(...)``). Raises ``SizingError`` for a configuration the backend
+    would refuse, and pydantic's ``ValidationError`` for one the service would refuse."""
+    fields = dict(payload_format=payload_format, flashinfer_version=flashinfer_version,
+                  eplb_stats_num_experts=eplb_stats_num_experts, **extra)
+    sizes = spec_of(a2a_backend).sizes(cap, ep_size, custom_geometry(hidden_size, top_k, num_experts), fields)
     return RankConfig(
-        cap=cap, hidden_size=hidden_size, top_k=top_k, num_experts=num_experts,
-        payload_format=payload_format, backend=backend, flashinfer_version=flashinfer_version,
-        overflow_policy=overflow_policy, eplb_stats_num_experts=eplb_stats_num_experts,
-        dispatch_bytes_per_token=dispatch_bytes, combine_bytes_per_token=combine_bytes,
-        workspace_bytes_per_rank=workspace_bytes, a2a_backend=a2a_backend, deepep=deepep,
-        allocated_workspace_bytes=allocated_workspace_bytes,
-        cuda_graph_max_batch_size=cuda_graph_max_batch_size,
-        speculative_tokens=speculative_tokens,
-        **extra,
+        cap=cap, hidden_size=hidden_size, top_k=top_k, num_experts=num_experts, backend=backend,
+        overflow_policy=overflow_policy, dispatch_bytes_per_token=sizes.dispatch_bytes_per_token,
+        combine_bytes_per_token=sizes.combine_bytes_per_token, workspace_bytes_per_rank=sizes.workspace_bytes_per_rank,
+        a2a_backend=a2a_backend, allocated_workspace_bytes=allocated_workspace_bytes,
+        cuda_graph_max_batch_size=cuda_graph_max_batch_size, speculative_tokens=speculative_tokens,
+        **fields,
     )
 
 

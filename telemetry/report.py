@@ -10,21 +10,21 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal
 
-from capwatch.sizing.backends import BACKEND_NAMES, DEEPEP, FLASHINFER
+from capwatch.backends import BACKEND_NAMES, DEFAULT_BACKEND, SPECS, spec_of
 from capwatch.sizing.caps import MAX_CAP_TOKENS
-from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError
-from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, DeepEPPricing, check_buffer_experts
-from capwatch.sizing.flashinfer_releases import (
-    SUPPORTED_FLASHINFER_VERSIONS,
-    FlashInferVersion,
-    check_eplb_stats,
-    check_routing,
+from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, check_eplb_stats
+from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    create_model,
+    field_validator,
+    model_validator,
 )
-from capwatch.sizing.model_presets import custom_geometry
-from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
-from capwatch.sizing.plan import plan_workspace
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind, OverflowOutcome, OverflowPolicy, Role
 
@@ -61,8 +61,7 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN),
 # Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
 # (and listed as an enum in the service's OpenAPI schema).
 PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
-A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # sizing/backends.py: one entry per backend
-DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
+A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # capwatch.backends: one spec per backend
 # Who computed SGLang's floor and what happens below it (SGLangLimits): SGLang at start-up, or capwatch for a
 # release without the check, with or without the prefill chunk as a term. Strictest first: a group of mixed
 # releases takes the first its ranks report (advisor/floor.py).
@@ -119,24 +118,11 @@ class SGLangLimits(_Strict):
     floor_rule: FloorRule = "sglang"
 
 
-class DeepEPBuffer(_Strict):
-    """How SGLang sized this rank's DeepEP buffer beyond the cap and the hidden size (``sizing/deepep_plan.py``):
-    what prices it at any other cap. The normal-mode bytes (``--deepep-mode auto``) do not depend on the cap."""
+class _RankConfigFields(_Strict):
+    """A rank's configuration: the fields every backend shares. ``RankConfig`` adds one field per backend with
+    parameters of its own (``BackendSpec.params``), named by the backend, set on that backend's ranks alone
+    (DeepEP's ``deepep``); ``a2a_backend`` says which one a rank runs."""
 
-    mode: DeepEPMode
-    # The experts DeepEP is given: routed + --ep-num-redundant-experts + one slot per rank per fused shared expert.
-    buffer_experts: Annotated[int, Field(ge=1, le=MAX_NUM_EXPERTS)]
-    normal_nvl_bytes: Annotated[int, Field(ge=0, le=1 << 42)] = 0
-    normal_rdma_bytes: Annotated[int, Field(ge=0, le=1 << 42)] = 0
-
-    @model_validator(mode="after")
-    def _low_latency_alone(self) -> "DeepEPBuffer":
-        if self.mode == "low_latency" and (self.normal_nvl_bytes or self.normal_rdma_bytes):
-            raise ValueError("a low_latency-mode DeepEP buffer has no normal-mode bytes (only --deepep-mode auto does)")
-        return self
-
-
-class RankConfig(_Strict):
     cap: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)]
     hidden_size: Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE)]
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)]
@@ -156,8 +142,7 @@ class RankConfig(_Strict):
     # Set by the SGLang plugin: the inputs of SGLang's own start-up floor for the cap.
     sglang: SGLangLimits | None = None
     # The A2A backend whose cap this is (SGLang's --moe-a2a-backend name): its variable, bounds and pricing.
-    a2a_backend: A2ABackend = FLASHINFER.name
-    deepep: DeepEPBuffer | None = None  # a deepep rank's buffer, beyond the cap and the hidden size
+    a2a_backend: A2ABackend = DEFAULT_BACKEND.name
 
     # What FlashInfer itself would refuse, field by field (pydantic validates fields in this order,
     # so each check sees the fields declared before it). The group-level check is RankReport's.
@@ -179,47 +164,21 @@ class RankConfig(_Strict):
         return experts
 
     @model_validator(mode="after")
-    def _routing_in_release(self) -> "RankConfig":
-        if self.a2a_backend == DEEPEP.name:
-            refusal = _deepep_refusal(self)
-        elif self.deepep is not None:
-            refusal = f"a {self.a2a_backend} rank reports no DeepEP buffer (a2a_backend {DEEPEP.name!r} does)"
-        else:
-            refusal = _routing_refusal(self.top_k, self.num_experts, self.hidden_size, self.payload_format,
-                                       self.flashinfer_version)
+    def _backend_accepts(self) -> "_RankConfigFields":
+        spec = spec_of(self.a2a_backend)
+        stray = next((other for other in SPECS.values() if other is not spec and other.params_of(self) is not None),
+                     None)
+        refusal = (f"a {self.a2a_backend} rank reports no {stray.name} parameters (a2a_backend {stray.name!r} does)"
+                   if stray is not None else spec.refusal(self))
         if refusal is not None:
             raise ValueError(refusal)
         return self
 
 
-def _deepep_refusal(config: RankConfig) -> str | None:
-    """What SGLang or DeepEP would refuse of a deepep rank's config (the group's rule: ``check_priceable``)."""
-    if config.deepep is None:
-        return "a deepep rank's config needs its deepep buffer (mode, buffer_experts)"
-    if config.payload_format != "bf16" or config.flashinfer_version is not None or config.eplb_stats_num_experts:
-        return ("payload_format, flashinfer_version and eplb_stats_num_experts are FlashInfer's: DeepEP's buffer is "
-                "sized for bf16 whatever the dispatch dtype (leave them at bf16, None and 0)")
-    if config.deepep.buffer_experts < config.num_experts:
-        return (f"buffer_experts {config.deepep.buffer_experts} is below num_experts {config.num_experts}: DeepEP gets "
-                "the routed experts plus redundant and fused shared ones")
-    try:
-        check_dispatch_cap(config.cap)
-        check_low_latency_hidden_size(config.hidden_size)
-    except SizingError as error:
-        return str(error)
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_format: str,
-                     flashinfer_version: str | None) -> str | None:
-    # Cached: every report of a rank repeats its config, and this ran for each one.
-    try:
-        check_routing(top_k, num_experts, 1, FlashInferVersion.parse(flashinfer_version))
-        hidden_bytes_per_token(hidden_size, payload_format)
-    except SizingError as error:
-        return str(error)
-    return None
+# The wire's config: the shared fields, then each backend's parameters under its name (None on other ranks).
+RankConfig = create_model(
+    "RankConfig", __base__=_RankConfigFields, __module__=__name__,
+    **{spec.name: (spec.params | None, None) for spec in SPECS.values() if spec.params is not None})
 
 
 class OverflowCount(_Strict):
@@ -316,14 +275,5 @@ def check_priceable(config: RankConfig, ep_size: int) -> None:
 def _pricing_refusal(config: RankConfig, ep_size: int) -> str | None:
     # Cached by value (the model is frozen, so hashable): a rank sends the same config in every report,
     # and pricing it was most of a report's validation time.
-    try:
-        if config.a2a_backend == DEEPEP.name:
-            check_buffer_experts(config.deepep.buffer_experts, ep_size)
-            DeepEPPricing.of_config(config, ep_size).bytes_per_rank(config.cap)
-        else:
-            plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
-                           config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
-                           bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
-    except SizingError as error:
-        return f"config with identity.ep_size {ep_size}: {error}"
-    return None
+    refusal = spec_of(config.a2a_backend).group_refusal(config, ep_size)
+    return None if refusal is None else f"config with identity.ep_size {ep_size}: {refusal}"

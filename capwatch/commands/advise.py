@@ -7,9 +7,9 @@ import argparse
 import os
 
 from capwatch.arguments import checked, wait_seconds
+from capwatch.backends import SPECS
 from capwatch.output_format import add_format_arguments
 from capwatch.service_client import fetch_advice, response_detail, service_client, service_error
-from capwatch.sizing.backends import BACKENDS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.usage_errors import CommandError
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "default: from the log's server_args)")
     offline.add_argument("--ep-size", type=ep_size, metavar="N", help="ranks in the EP group (default: from the log's "
                                                                        "server_args)")
-    offline.add_argument("--a2a-backend", choices=sorted(BACKENDS),
+    offline.add_argument("--a2a-backend", choices=sorted(SPECS),
                          help="size this A2A backend's cap (default: the log's moe_a2a_backend)")
     parser.set_defaults(run=run)
 

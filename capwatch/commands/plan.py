@@ -1,5 +1,5 @@
-"""``capwatch plan``: what a per-rank dispatch cap costs in A2A memory: FlashInfer's MoE A2A workspace, or
-DeepEP's buffer (``--backend deepep``).
+"""``capwatch plan``: what a per-rank dispatch cap costs in A2A memory, by the backend's planner (its spec in
+``capwatch.backends``): the default backend's, or ``--backend NAME``'s.
 
 Registration is cheap; sizing, rich and json load only when the command runs.
 """
@@ -7,36 +7,20 @@ Registration is cheap; sizing, rich and json load only when the command runs.
 from __future__ import annotations
 
 import argparse
-import functools
 
-from capwatch.sizing.backends import BACKENDS
+from capwatch.backends import DEFAULT_BACKEND, SPECS
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 
-# Plain constants (no sizing work at import): the limits --help states.
-from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
-from capwatch.sizing.flashinfer_releases import MAX_EP_SIZE
-
-DESCRIPTION = """\
-Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
-MoE all-to-all workspace bytes, byte-exact for every flashinfer release that has the A2A.
-
+CAPS_HELP = """\
 Caps: --cap N, repeatable; a comma list (--cap 1024,2048); an inclusive range START:STOP[:STEP]
 (--cap 256:4096:256; STEP defaults to 128). Or --budget SIZE for the largest 128-aligned cap whose
 per-rank workspace fits (units: bytes, KiB, MiB, GiB, TiB, KB, MB, GB, TB; e.g. 2GiB, 512MiB).
 
-Modes: sglang (default) = what SGLang allocates (bf16 floor on dispatch bytes, so nvfp4 and fp8 cost the
-bf16 figure; +128 B with --draft); flashinfer = FlashInfer's formula for the payload format, as a caller
-other than SGLang allocates it; sglang-legacy = SGLang before PR #25907 (cap x ep_size passed as
-max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in its title.
-
 Output: --format table (default), json (one object per cap or budget answer, a line each) or csv;
---json = --format json. A payload format given to --format (--format nvfp4) is --payload-format.
-
---backend deepep prices SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (1..1024) in the deep_ep.Buffer SGLang
-allocates for --moe-a2a-backend deepep: the low-latency RDMA buffer, plus normal mode's buffers with
---deepep-mode auto (SGLang's default). Its experts are the routed ones + --redundant-experts + one slot per
-rank per shared expert with --shared-experts-fusion (SGLang's --enforce-shared-experts-fusion).
-"""
+--json = --format json. A payload format given to --format (--format nvfp4) is --payload-format."""
+# The default backend's paragraph, the general ones, then every other backend's.
+DESCRIPTION = "\n\n".join([DEFAULT_BACKEND.planner.description, CAPS_HELP, *(
+    spec.planner.description for spec in SPECS.values() if spec is not DEFAULT_BACKEND)]) + "\n"
 
 MAX_CAPS = 4096  # rows one invocation prints; a range beyond this is almost surely a typo
 MAX_NUMBER_CHARACTERS = 32  # longer than any value the limits in --help allow: refused before parsing
@@ -54,47 +38,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     # Values are read as text and checked in run(), so every mistake is one clear line + exit 2.
+    without_top_k = [name for name, spec in SPECS.items() if not spec.planner.top_k_needed]
     geometry = parser.add_argument_group("model geometry (a preset, or all three numbers)")
     geometry.add_argument("--model", metavar="NAME", help="preset, case-insensitive, e.g. deepseek-v3, kimi-k2")
     geometry.add_argument("--hidden-size", metavar="H", help=f"hidden size of the tokens dispatched (1..{MAX_HIDDEN_SIZE})")
     geometry.add_argument("--top-k", metavar="K", help="routed experts per token (1..kMaxTopK of the release: 8 before "
-                                                       "0.6.8, 22 after; not needed with --backend deepep)")
+                                                       "0.6.8, 22 after" + "".join(f"; not needed with --backend {name}"
+                                                                                   for name in without_top_k) + ")")
     geometry.add_argument("--num-experts", metavar="E", help=f"routed experts in the model (top-k..{MAX_NUM_EXPERTS})")
-    parser.add_argument("--ep-size", metavar="N", help=f"ranks in the expert-parallel group (1..{MAX_EP_SIZE}; 256 "
-                                                       "on 0.7.4)")
+    limits = "; ".join(spec.planner.ep_size_limit for spec in SPECS.values() if spec.planner.ep_size_limit)
+    parser.add_argument("--ep-size", metavar="N", help=f"ranks in the expert-parallel group ({limits})")
     parser.add_argument("--cap", metavar="CAPS", action="append",
                         help=f"per-rank cap(s): N, N,M,... or START:STOP[:STEP] (repeatable; 1..2^31-1, at most "
                              f"{MAX_CAPS} caps)")
     parser.add_argument("--budget", metavar="SIZE", help="per-rank workspace budget, e.g. 2GiB (at most "
                                                          f"{MAX_NUMBER_CHARACTERS} characters)")
-    parser.add_argument("--payload-format", dest="payload_format", metavar="FORMAT", default=None,
-                        help="dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, deepseek-fp8 (default bf16)")
     parser.add_argument("--format", dest="format_given", metavar="FORMAT", default=None,
                         help="output: table (default), json (one object per line) or csv; a payload format here "
                              "(--format nvfp4) is read as --payload-format, as before")
-    parser.add_argument("--eplb-stats-experts", metavar="S", default=None,
-                        help="experts in FlashInfer's EPLB stats region (0.6.16+; 0..num_experts; default 0)")
-    parser.add_argument("--flashinfer-version", metavar="X.Y.Z", default=None,
-                        help="flashinfer-python release (default 0.7.2.post1, the newest with MoeAlltoAll; "
-                             "0.7.4 sizes NVLinkOneSidedAlltoAll)")
-    parser.add_argument("--mode", default=None, metavar="MODE",
-                        help="sglang (default: what SGLang allocates, bf16 dispatch bytes at least), flashinfer "
-                             "(FlashInfer's own formula for the payload) or sglang-legacy")
-    parser.add_argument("--draft", action="store_true", help="size SGLang's speculative draft dispatcher (+128 B)")
-    parser.add_argument("--lamport-tokens", metavar="T", default=None,
-                        help=f"0.7.4 only: Lamport transport token limit the run settles on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; "
-                             "default 0 = off)")
-    parser.add_argument("--backend", metavar="NAME", default="flashinfer",
-                        help=f"A2A backend, as --moe-a2a-backend names it: {', '.join(BACKENDS)} (default flashinfer)")
-    deepep = parser.add_argument_group("DeepEP (--backend deepep)")
-    deepep.add_argument("--deepep-mode", metavar="MODE", default=None,
-                        help="auto (default, SGLang's: low-latency and normal buffers) or low_latency")
-    deepep.add_argument("--redundant-experts", metavar="N", default=None,
-                        help="SGLang's --ep-num-redundant-experts (default 0)")
-    deepep.add_argument("--shared-experts-fusion", action="store_true",
-                        help="SGLang's --enforce-shared-experts-fusion: one expert slot per rank per shared expert")
-    deepep.add_argument("--shared-experts", metavar="S", default=None,
-                        help="shared experts of a custom geometry (a preset knows its own)")
+    for spec in SPECS.values():  # each backend's own options, in its group if it has one
+        planner = spec.planner
+        group = parser.add_argument_group(planner.group_title) if planner.group_title else parser
+        for option in planner.options:
+            if option.metavar is None:
+                group.add_argument(option.flag, dest=option.dest, action="store_true", help=option.help)
+            else:
+                group.add_argument(option.flag, dest=option.dest, metavar=option.metavar, default=None,
+                                   help=option.help)
+    parser.add_argument("--backend", metavar="NAME", default=DEFAULT_BACKEND.name,
+                        help=f"A2A backend, as --moe-a2a-backend names it: {', '.join(SPECS)} "
+                             f"(default {DEFAULT_BACKEND.name})")
     parser.add_argument("--json", dest="output", action="store_const", const="json",
                         help="the same as --format json: one object per cap, a line each")
     parser.set_defaults(run=run)
@@ -143,24 +116,12 @@ def parse_caps(values: list[str]) -> list[int]:
     return list(dict.fromkeys(caps))
 
 
-# Each backend's own options: given with the other backend, they are refused rather than ignored.
-FLASHINFER_OPTIONS = {"payload_format": "--payload-format", "eplb_stats_experts": "--eplb-stats-experts",
-                      "flashinfer_version": "--flashinfer-version", "mode": "--mode", "draft": "--draft",
-                      "lamport_tokens": "--lamport-tokens"}
-DEEPEP_OPTIONS = {"deepep_mode": "--deepep-mode", "redundant_experts": "--redundant-experts",
-                  "shared_experts_fusion": "--shared-experts-fusion", "shared_experts": "--shared-experts"}
-
-
-def _given(args: argparse.Namespace, options: dict[str, str]) -> list[str]:
-    return [flag for name, flag in options.items() if getattr(args, name) not in (None, False)]
-
-
 def _geometry(args: argparse.Namespace, top_k_needed: bool = True):
     from capwatch.sizing.checks import SizingError
     from capwatch.sizing.model_presets import custom_geometry, model_geometry
 
     custom = {"--hidden-size": args.hidden_size, "--top-k": args.top_k, "--num-experts": args.num_experts,
-              "--shared-experts": args.shared_experts}
+              "--shared-experts": getattr(args, "shared_experts", None)}
     given = [flag for flag, value in custom.items() if value is not None]
     if args.model is not None:
         if given:
@@ -173,8 +134,8 @@ def _geometry(args: argparse.Namespace, top_k_needed: bool = True):
     if missing:
         raise SizingError(f"custom geometry needs {', '.join(missing)} too")
     hidden, experts = _integer("--hidden-size", args.hidden_size), _integer("--num-experts", args.num_experts)
-    top_k = _integer("--top-k", args.top_k) if args.top_k is not None else 1  # DeepEP's buffer does not use it
-    shared = _integer("--shared-experts", args.shared_experts, 0) if args.shared_experts is not None else 0
+    top_k = _integer("--top-k", args.top_k) if args.top_k is not None else 1  # a planner that does not use it
+    shared = _integer("--shared-experts", custom["--shared-experts"], 0) if custom["--shared-experts"] is not None else 0
     return custom_geometry(hidden, top_k, experts, shared)
 
 
@@ -206,82 +167,37 @@ def _output(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from capwatch.sizing.backends import DEEPEP, backend_rules
+    from capwatch.backends import spec_of
     from capwatch.sizing.checks import SizingError
 
     _output(args)
-    rules = backend_rules(args.backend.strip().lower())
+    spec = spec_of(args.backend.strip().lower())
+    planner, rules = spec.planner, spec.rules
     if (args.cap is None) == (args.budget is None):
         raise SizingError("give --cap (one or more caps) or --budget SIZE, exactly one of them")
     if args.ep_size is None:
         raise SizingError("give --ep-size N, the ranks in the expert-parallel group")
-    foreign = [getattr(args, "payload_flag", flag) if flag == "--payload-format" else flag
-               for flag in _given(args, FLASHINFER_OPTIONS if rules is DEEPEP else DEEPEP_OPTIONS)]
+    foreign = [getattr(args, "payload_flag", option.flag) if option.dest == "payload_format" else option.flag
+               for other in SPECS.values() if other is not spec for option in other.planner.options
+               if getattr(args, option.dest) not in (None, False)]
     if foreign:
         raise SizingError(f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not an option of the "
                           f"{rules.name} backend (see capwatch plan --help)")
-    return _run_deepep(args, rules) if rules is DEEPEP else _run_flashinfer(args, rules)
-
-
-def _default_mode(args: argparse.Namespace) -> str:
-    """``sglang`` (what SGLang allocates: the cap is SGLang's variable), unless the question is one SGLang never
-    asks: a flashinfer release without the MoeAlltoAll SGLang calls (0.7.4), or an EPLB stats region."""
-    from capwatch.sizing.checks import SizingError
-    from capwatch.sizing.flashinfer_releases import LAYOUT_MOE_A2A, FlashInferVersion
-
-    try:
-        layout = FlashInferVersion.parse(args.flashinfer_version).layout
-    except SizingError:  # an unknown release: plan_workspace says so in its own words
-        return "sglang"
-    return "sglang" if layout == LAYOUT_MOE_A2A and not args.eplb_stats_experts else "flashinfer"
-
-
-def _run_flashinfer(args: argparse.Namespace, rules) -> int:
-    from capwatch.sizing.checks import SizingError
-    from capwatch.sizing.plan import MODES, largest_plan_within, plan_workspace
-
-    mode = args.mode or _default_mode(args)
-    if mode not in MODES:
-        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
-    geometry = _geometry(args)
-    options = dict(
-        geometry=geometry, ep_size=_integer("--ep-size", args.ep_size),
-        payload_format=(args.payload_format or "bf16").strip().lower(),
-        eplb_stats_num_experts=_integer("--eplb-stats-experts", args.eplb_stats_experts or "0", 0),
-        flashinfer_version=args.flashinfer_version, mode=mode, draft=args.draft,
-        lamport_max_tokens=_integer("--lamport-tokens", args.lamport_tokens or "0", 0),
-    )
-    return _answer(args, lambda cap: plan_workspace(cap=cap, **options),
-                   lambda budget: largest_plan_within(budget, **options, alignment=rules.alignment),
-                   functools.partial(_print_table, geometry=geometry), "workspace_bytes_per_rank", rules.alignment,
-                   rules)
-
-
-def _run_deepep(args: argparse.Namespace, rules) -> int:
-    from capwatch.sizing.checks import SizingError
-    from capwatch.sizing.deepep_plan import DEEPEP_MODES, largest_deepep_plan_within, plan_deepep_buffer
-
-    mode = (args.deepep_mode or "auto").strip().lower()
-    if mode not in DEEPEP_MODES:
-        raise SizingError(f"unknown --deepep-mode {mode!r}; choose one of {', '.join(DEEPEP_MODES)} (normal mode "
-                          "has no low-latency buffer and no token cap)")
-    geometry = _geometry(args, top_k_needed=False)
-    if args.shared_experts_fusion and not geometry.shared_experts:
-        raise SizingError(f"{geometry.name} has no shared experts to fuse: drop --shared-experts-fusion"
-                          + (" or give --shared-experts S" if geometry.name == "custom" else ""))
-    options = dict(geometry=geometry, ep_size=_integer("--ep-size", args.ep_size), deepep_mode=mode,
-                   redundant_experts=_integer("--redundant-experts", args.redundant_experts or "0", 0),
-                   fused_shared_experts=geometry.shared_experts if args.shared_experts_fusion else 0)
-    return _answer(args, lambda cap: plan_deepep_buffer(cap=cap, **options),
-                   lambda budget: largest_deepep_plan_within(budget, **options, alignment=rules.alignment),
-                   _print_deepep_table, "memory_bytes_per_rank", rules.alignment, rules)
+    geometry = _geometry(args, top_k_needed=planner.top_k_needed)
+    options = planner.prepare({option.dest: getattr(args, option.dest) for option in planner.options}, geometry,
+                              _integer("--ep-size", args.ep_size), _integer)
+    return _answer(args, lambda cap: planner.plan_at(cap=cap, **options),
+                   lambda budget: planner.largest_within(budget, **options, alignment=rules.alignment),
+                   lambda plans, budget=None, title_note="": _print(planner.table(plans, geometry, budget,
+                                                                                 title_note or None)),
+                   planner.bytes_field, rules.alignment, rules)
 
 
 def _answer(args: argparse.Namespace, plan_at, largest_within, print_table, bytes_field: str, alignment: int,
             rules=None) -> int:
     """The caps asked for, or the largest within ``--budget`` and the next aligned one (to show it does not fit):
     a table (``print_table``), JSON Lines or CSV. ``plan_at(cap)`` and ``largest_within(budget)`` are the
-    backend's planner, its caps multiples of ``alignment`` (the backend's, ``sizing/backends.py``); a cap asked
+    backend's planner, its caps multiples of ``alignment`` (the backend's rules); a cap asked
     for off the backend's required alignment is flagged, as ``advise`` flags it (``rules.why_aligned``)."""
     import sys
 
@@ -325,89 +241,21 @@ def _console():
     return console
 
 
-def _print_deepep_table(plans, budget: int | None = None, title_note: str = "") -> None:
+def _print(table) -> None:
+    """A backend's ``PlanTable``: the table, its notes, its warnings in yellow."""
     from rich.table import Table
 
-    from capwatch.sizing.backends import DEEPEP
-    from capwatch.sizing.byte_units import format_bytes, format_gib
-    from capwatch.sizing.deepep_plan import DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES
-
-    first, console = plans[0], _console()
-    extra = "".join(part for part in (
-        f" + {first.redundant_experts} redundant" if first.redundant_experts else "",
-        f" + {first.fused_shared_experts} x {first.ep_size} fused shared" if first.fused_shared_experts else ""))
-    title = (f"{first.model}: H={first.hidden_size}, E={first.num_experts}{extra} -> DeepEP experts "
-             f"{first.buffer_experts} | ep_size={first.ep_size}, deepep mode {first.deepep_mode}")
-    table = Table(title=title, caption=title_note or None)
-    normal = first.deepep_mode == "auto"
-    headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
-        ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"]
-    for header in headers:
-        table.add_column(header, justify="right", overflow="fold")  # a narrow terminal wraps, never cuts
-    if budget is not None:
-        table.add_column("fits", justify="center")
-    for plan in plans:
-        row = [f"{plan.cap:,}", format_bytes(plan.low_latency_rdma_bytes)]
-        if normal:
-            row += [format_bytes(plan.normal_nvl_bytes), format_bytes(plan.normal_rdma_bytes)]
-        row += [format_bytes(plan.buffer_bytes_per_rank), f"{plan.buffer_bytes_per_rank:,}",
-                format_bytes(plan.memory_bytes_per_rank), format_bytes(plan.buffer_bytes_group), f"{plan.nvshmem_qp_depth:,}",
-                f"+{format_bytes(plan.over_sglang_reserve_bytes)} over" if plan.over_sglang_reserve_bytes else "within"]
-        if budget is not None:
-            row.append("yes" if plan.memory_bytes_per_rank <= budget else "no")
-        table.add_row(*row)
-    console.print(table)
-    if budget is not None:
-        console.print(f"largest 128-aligned cap whose memory/rank is within budget: {first.cap}")
-    largest = max(plans, key=lambda plan: plan.cap)
-    console.print(f"memory/rank = the RDMA buffer as NVSHMEM maps it ({format_bytes(NVSHMEM_HEAP_STEP_BYTES)} steps: "
-                  f"{format_bytes(largest.nvshmem_heap_bytes_at_least)} at cap {largest.cap})"
-                  + (" + the NVLink buffer" if normal else "")
-                  + f" + DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace: what a budget is held against",
-                  soft_wrap=True, highlight=False)
-    over = [plan for plan in plans if plan.over_sglang_reserve_bytes]
-    if over:
-        plan = min(over, key=lambda plan: plan.cap)
-        console.print(f"warning: from cap {plan.cap} the buffer ({format_gib(plan.buffer_bytes_per_rank)} per rank) "
-                      f"outgrows the {format_gib(plan.sglang_reserve_bytes)} SGLang's automatic --mem-fraction-static "
-                      f"reserves for DeepEP whatever {DEEPEP.cap_env_var} is: set --mem-fraction-static lower by the "
-                      "difference or expect the KV pool or CUDA-graph capture to run out of memory",
-                      soft_wrap=True, style="yellow", highlight=False)
-
-
-def _print_table(plans, geometry, title_note: str = "", budget: int | None = None) -> None:
-    from rich.table import Table
-
-    from capwatch.sizing.byte_units import format_bytes
-
-    first, console = plans[0], _console()
-    title = (f"{geometry.name}: H={geometry.hidden_size}, top-k={geometry.top_k}, E={geometry.num_experts} | "
-             f"ep_size={first.ep_size}, {first.payload_format}, flashinfer {first.flashinfer_version} "
-             f"({first.layout}), mode {first.mode}{', draft' if first.draft else ''}"
-             + (f", EPLB stats {first.eplb_stats_num_experts}" if first.eplb_stats_num_experts else ""))
-    table = Table(title=title, caption=title_note or None)
-    for header in ("cap/rank", "max_num_tokens", "dispatch B/tok", "combine B/tok", "aux",
-                   "workspace/rank", "bytes/rank", "EP group", "expert rows"):
-        table.add_column(header, justify="right", overflow="fold")  # a narrow terminal wraps, never cuts
-    show_lamport = any(plan.lamport_bytes for plan in plans)
-    if show_lamport:
-        table.add_column("of which Lamport", justify="right")
-    if budget is not None:
-        table.add_column("fits", justify="center")
-    for plan in plans:
-        row = [f"{plan.cap:,}", f"{plan.max_num_tokens:,}", f"{plan.dispatch_bytes_per_token:,}",
-               f"{plan.combine_bytes_per_token:,}", format_bytes(plan.aux_bytes),
-               format_bytes(plan.workspace_bytes_per_rank), f"{plan.workspace_bytes_per_rank:,}",
-               format_bytes(plan.workspace_bytes_group), f"{plan.expert_rows:,}"]
-        if show_lamport:
-            row.append(format_bytes(plan.lamport_bytes))
-        if budget is not None:
-            row.append("yes" if plan.workspace_bytes_per_rank <= budget else "no")
-        table.add_row(*row)
-    console.print(table)
-    if budget is not None:
-        from capwatch.sizing.backends import FLASHINFER
-
-        at_limit = first.cap == FLASHINFER.max_cap_tokens
-        console.print(f"largest 128-aligned cap within budget: {first.cap}" +
-                      (" (the largest cap capwatch sizes; the budget holds more)" if at_limit else ""))
+    console = _console()
+    shown = Table(title=table.title, caption=table.caption)
+    for header in table.headers:
+        if header == "fits":
+            shown.add_column(header, justify="center")
+        else:
+            shown.add_column(header, justify="right", overflow="fold")  # a narrow terminal wraps, never cuts
+    for row in table.rows:
+        shown.add_row(*row)
+    console.print(shown)
+    for note in table.notes:
+        console.print(note, soft_wrap=True, highlight=False)
+    for warning in table.warnings:
+        console.print(warning, soft_wrap=True, style="yellow", highlight=False)

@@ -25,7 +25,7 @@ class SourceUnavailable(RuntimeError):
 class UnpricedConfig:
     """A rank's config without the model geometry: priced by the layout whose inputs are the bytes per
     token alone (FlashInfer's ``moe_a2a``), never by a guessed geometry. The fields mean what
-    ``RankConfig``'s do."""
+    ``RankConfig``'s do. It carries no backend's own parameters: those price with the geometry only."""
 
     cap: int
     dispatch_bytes_per_token: int | None  # None: not known, so not priced
@@ -41,7 +41,6 @@ class UnpricedConfig:
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None
     a2a_backend: str = "flashinfer"
-    deepep: None = None  # a DeepEP buffer prices with the geometry only: not known either
     hidden_size: None = None  # not known: see the docstring
     top_k: None = None
     num_experts: None = None

@@ -18,7 +18,7 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import VERIFIED, Target
-from capwatch.sizing.backends import DEEPEP
+from capwatch.sizing.deepep_plan import DEEPEP
 from capwatch.telemetry.report import SGLangLimits
 
 NAME = DEEPEP.name
@@ -36,3 +36,4 @@ def limits(server_args, sglang_version: str | None, release: str) -> SGLangLimit
     view = resolved_view(server_args)
     return sglang_limits(server_args, view, sglang_version, DEEPEP, decode_graph_dispatch_tokens(server_args, view),
                          FLOOR_RULES[release])
+

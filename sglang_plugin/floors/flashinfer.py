@@ -19,7 +19,7 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import Target
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 NAME = "flashinfer"
@@ -47,3 +47,4 @@ def limits(server_args, sglang_version: str | None, release: str) -> SGLangLimit
     else:
         decode_graph = decode_graph_dispatch_tokens(server_args, view)
     return sglang_limits(server_args, view, sglang_version, FLASHINFER, decode_graph, rule)
+

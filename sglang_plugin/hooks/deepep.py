@@ -38,12 +38,12 @@ import pkgutil
 from dataclasses import dataclass
 
 import torch
+from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_plugin.session import reported_backend
-from capwatch.sizing.backends import DEEPEP
-from capwatch.telemetry.report import DeepEPBuffer
+from capwatch.sizing.deepep_plan import DEEPEP
 
 logger = logging.getLogger("capwatch.sglang")
 

@@ -49,7 +49,7 @@ from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
 from capwatch.sglang_plugin.session import reported_backend
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 logger = logging.getLogger("capwatch.sglang")
 

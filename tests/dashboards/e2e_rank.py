@@ -26,7 +26,8 @@ from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.model_presets import custom_geometry
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.rank import RankTelemetry, rank_config
-from capwatch.telemetry.report import DeepEPBuffer, RankIdentity
+from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import ReporterOptions
 
 CAP = 64

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from capwatch.dashboards import service_metrics
-from capwatch.sizing.backends import DEEPEP, FLASHINFER
+from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import custom_geometry

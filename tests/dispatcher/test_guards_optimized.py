@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 from tests.support import launcher
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.dispatcher.instrumented import CapOverflowError, InstrumentedDispatcher
-from capwatch.sizing.backends import DEEPEP, FLASHINFER
+from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -22,6 +22,7 @@ from tests.support.checkout import REPO_ROOT
 # command line and the demo, on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
+    ("capwatch.backends",),  # one spec per A2A backend over its sizing, and the registry every layer above loops over
     ("capwatch.dispatcher",),
     ("capwatch.telemetry",),
     ("capwatch.dashboards",),

@@ -11,7 +11,7 @@ import pytest
 from capwatch.advisor import vocabulary as advisor_vocabulary
 from capwatch.service import vocabulary as service_vocabulary
 from capwatch.sizing import caps
-from capwatch.sizing.backends import BACKENDS
+from capwatch.backends import SPECS
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -50,8 +50,8 @@ ONE_PLACE_NAMES = {"ROLES", "OVERFLOW_POLICIES", "OVERFLOW_KINDS", "OVERFLOW_OUT
                    "CAP_ALIGNMENT", "MAX_CAP_TOKENS", "align_up", "align_down"}
 
 
-# Each backend's cap variable is spelled once, in sizing/backends.py.
-CAP_VARIABLES = {rules.cap_env_var for rules in BACKENDS.values()}
+# Each backend's cap variable is spelled once, where its rules are defined (its own sizing module).
+CAP_VARIABLES = {spec.rules.cap_env_var for spec in SPECS.values()}
 
 
 def _product_modules():
@@ -63,11 +63,14 @@ def test_the_vocabulary_lives_in_one_place():
     """No product module defines its own copy of a vocabulary name, or spells the cap's variable as a
     constant of its own (one rule, one place: a copy is where two spellings drift apart)."""
     copies = []
+    spelled: dict[str, list[str]] = {variable: [] for variable in CAP_VARIABLES}
     for path in _product_modules():
-        if path.name == "vocabulary.py" or (path.name in ("caps.py", "backends.py") and path.parent.name == "sizing"):
+        if path.name == "vocabulary.py" or (path.name == "caps.py" and path.parent.name == "sizing"):
             continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in CAP_VARIABLES:
+                spelled[node.value].append(f"{path}:{node.lineno}")
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name in ONE_PLACE_NAMES:
                 copies.append(f"{path}:{node.lineno} defines {node.name}")
             targets = node.targets if isinstance(node, ast.Assign) else \
@@ -75,8 +78,8 @@ def test_the_vocabulary_lives_in_one_place():
             for target in targets:
                 if isinstance(target, ast.Name) and target.id in ONE_PLACE_NAMES:
                     copies.append(f"{path}:{node.lineno} assigns {target.id}")
-            if isinstance(node, ast.Constant) and node.value in CAP_VARIABLES:
-                copies.append(f"{path}:{node.lineno} spells {node.value} itself")
+    copies += [f"{where} spells {variable} again (first at {places[0]})" for variable, places in spelled.items()
+               for where in places[1:]]
     assert not copies, "copies of the vocabulary (import them from where they are defined):\n" + \
         "\n".join(copies)
 

@@ -11,10 +11,10 @@ from capwatch.advisor.histogram import DecayingHistogram, bucket_index, bucket_r
 from capwatch.advisor.history import SampleHistory, overflow_bump
 from capwatch.advisor.hysteresis import worth_changing
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.advisor.sample import RankInterval, group_samples
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 

@@ -11,11 +11,12 @@ import urllib.request
 
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.sizing.backends import DEEPEP
+from capwatch.sizing.deepep_plan import DEEPEP
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import DeepEPBuffer, RankIdentity, SGLangLimits
+from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.telemetry.report import RankIdentity, SGLangLimits
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 
 from tests.support.chromium import PageElements, chromium, needs_chromium

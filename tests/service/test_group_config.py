@@ -7,8 +7,11 @@ import ast
 
 import pytest
 from capwatch.advisor.group import group_config
-from capwatch.advisor.pricing import WorkspacePricing
-from capwatch.sizing.backends import DEEPEP, FLASHINFER
+from capwatch.backends import spec_of
+from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.backends.flashinfer import WorkspacePricing
+from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 from tests.support.checkout import PRODUCT_FOLDERS, REPO_ROOT
@@ -37,7 +40,10 @@ def test_nothing_known_of_the_ranks_leaves_the_terms_unknown():
 @pytest.mark.parametrize("backend, mode, through_cap", [
     (FLASHINFER.name, None, True), (DEEPEP.name, "low_latency", True), (DEEPEP.name, "auto", False)])
 def test_prefill_goes_through_the_cap_by_the_backends_mode(backend, mode, through_cap):
-    group = group_config(cap=256, pricing=PRICING, a2a_backend=backend, deepep_mode=mode)
+    spec = spec_of(backend)
+    params = None if mode is None else DeepEPBuffer(mode=mode, buffer_experts=256)
+    group = group_config(cap=256, pricing=PRICING, a2a_backend=backend,
+                         prefill_dispatched=spec.prefill_dispatched(params))
     assert group.prefill_dispatched is through_cap and group.backend.name == backend
 
 

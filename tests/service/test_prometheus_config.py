@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.advisor.pricing import WorkspacePricing, pricing_of
+from capwatch.backends import SPECS, pricing_of
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.checks import SizingError
@@ -19,7 +20,8 @@ from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import MAX_CAP_TOKENS, DeepEPBuffer, RankConfig, RankIdentity, SGLangLimits
+from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -88,7 +90,7 @@ def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
             values[sample.name] = sample.value
             labels[sample.name] = sample.labels
     return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name),
-                          labels.get(catalogue.DEEPEP_INFO.name))
+                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -182,10 +184,11 @@ def test_series_without_a_usable_cap_describe_no_rank(cap):
     assert rank_config_of(values | {catalogue.DISPATCH_TOKEN_BYTES.name: 64.0}, {}, None) is None
 
 
+DEEPEP_METRICS = catalogue.BACKEND_METRICS["deepep"]
 _names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES,
-                                    *catalogue.DEEPEP_GAUGES)]
+                                    *DEEPEP_METRICS.gauges)]
 _labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS,
-                                           *catalogue.DEEPEP_INFO_LABELS, "ep_size"]),
+                                           *DEEPEP_METRICS.info_labels, "ep_size"]),
                           st.sampled_from(["deepep", "flashinfer", "auto", "low_latency"]) | st.text(max_size=40),
                           max_size=8)
 
@@ -198,7 +201,8 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     """Whatever a Prometheus holds under these names (a hand-written exporter, NaN, +Inf, negatives):
     no rank without a usable cap; else a config that validates, or one without geometry whose sizes are
     sizes a rank could have or unknown, and that prices or says why not (SizingError) — never a crash."""
-    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info, deepep_info)
+    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info,
+                            {"deepep": deepep_info})
     cap = values.get(catalogue.CAP_TOKENS.name)
     if cap is None or not 1 <= float(cap) < float("inf"):
         assert config is None
@@ -210,7 +214,8 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     for size in (config.dispatch_bytes_per_token, config.combine_bytes_per_token, config.workspace_bytes_per_rank,
                  config.allocated_workspace_bytes, config.cuda_graph_max_batch_size):
         assert size is None or size >= 1
-    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0 and config.deepep is None
+    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0
+    assert all(spec.params_of(config) is None for spec in SPECS.values())
     try:
         pricing_of(config, EP_SIZE).bytes_per_rank(config.cap)
     except SizingError:
@@ -229,9 +234,9 @@ def test_a_deepep_ranks_series_name_its_backend_variable_and_buffer_and_rebuild_
     families = {family.name: family for family in text_string_to_metric_families(text.decode())}
     info = families[catalogue.INFO.name].samples[0].labels
     assert (info["a2a_backend"], info["cap_variable"]) == ("deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK")
-    assert families[catalogue.DEEPEP_INFO.name].samples[0].labels["mode"] == "auto"
+    assert families[DEEPEP_METRICS.info.name].samples[0].labels["mode"] == "auto"
     assert families[catalogue.WORKSPACE_BYTES.name].samples[0].value == plan.buffer_bytes_per_rank
-    assert families[catalogue.DEEPEP_NORMAL_NVL_BYTES.name].samples[0].value == plan.normal_nvl_bytes
+    assert families["moe_a2a_deepep_normal_nvl_bytes"].samples[0].value == plan.normal_nvl_bytes
     assert rebuilt(text) == config
     assert pricing_of(rebuilt(text), EP_SIZE).bytes_per_rank(1024) == plan_deepep_buffer(
         geometry, EP_SIZE, 1024, "auto").buffer_bytes_per_rank
@@ -240,5 +245,5 @@ def test_a_deepep_ranks_series_name_its_backend_variable_and_buffer_and_rebuild_
     families = {family.name: family for family in text_string_to_metric_families(flashinfer.decode())}
     assert families[catalogue.INFO.name].samples[0].labels["cap_variable"] == \
         "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
-    assert families[catalogue.DEEPEP_INFO.name].samples == []
-    assert all(families[spec.name].samples == [] for spec, _ in catalogue.DEEPEP_GAUGES)
+    assert families[DEEPEP_METRICS.info.name].samples == []
+    assert all(families[spec.name].samples == [] for spec, _ in DEEPEP_METRICS.gauges)

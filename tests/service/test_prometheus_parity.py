@@ -18,7 +18,7 @@ from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.floor import merged_sglang_limits
 from capwatch.advisor.kv import kv_bytes_per_token_of
-from capwatch.advisor.pricing import WorkspacePricing
+from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app, store_options

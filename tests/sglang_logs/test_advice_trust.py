@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 from capwatch.sglang_logs.advise import ServerFlags, advise_from_sglang_logs
-from capwatch.sizing.backends import DEEPEP, FLASHINFER
+from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 from tests.sglang_logs.logs import T0, advise, decode_lines, traffic, write
 from tests.support import sglang_logs as sg

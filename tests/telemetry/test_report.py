@@ -60,7 +60,7 @@ def test_top_k_is_bounded_by_the_largest_kmaxtopk_sizing_knows():
 
 
 def _deepep_config(**changes):
-    from capwatch.telemetry.report import DeepEPBuffer
+    from capwatch.backends.deepep import DeepEPBuffer
 
     options = dict(cap=256, ep_size=8, hidden_size=7168, top_k=8, num_experts=256, backend="sglang-deepep",
                    a2a_backend="deepep", deepep=DeepEPBuffer(mode="low_latency", buffer_experts=256))
@@ -92,7 +92,7 @@ def test_a_deepep_rank_reports_its_buffer_priced_as_sglang_allocates_it(sink):
     ({"payload_format": "fp8"}, "FlashInfer's"),
     ({"flashinfer_version": "0.7.2"}, "FlashInfer's"),
     ({"deepep": None}, "needs its deepep buffer"),
-    ({"a2a_backend": "flashinfer"}, "reports no DeepEP buffer"),
+    ({"a2a_backend": "flashinfer"}, "reports no deepep parameters"),
 ])
 def test_what_deepep_or_sglang_refuses_no_report_carries(changes, message):
     config = _deepep_config()
@@ -101,7 +101,8 @@ def test_what_deepep_or_sglang_refuses_no_report_carries(changes, message):
 
 
 def test_a_deepep_buffer_must_fit_its_mode_and_divide_among_the_group():
-    from capwatch.telemetry.report import DeepEPBuffer, check_priceable  # RankReport runs it on every report
+    from capwatch.backends.deepep import DeepEPBuffer
+    from capwatch.telemetry.report import check_priceable  # RankReport runs it on every report
 
     with pytest.raises(ValidationError, match="no normal-mode bytes"):
         DeepEPBuffer(mode="low_latency", buffer_experts=256, normal_nvl_bytes=1)

@@ -10,7 +10,7 @@ from capwatch.advisor.advice import ClusterAdvice, WhatIf
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.queries import AdviceUnavailable, cluster_whatif
-from capwatch.sizing.backends import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.checks import SizingError
 from fastapi import APIRouter, HTTPException, Query, status
 

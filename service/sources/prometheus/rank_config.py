@@ -1,6 +1,6 @@
 """A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES``,
-``SGLANG_LIMIT_GAUGES`` and ``DEEPEP_GAUGES``, the labels of ``moe_a2a_info`` (ep_size, versions, backend), of
-``moe_a2a_sglang_info`` and of ``moe_a2a_deepep_info``.
+``SGLANG_LIMIT_GAUGES`` and each backend's (``BACKEND_METRICS``), the labels of ``moe_a2a_info`` (ep_size,
+versions, backend), of ``moe_a2a_sglang_info`` and of each backend's own info.
 
 From an exporter of this release that is exactly the ``RankConfig`` its reports carry, validated once,
 here. Without the geometry gauges (an exporter older than them), or from series no rank could have
@@ -33,10 +33,10 @@ _UNPRICED_FIELDS = {item.name for item in dataclasses.fields(UnpricedConfig)} - 
 
 
 def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: dict[str, str] | None,
-                   deepep_info: dict[str, str] | None = None) -> RankConfig | UnpricedConfig | None:
+                   backend_infos: dict[str, dict[str, str] | None] | None = None) -> RankConfig | UnpricedConfig | None:
     """``values`` by metric name, the labels of ``moe_a2a_info``, of ``moe_a2a_sglang_info`` (None: not under
-    SGLang) and of ``moe_a2a_deepep_info`` (None: not a DeepEP rank). None when the series do not say the rank's
-    cap (a positive number)."""
+    SGLang) and of each backend's own info by backend name (None or absent: not that backend's rank). None when
+    the series do not say the rank's cap (a positive number)."""
     def number(spec: catalogue.MetricSpec) -> int | None:
         value = values.get(spec.name)
         return None if value is None or not math.isfinite(value) else int(value)
@@ -56,17 +56,21 @@ def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: 
                                for name in ("disaggregation_mode", "cap_source")},
                             "floor_rule": sglang_info.get("floor_rule") or _default(SGLangLimits, "floor_rule"),
                             **limits}
-    if deepep_info is not None:
-        config["deepep"] = {"mode": deepep_info.get("mode", "auto"),
-                            **{name: number(spec) for spec, name in catalogue.DEEPEP_GAUGES if number(spec) is not None}}
+    for backend, metrics in catalogue.BACKEND_METRICS.items():
+        labels = (backend_infos or {}).get(backend)
+        if labels is not None:  # a label left out leaves the parameters invalid: the config is then unpriced
+            config[backend] = {**{label: labels[label] for label in metrics.info_labels if label in labels},
+                               **{name: number(spec) for spec, name in metrics.gauges if number(spec) is not None}}
     if (config.get("cap") or 0) < 1:
         return None
     if all(name in config for name in GEOMETRY):
         try:
             return RankConfig.model_validate(config, strict=False)
         except ValidationError:
-            # Series no rank could report together: their limits and DeepEP buffer are not trusted either.
-            config["sglang"] = config["deepep"] = None
+            # Series no rank could report together: their limits and backend parameters are not trusted either.
+            config["sglang"] = None
+            for backend in catalogue.BACKEND_METRICS:
+                config[backend] = None
     return _unpriced(config)
 
 
@@ -78,7 +82,6 @@ def _unpriced(config: dict) -> UnpricedConfig:
             fields[name] = None  # absent, or no size a rank could have: not known
     for name in ("eplb_stats_num_experts", "speculative_tokens"):
         fields[name] = max(0, fields.get(name) or 0)
-    fields["deepep"] = None  # prices only with the geometry, which is not known here
     try:
         fields["sglang"] = None if config["sglang"] is None else SGLangLimits.model_validate(config["sglang"],
                                                                                              strict=False)

@@ -35,8 +35,8 @@ from capwatch.telemetry import catalogue
 RANK_STATE_SERIES: tuple[str, ...] = (
     *(spec.name for spec, _ in catalogue.RANK_CONFIG_GAUGES if spec is not catalogue.CAP_TOKENS),
     *(spec.name for spec, _ in catalogue.SGLANG_LIMIT_GAUGES),
-    *(spec.name for spec, _ in catalogue.DEEPEP_GAUGES),
-    catalogue.INFO.name, catalogue.SGLANG_INFO.name, catalogue.DEEPEP_INFO.name,
+    *(spec.name for metrics in catalogue.BACKEND_METRICS.values() for spec in metrics.metrics),
+    catalogue.INFO.name, catalogue.SGLANG_INFO.name,
     catalogue.RUNTIME_TOKENS_WINDOW_MAX.name,
     catalogue.RUNTIME_TOKENS_MAX.name, catalogue.FORWARD_STEPS.name, catalogue.LOCAL_TOKENS_WINDOW_MAX.name,
     catalogue.LOCAL_TOKENS_MAX.name,
@@ -106,7 +106,8 @@ class PrometheusSource:
             values[catalogue.CAP_TOKENS.name] = cap
             info = rank.get(catalogue.INFO.name, ({}, 1.0))[0]
             config = rank_config_of(values, info, rank.get(catalogue.SGLANG_INFO.name, (None, 1.0))[0],
-                                    rank.get(catalogue.DEEPEP_INFO.name, (None, 1.0))[0])
+                                    {name: rank.get(metrics.info.name, (None, 1.0))[0]
+                                     for name, metrics in catalogue.BACKEND_METRICS.items()})
             if config is None:
                 continue  # no usable cap: nothing to size or price
 

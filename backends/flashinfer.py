@@ -1,0 +1,210 @@
+"""FlashInfer's MoE A2A as a backend (``--moe-a2a-backend flashinfer``): its workspace priced by
+``capwatch.sizing.plan.plan_workspace`` (every layout), its parameters the config's shared fields
+(``payload_format``, ``flashinfer_version``, ``eplb_stats_num_experts``: the wire's first backend)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from capwatch.backends.spec import BackendSpec, Config, PlanOption, Planner, PlanTable, RankSizes
+from capwatch.sizing.byte_units import format_bytes
+from capwatch.sizing.checks import SizingError
+from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
+from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
+from capwatch.sizing.flashinfer_releases import (
+    FLASHINFER,
+    LAYOUT_MOE_A2A,
+    MAX_EP_SIZE,
+    FlashInferVersion,
+    check_routing,
+)
+from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
+from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
+from capwatch.sizing.payloads import hidden_bytes_per_token
+from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
+
+
+@dataclass(frozen=True)
+class WorkspacePricing:
+    """What one rank's workspace costs per cap (everything but the cap comes from the reports).
+
+    Built from a report with ``of_config``: the geometry and format are then known, so every layout
+    prices (0.7.4's ``NVLinkOneSidedAlltoAll`` sizes from them; ``moe_a2a`` from the reported bytes
+    per token). Without a geometry only the ``moe_a2a`` layout can be priced (its inputs are the
+    bytes per token alone); without those either (a source that does not see them: None), nothing is."""
+
+    ep_size: int
+    dispatch_bytes_per_token: int | None
+    combine_bytes_per_token: int | None
+    eplb_stats_num_experts: int = 0
+    flashinfer_version: str | None = None
+    geometry: ModelGeometry | None = None
+    payload_format: str = "bf16"
+
+    @classmethod
+    def of_config(cls, config, ep_size: int) -> "WorkspacePricing":
+        """The pricing of a rank's config (a ``RankConfig``, or a source's ``UnpricedConfig``) in a group of
+        ``ep_size`` ranks."""
+        geometry = (custom_geometry(config.hidden_size, config.top_k, config.num_experts)
+                    if config.hidden_size is not None else None)  # a source that cannot see it
+        return cls(ep_size, config.dispatch_bytes_per_token, config.combine_bytes_per_token,
+                   config.eplb_stats_num_experts, config.flashinfer_version, geometry, config.payload_format)
+
+    def plan(self, cap: int) -> WorkspacePlan:
+        if self.geometry is None:
+            raise SizingError("pricing without the model geometry knows only the moe_a2a layout")
+        return plan_workspace(self.geometry, self.ep_size, cap, self.payload_format, self.eplb_stats_num_experts,
+                              self.flashinfer_version,
+                              bytes_per_token=(self.dispatch_bytes_per_token, self.combine_bytes_per_token))
+
+    def bytes_per_rank(self, cap: int) -> int:
+        return _bytes_per_rank(self, cap)
+
+    def known_bytes_per_rank(self, cap: int) -> int | None:
+        """``bytes_per_rank``, or None where this configuration cannot be priced (e.g. an unknown flashinfer
+        version): a view then says nothing rather than guess."""
+        try:
+            return self.bytes_per_rank(cap)
+        except SizingError:
+            return None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _bytes_per_rank(pricing: WorkspacePricing, cap: int) -> int:
+    # Cached by value (the pricing is frozen): every view prices each rank's cap and the advisor the same caps
+    # again on each recompute; thousands of groups made pricing half the list's work.
+    if pricing.dispatch_bytes_per_token is None or pricing.combine_bytes_per_token is None:
+        raise SizingError("the payload bytes per token are not known, so no workspace can be priced")
+    if pricing.geometry is None:  # moe_a2a's own inputs: the bytes per token
+        return workspace_bytes_per_rank(
+            pricing.ep_size, cap, pricing.dispatch_bytes_per_token, pricing.combine_bytes_per_token,
+            pricing.eplb_stats_num_experts, pricing.flashinfer_version)
+    return pricing.plan(cap).workspace_bytes_per_rank
+
+
+def _refusal(config: Config) -> str | None:
+    return _routing_refusal(config.top_k, config.num_experts, config.hidden_size, config.payload_format,
+                            config.flashinfer_version)
+
+
+@functools.lru_cache(maxsize=4096)
+def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_format: str,
+                     flashinfer_version: str | None) -> str | None:
+    # Cached: every report of a rank repeats its config, and this ran for each one.
+    try:
+        check_routing(top_k, num_experts, 1, FlashInferVersion.parse(flashinfer_version))
+        hidden_bytes_per_token(hidden_size, payload_format)
+    except SizingError as error:
+        return str(error)
+    return None
+
+
+def _group_refusal(config: Config, ep_size: int) -> str | None:
+    try:
+        plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
+                       config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
+                       bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
+    except SizingError as error:
+        return str(error)
+    return None
+
+
+def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str, Any]) -> RankSizes:
+    plan = plan_workspace(geometry, ep_size, cap, fields.get("payload_format", "bf16"),
+                          fields.get("eplb_stats_num_experts", 0), fields.get("flashinfer_version"))
+    return RankSizes(plan.dispatch_bytes_per_token, plan.combine_bytes_per_token, plan.workspace_bytes_per_rank)
+
+
+def _default_mode(values: Mapping[str, Any]) -> str:
+    """``sglang`` (what SGLang allocates: the cap is SGLang's variable), unless the question is one SGLang never
+    asks: a flashinfer release without the MoeAlltoAll SGLang calls (0.7.4), or an EPLB stats region."""
+    try:
+        layout = FlashInferVersion.parse(values["flashinfer_version"]).layout
+    except SizingError:  # an unknown release: plan_workspace says so in its own words
+        return "sglang"
+    return "sglang" if layout == LAYOUT_MOE_A2A and not values["eplb_stats_experts"] else "flashinfer"
+
+
+def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
+    mode = values["mode"] or _default_mode(values)
+    if mode not in MODES:
+        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
+    return dict(geometry=geometry, ep_size=ep_size, payload_format=(values["payload_format"] or "bf16").strip().lower(),
+                eplb_stats_num_experts=integer("--eplb-stats-experts", values["eplb_stats_experts"] or "0", 0),
+                flashinfer_version=values["flashinfer_version"], mode=mode, draft=values["draft"],
+                lamport_max_tokens=integer("--lamport-tokens", values["lamport_tokens"] or "0", 0))
+
+
+def _plan_table(plans: list[WorkspacePlan], geometry: ModelGeometry, budget: int | None,
+                caption: str | None) -> PlanTable:
+    first = plans[0]
+    title = (f"{geometry.name}: H={geometry.hidden_size}, top-k={geometry.top_k}, E={geometry.num_experts} | "
+             f"ep_size={first.ep_size}, {first.payload_format}, flashinfer {first.flashinfer_version} "
+             f"({first.layout}), mode {first.mode}{', draft' if first.draft else ''}"
+             + (f", EPLB stats {first.eplb_stats_num_experts}" if first.eplb_stats_num_experts else ""))
+    headers = ["cap/rank", "max_num_tokens", "dispatch B/tok", "combine B/tok", "aux", "workspace/rank", "bytes/rank",
+               "EP group", "expert rows"]
+    show_lamport = any(plan.lamport_bytes for plan in plans)
+    headers += ["of which Lamport"] if show_lamport else []
+    headers += ["fits"] if budget is not None else []
+    rows = []
+    for plan in plans:
+        row = [f"{plan.cap:,}", f"{plan.max_num_tokens:,}", f"{plan.dispatch_bytes_per_token:,}",
+               f"{plan.combine_bytes_per_token:,}", format_bytes(plan.aux_bytes),
+               format_bytes(plan.workspace_bytes_per_rank), f"{plan.workspace_bytes_per_rank:,}",
+               format_bytes(plan.workspace_bytes_group), f"{plan.expert_rows:,}"]
+        row += [format_bytes(plan.lamport_bytes)] if show_lamport else []
+        row += ["yes" if plan.workspace_bytes_per_rank <= budget else "no"] if budget is not None else []
+        rows.append(row)
+    notes = ()
+    if budget is not None:
+        at_limit = first.cap == FLASHINFER.max_cap_tokens
+        notes = (f"largest 128-aligned cap within budget: {first.cap}"
+                 + (" (the largest cap capwatch sizes; the budget holds more)" if at_limit else ""),)
+    return PlanTable(title, tuple(headers), rows, caption, notes)
+
+
+PLANNER = Planner(
+    description="""\
+Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
+MoE all-to-all workspace bytes, byte-exact for every flashinfer release that has the A2A.
+
+Modes: sglang (default) = what SGLang allocates (bf16 floor on dispatch bytes, so nvfp4 and fp8 cost the
+bf16 figure; +128 B with --draft); flashinfer = FlashInfer's formula for the payload format, as a caller
+other than SGLang allocates it; sglang-legacy = SGLang before PR #25907 (cap x ep_size passed as
+max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in its title.""",
+    options=(
+        PlanOption("--payload-format", "payload_format", "dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, "
+                   "deepseek-fp8 (default bf16)", "FORMAT"),
+        PlanOption("--eplb-stats-experts", "eplb_stats_experts", "experts in FlashInfer's EPLB stats region (0.6.16+; "
+                   "0..num_experts; default 0)", "S"),
+        PlanOption("--flashinfer-version", "flashinfer_version", "flashinfer-python release (default 0.7.2.post1, "
+                   "the newest with MoeAlltoAll; 0.7.4 sizes NVLinkOneSidedAlltoAll)", "X.Y.Z"),
+        PlanOption("--mode", "mode", "sglang (default: what SGLang allocates, bf16 dispatch bytes at least), "
+                   "flashinfer (FlashInfer's own formula for the payload) or sglang-legacy", "MODE"),
+        PlanOption("--draft", "draft", "size SGLang's speculative draft dispatcher (+128 B)"),
+        PlanOption("--lamport-tokens", "lamport_tokens", "0.7.4 only: Lamport transport token limit the run settles "
+                   f"on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; default 0 = off)", "T"),
+    ),
+    group_title=None, ep_size_limit=f"1..{MAX_EP_SIZE}; 256 on 0.7.4", top_k_needed=True,
+    bytes_field="workspace_bytes_per_rank", prepare=_plan_options, plan_at=plan_workspace,
+    largest_within=largest_plan_within, table=_plan_table)
+
+
+def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[WorkspacePricing, bool]:
+    """The workspace SGLang's FlashInfer dispatcher allocates per cap (bf16, from the geometry alone); its prefill
+    batches meet the cap."""
+    return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
+                            combine_bytes_per_token(geometry.hidden_size)), True
+
+
+SPEC = BackendSpec(
+    rules=FLASHINFER, params=None, refusal=_refusal, group_refusal=_group_refusal,
+    pricing=WorkspacePricing.of_config, sizes=_sizes,
+    prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
+    planner=PLANNER,
+    settings_pricing=_settings_pricing,
+)

@@ -1,0 +1,147 @@
+"""What one A2A backend is to capwatch, in one object: its cap rules, its parameters on the wire, its pricing,
+its series. Each backend module (``backends/<name>.py``) exports one ``BackendSpec``; ``capwatch.backends``
+registers them, and every shared part loops over that registry instead of naming a backend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.model_presets import ModelGeometry
+from pydantic import BaseModel
+
+
+class Pricing(Protocol):
+    """What a group's A2A memory costs per rank at any cap (everything but the cap fixed)."""
+
+    ep_size: int
+
+    def bytes_per_rank(self, cap: int) -> int: ...
+
+    def known_bytes_per_rank(self, cap: int) -> int | None: ...
+
+
+class SettingsReader(Protocol):
+    """An engine's settings as the log reader reads them (SGLang's logged server args, ``sglang_logs/server_args.py``):
+    leniently, a value that is no plausible setting reading as its default."""
+
+    def text(self, key: str) -> str | None: ...
+
+    def size(self, key: str, default: int, least: int) -> int:
+        """A parallel size or a count; UnreadableArgs below ``least`` or beyond any cluster."""
+
+    def flag(self, key: str) -> bool: ...
+
+
+@dataclass(frozen=True)
+class RankSizes:
+    """A rank's payload bytes per token and its memory at its cap, as its backend sizes them."""
+
+    dispatch_bytes_per_token: int
+    combine_bytes_per_token: int
+    workspace_bytes_per_rank: int
+
+
+@dataclass(frozen=True)
+class GaugeSeries:
+    """One number of a backend's parameters as a gauge: ``moe_a2a_<backend>_<field>``."""
+
+    field: str
+    help: str
+    unit: str
+
+
+@dataclass(frozen=True)
+class BackendSeries:
+    """A backend's own series beside ``moe_a2a_info``, read from its parameters: an info
+    (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number."""
+
+    info_help: str
+    info_labels: tuple[str, ...]
+    gauges: tuple[GaugeSeries, ...]
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    """One of a backend's own ``capwatch plan`` options; given with another backend it is refused."""
+
+    flag: str  # "--deepep-mode"
+    dest: str  # the argparse attribute
+    help: str
+    metavar: str | None = None  # None: a flag without a value (store_true)
+
+
+@dataclass(frozen=True)
+class PlanTable:
+    """What ``capwatch plan`` prints for a backend's plans: a table, then notes, then warnings (in yellow)."""
+
+    title: str
+    headers: tuple[str, ...]
+    rows: list[list[str]]
+    caption: str | None = None
+    notes: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Planner:
+    """What ``capwatch plan --backend NAME`` asks of a backend: its options and their help, how it plans one cap
+    and the largest cap within a budget, and its table. ``options(values, geometry, ep_size, integer)`` turns the
+    option values given (None where not given) into the planner's keywords, ``integer(flag, text, minimum)``
+    parsing a number the way every option does; SizingError for a mistake."""
+
+    description: str  # its paragraph of `capwatch plan --help`
+    options: tuple[PlanOption, ...]
+    group_title: str | None  # its options' group in --help (None: among the general options)
+    ep_size_limit: str  # the group sizes it takes, in --help's words
+    top_k_needed: bool  # whether a custom geometry needs --top-k
+    bytes_field: str  # its plan's bytes per rank (the JSON's next_cap_<field>)
+    prepare: Callable[[Mapping[str, Any], ModelGeometry, int, Callable[..., int]], dict]
+    plan_at: Callable[..., Any]  # (cap=, **prepared) -> its plan (as_dict())
+    largest_within: Callable[..., Any]  # (budget, alignment=, **prepared) -> the plan of the largest cap
+    table: Callable[..., PlanTable]  # (plans, geometry, budget, caption) -> what to print
+
+
+# A rank's config: a RankConfig (telemetry/report.py) or a source's UnpricedConfig; typed loosely here because
+# both sit above this layer.
+Config = Any
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """One A2A backend. ``params`` is the model of what prices it beyond the cap and the geometry, carried on the
+    wire as ``RankConfig.<name>`` (None: the config's shared fields say all); ``series`` exports those
+    parameters (None: nothing beyond the shared series)."""
+
+    rules: BackendCapRules  # range, alignment, hard limit, what happens past them (sizing/backends.py)
+    params: type[BaseModel] | None
+    # What the backend refuses of a rank's config (its params included), in words; None: nothing.
+    refusal: Callable[[Config], str | None]
+    # What it refuses of that config in a group of ep_size ranks (the group's limits, its pricing at the cap).
+    group_refusal: Callable[[Config, int], str | None]
+    # The config's pricing in a group of ep_size ranks; never raises (a pricing that cannot price says so
+    # through known_bytes_per_rank).
+    pricing: Callable[[Config, int], Pricing]
+    # The sizes a rank reports: (cap, ep_size, geometry, the rank_config keywords: payload_format,
+    # flashinfer_version, eplb_stats_num_experts and the params under the backend's name). SizingError.
+    sizes: Callable[[int, int, ModelGeometry, Mapping[str, Any]], RankSizes]
+    # Whether a rank's prefill batches go through this cap, from its params (None: not known).
+    prefill_dispatched: Callable[[BaseModel | None], bool]
+    series: BackendSeries | None = None
+    planner: Planner | None = None
+    # How to read it from an engine's settings (for capwatch advise --sglang-log, which has no report): the settings
+    # that size it beyond the model (hashable pairs), and from them its pricing in a group of ep_size ranks at the
+    # given alignment and whether prefill batches meet its cap (SizingError saying why it cannot be priced).
+    settings_params: Callable[[SettingsReader], tuple[tuple[str, object], ...]] = lambda settings: ()
+    settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # capwatch plan's view of it (every registered backend has one)
+
+    @property
+    def name(self) -> str:
+        return self.rules.name
+
+    def params_of(self, config: Config) -> BaseModel | None:
+        """This backend's parameters in ``config`` (None where it has none, or the config does not carry them)."""
+        return getattr(config, self.name, None) if self.params is not None else None
+
