@@ -4,15 +4,12 @@ measurement (no figure asserted: on CPU they mean nothing), its counts exact and
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.support.checkout import REPO_ROOT
+from tests.support import launcher
 
 
 def test_the_gpu_counting_benchmarks_smoke_runs_on_cpu_and_its_counts_are_exact():
-    done = subprocess.run([sys.executable, "-m", "benchmarks", "gpu_counting", "--smoke", "--json"], cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=600)
+    done = launcher.run("-m", "benchmarks", "gpu_counting", "--smoke", "--json", imports_tests=True, timeout_s=600)
     assert done.returncode == 0, done.stderr[-3000:]
     figures = json.loads(done.stdout[done.stdout.index("{"):])
     assert figures["device"] == "cpu" and figures["smoke"] and figures["meets_goal"] is None
