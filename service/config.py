@@ -22,8 +22,9 @@ LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 # Advisor knobs a cluster may set for itself: how its advice is sized and how much history it needs. The knobs
-# that shape the stored history (its decay and what folding forgets) are the store's, one for every cluster.
-STORE_WIDE_ADVISOR_KNOBS = ("half_life_s", "forget_relative_weight")
+# that shape the stored history (its decay, what folding forgets, the bump an overflow adds as it is folded in) are
+# the store's, one for every cluster: a cluster's own value would be accepted and never used.
+STORE_WIDE_ADVISOR_KNOBS = ("half_life_s", "forget_relative_weight", "bump_factor", "bump_min_tokens")
 
 
 class ClusterSettings(BaseModel):
@@ -267,8 +268,10 @@ def settings_toml(settings: Settings) -> str:
     """The effective settings as a config file (``capwatch serve --print-config``): every field, the token shown as
     set or not, never its value; unset fields are comments (TOML has no null)."""
     data = settings.model_dump(mode="json")
-    data["token"] = "<set>" if settings.token is not None else None
-    lines = ["# capwatch serve: the effective settings (flags > environment > config file > defaults)"]
+    token_set = data.pop("token", None) is not None
+    lines = ["# capwatch serve: the effective settings (flags > environment > config file > defaults)",
+             # Never a value a read-back would take for the token: a printed placeholder would become a guessable one.
+             "# token is set (not shown: give it with CAPWATCH_TOKEN)" if token_set else "# token is unset"]
     tables = {}
     for key, value in data.items():
         if isinstance(value, dict):
