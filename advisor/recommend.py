@@ -46,10 +46,11 @@ SIZING: tuple[Stage[float], ...] = (size_for_peaks, size_for_risk, size_for_tren
 def gate(given: Evidence) -> str | None:
     """Why there is no advice yet (None: there is). An overflow is evidence enough, however short the history."""
     history, policy = given.history, given.policy
-    if history.sample_count and (not given.short_history or history.overflow_windows or given.overflow_now):
+    overflowing_now = given.overflow_now if given.group.cap_known else 0.0  # never measured against an assumed cap
+    if history.sample_count and (not given.short_history or history.overflow_windows or overflowing_now):
         return None
-    return (f"{history.sample_count} group samples covering {history.covered_s / 60:.0f} min; advice needs "
-            f"at least {policy.min_samples} samples and {policy.min_history_s / 60:.0f} min of history")
+    return (f"{history.sample_count} group samples covering {duration(history.covered_s)}; advice needs "
+            f"at least {policy.min_samples} samples and {duration(policy.min_history_s)} of history")
 
 
 def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy) -> Advice:
@@ -60,7 +61,8 @@ def recommend(history: SampleHistory, group: GroupConfig, policy: AdvisorPolicy)
     deployment, coverage = deployment_of(given), coverage_of(history)
     why_not = gate(given)
     if why_not is not None:
-        forecast = Forecast(predicted_overflow_rate_current=given.overflow_now if history.sample_count else None,
+        known_now = history.sample_count and given.group.cap_known  # nothing is priced against an assumed cap
+        forecast = Forecast(predicted_overflow_rate_current=given.overflow_now if known_now else None,
                             predicted_overflow_rate_recommended=None)
         return Advice.of(Decision.insufficient_data(), deployment, coverage, forecast, Price.none(), [why_not])
 
