@@ -143,6 +143,7 @@ class DispatchCounters:
         # first capture by whoever knows the layers (the session's election); a snapshot multiplies the captured
         # steps by it.
         self.layers_per_step = 1
+        self.instrumented_layers = 0  # InstrumentedDispatchers built on these counters: a library's layers
         self._runtime_tokens_over_cap_sum = self._values[Field.RUNTIME_TOKENS_OVER_CAP_SUM :
                                                          Field.RUNTIME_TOKENS_OVER_CAP_SUM + 1]
         self._steps = _StepBins(self._state, cap, histogram_offset, local_offset, options)

@@ -78,6 +78,10 @@ class InstrumentedDispatcher:
                                       CounterWords(traffic_counts) if traffic_counts is not None else self._record,
                                       rules=rules, step_leader=step_leader, on_overflow=on_overflow)
         self._dispatch = self.counting.counted(self._transport)
+        # One more MoE layer of the role on these counters: a captured step stands for one call of each (a captured
+        # layer launches nothing for its call). The SGLang session sets it by its election instead (counting.elect).
+        counters.instrumented_layers += 1
+        counters.layers_per_step = counters.instrumented_layers
 
     @property
     def step_leader(self) -> bool:

@@ -358,3 +358,24 @@ def test_a_snapshots_wait_for_its_copy_lets_the_gil_go():
         stop.set()
         thread.join(5)
     assert copy.asked == 201 and during > 50, (copy.asked, during)
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+def test_a_librarys_layers_on_one_counters_count_every_call_eagerly_and_captured(captured):
+    """Three InstrumentedDispatchers (a model's MoE layers) share one DispatchCounters, as a library user or the
+    demo builds them (no SGLang session to elect): every layer's call is counted, captured too, where a captured
+    call launches nothing and the snapshot multiplies the captured steps by the layers (it counted one a step)."""
+    from capwatch.dispatcher.instrumented import InstrumentedDispatcher
+
+    from tests.telemetry.test_interval_invariants import OneRankBackend
+
+    counters = DispatchCounters(8, 1)
+    if captured:
+        counters._eager = lambda: False  # every count a device op, as under CUDA graph capture
+    layers = [InstrumentedDispatcher(OneRankBackend(), counters, 8, step_leader=index == 0) for index in range(3)]
+    experts = torch.zeros(4, 1, dtype=torch.int32)
+    for _ in range(5):
+        for layer in layers:
+            layer.run(experts, [torch.ones(4, 2), experts], 4, lambda received: received[0])
+    snapshot = counters.snapshot()
+    assert (snapshot.forward_steps, snapshot.dispatch_calls) == (5, 15)
