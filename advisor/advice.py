@@ -40,7 +40,7 @@ CapSource = Literal["reported", "flag", "assertion", "assumed"]
 class Deployment(BaseModel):
     """What the group runs now and what bounds any cap for it: known before any history."""
 
-    a2a_backend: str = FLASHINFER.name  # whose cap (sizing/backends.py)
+    a2a_backend: str = FLASHINFER.name  # whose cap (its spec, capwatch.backends)
     cap_variable: str = FLASHINFER.cap_env_var  # the variable that sets it
     current_cap: int  # where cap_known is false, an assumed value: nothing is priced or decided against it
     ep_size: int
@@ -51,7 +51,7 @@ class Deployment(BaseModel):
     budget_cap: int | None
     kv_bytes_per_token: int | None = None
     # The range every cap for this group lies in, advised or asked about (the page's what-if reads it):
-    # 1..max_cap_tokens, the backend's largest (sizing/backends.py); advised caps are multiples of cap_alignment.
+    # 1..max_cap_tokens, the backend's largest (its spec, capwatch.backends); advised caps are multiples of cap_alignment.
     max_cap_tokens: int | None = None
     cap_alignment: int | None = None
     # False: the cap in use is unknown (a log read without --cap and without an overflow assertion). The action is

@@ -4,7 +4,7 @@ peaks — within [min_cap, the ceiling] (the rounding: ``sizing/caps.py``).
 
 The ceiling is the one range every cap the advisor produces lies in: the policy's ``max_cap``, raised to SGLang's
 start-up floor (a cap below it is one the server refuses to start with), and never above the largest cap the
-group's A2A backend takes (``sizing/backends.py``). A floor above that leaves no cap that both starts the server
+group's A2A backend takes (its spec in ``backends/``). A floor above that leaves no cap that both starts the server
 and fits the backend: the group cannot be advised, and says why (a ``SizingError``, answered 409)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ decode batch and draft tokens: a batch of up to the largest captured size, each 
 DeepEP has no start-up check, but the same terms bind at run time: each rank's local batch must fit its cap,
 or DeepEP's dispatch assertion ends the rank — at CUDA-graph capture for the largest decode batch
 (sglang#28914), at the first full prefill chunk in ``--deepep-mode low_latency`` (auto sends prefill to normal
-mode, which has no cap). The backend's rules (``sizing/backends.py``) say which consequence each term has.
+mode, which has no cap). The backend's rules (its spec in ``backends/``) say which consequence each term has.
 """
 
 from __future__ import annotations

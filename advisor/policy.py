@@ -38,7 +38,7 @@ class AdvisorPolicy(BaseModel):
     alignment: int = Field(CAP_ALIGNMENT, ge=1, le=1 << 16, description="Advised caps are multiples of this.")
     min_cap: int = Field(CAP_ALIGNMENT, ge=1, le=MAX_CAP_TOKENS, description="The smallest cap advised.")
     max_cap: int = Field(MAX_CAP_TOKENS, ge=1, le=MAX_CAP_TOKENS, description=(
-        "The largest cap advised (each backend's own largest, sizing/backends.py, bounds it too)."))
+        "The largest cap advised (each backend's own largest, in its spec under backends/, bounds it too)."))
     budget_bytes_per_rank: int | None = Field(None, ge=1, le=1 << 42,
                                               description="A2A workspace memory budget per rank.")
     # Risk-based sizing (tail.py): the smallest aligned cap whose predicted overflowing windows per day

@@ -130,12 +130,12 @@ class BackendSpec:
     # Whether a rank's prefill batches go through this cap, from its params (None: not known).
     prefill_dispatched: Callable[[BaseModel | None], bool]
     series: BackendSeries | None = None
-    planner: Planner | None = None
+    planner: Planner | None = None  # capwatch plan's view of it (every registered backend has one)
     # How to read it from an engine's settings (for capwatch advise --sglang-log, which has no report): the settings
     # that size it beyond the model (hashable pairs), and from them its pricing in a group of ep_size ranks at the
     # given alignment and whether prefill batches meet its cap (SizingError saying why it cannot be priced).
     settings_params: Callable[[SettingsReader], tuple[tuple[str, object], ...]] = lambda settings: ()
-    settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # capwatch plan's view of it (every registered backend has one)
+    settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # every registered backend has one (tests/backends)
 
     @property
     def name(self) -> str:

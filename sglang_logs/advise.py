@@ -1,6 +1,6 @@
 """The advisor over what SGLang logs show (``capwatch advise --sglang-log``): the latest configuration's
 group samples, priced by the model the args (or the flags) name, advised by the advisor's chain (as the service's), for
-the cap variable of the A2A backend the server runs (``sizing/backends.py``).
+the cap variable of the A2A backend the server runs (its spec in ``backends/``).
 
 Flags stand in for what the log does not say, and override what it does: ``--cap``, ``--model`` (or
 ``--hidden-size``/``--top-k``/``--num-experts``), ``--tokens-per-request``, ``--ep-size``,
