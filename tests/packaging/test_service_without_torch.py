@@ -14,6 +14,7 @@ import urllib.request
 import pytest
 
 from tests.support import launcher
+from tests.support.base_install import BASE_CLOSURE
 from tests.support.service import (
     INSTALLED_PYTHON,
     SERVICE_VENV,
@@ -62,30 +63,14 @@ def test_serve_answers_without_torch(tmp_path):
 # What each command a base install (`pip install a2a-capwatch`, no extras) runs imports, run in the installed
 # product: every distribution it loads must be in the base install's dependency closure, or that command fails
 # with ModuleNotFoundError on a laptop (it did: `advise --sglang-log` reached pydantic-settings, a [service] extra).
-IMPORTED_DISTRIBUTIONS = """
+IMPORTED_DISTRIBUTIONS = BASE_CLOSURE + """
 import atexit, json, sys
-import importlib.metadata as metadata
-from pip._vendor.packaging.requirements import Requirement
-
-def closure():
-    wanted, seen = ["a2a-capwatch"], set()
-    while wanted:
-        name = wanted.pop()
-        key = name.lower().replace("_", "-")
-        if key in seen:
-            continue
-        seen.add(key)
-        for line in metadata.requires(name) or []:
-            requirement = Requirement(line)
-            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-                wanted.append(requirement.name)
-    return seen
 
 def report():
     owners = metadata.packages_distributions()
     used = {owner.lower().replace("_", "-") for module in list(sys.modules)
             for owner in owners.get(module.split(".")[0], [])} - VENV_TOOLS
-    print(json.dumps({"used": sorted(used), "base": sorted(closure())}), file=sys.__stderr__)
+    print(json.dumps({"used": sorted(used), "base": sorted(base_closure())}), file=sys.__stderr__)
 
 # This probe's own pip import, and setuptools' distutils shim that every venv's .pth loads.
 VENV_TOOLS = {"pip", "setuptools"}

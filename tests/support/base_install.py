@@ -12,28 +12,37 @@ from pathlib import Path
 
 from tests.support.service import INSTALLED_PYTHON
 
-# Run by .venv-service's python: every file of every distribution in the base closure, (relative to its
-# site-packages, where it lies).
-BASE_FILES = """
-import json, sys
+# Python run in an installed venv: the distributions of a2a-capwatch's base dependency closure (no extras), read from
+# the installed metadata. Both the base venv's build (below) and the base commands' import check
+# (tests/packaging/test_service_without_torch.py) start their scripts with it.
+BASE_CLOSURE = """
 import importlib.metadata as metadata
 from pip._vendor.packaging.requirements import Requirement
 
-wanted, seen, files = ["a2a-capwatch"], set(), []
-while wanted:
-    name = wanted.pop()
-    key = name.lower().replace("_", "-")
-    if key in seen:
-        continue
-    seen.add(key)
-    distribution = metadata.distribution(name)
-    files += [(str(path), str(distribution.locate_file(path))) for path in distribution.files or []
-              if not str(path).startswith("..")]
-    for line in distribution.requires or []:
-        requirement = Requirement(line)
-        if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
-            wanted.append(requirement.name)
-print(json.dumps({"distributions": sorted(seen), "files": files}))
+def base_closure():
+    \"\"\"{normalized name: Distribution} of the base install's closure.\"\"\"
+    wanted, found = ["a2a-capwatch"], {}
+    while wanted:
+        name = wanted.pop()
+        key = name.lower().replace("_", "-")
+        if key in found:
+            continue
+        found[key] = distribution = metadata.distribution(name)
+        for line in distribution.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                wanted.append(requirement.name)
+    return found
+"""
+
+# Run by .venv-service's python: every file of every distribution in the base closure, (relative to its
+# site-packages, where it lies).
+BASE_FILES = BASE_CLOSURE + """
+import json
+closure = base_closure()
+files = [(str(path), str(distribution.locate_file(path))) for distribution in closure.values()
+         for path in distribution.files or [] if not str(path).startswith("..")]
+print(json.dumps({"distributions": sorted(closure), "files": files}))
 """
 
 
