@@ -274,6 +274,7 @@ def run_demo(options: DemoOptions) -> int:
     from rich.markup import escape
 
     from capwatch.advice_table import print_advice
+    from capwatch.output_format import print_json_lines
     from capwatch.service_client import fetch_advice
 
     out = Console(highlight=False)
@@ -349,7 +350,7 @@ def run_demo(options: DemoOptions) -> int:
         outcomes = group.outcomes or []
         overflow = next((outcome["overflow"] for outcome in outcomes if "overflow" in outcome), None)
         if options.json:
-            print(json.dumps(advice, indent=2))  # plain JSON, for jq and scripts
+            print_json_lines([advice])  # one object a line, as advise --format json and plan print it
         else:
             print_advice([advice], out)
             _print_urls(out, service_url, options.cluster, metrics_base, workload.ranks,

@@ -54,13 +54,9 @@ def test_demo_json_with_embedded_service_and_hold(tmp_path):
         "--hold", "8", cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
     try:
-        lines = []
-        for line in process.stdout:  # the JSON object ends with a closing brace at column 0
-            lines.append(line)
-            if line.rstrip() == "}":
-                break
-        assert lines, process.stderr.read()
-        advice = json.loads("".join(lines))  # only the advice object on stdout
+        line = process.stdout.readline()  # the advice: one JSON object on one line, as advise --format json
+        assert line, process.stderr.read()
+        advice = json.loads(line)  # only the advice object on stdout
 
         # Holding: the service and both exporters are still up.
         service = f"http://127.0.0.1:{port}"
