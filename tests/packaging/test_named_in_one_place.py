@@ -17,7 +17,7 @@ from tests.support.name_count import modules_naming, names_word
 FOLDERS = sorted(set(PACKAGE_DIRS.values()))
 BACKENDS = tuple(SPECS)  # a backend registered tomorrow is counted from its first day
 ENGINE = "sglang"
-ENGINE_HOMES = ("sglang_plugin/", "sglang_logs/")
+ENGINE_HOMES = ("sglang_engine/", "sglang_plugin/", "sglang_logs/")
 # The registries: where every backend is listed once.
 REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_plugin/floors/__init__.py"}
 
