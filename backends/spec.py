@@ -157,6 +157,10 @@ class BackendSpec:
     # token) and the sample of layers that count them in SGLang, each naming the backend.
     traffic_copies: str | None = None
     traffic_sample: str | None = None
+    # Where its bytes come from: "exact", capwatch sizes them offline byte for byte from the library's own
+    # arithmetic; "reported", the buffer's own count at run time, exact at the rank's cap and priced in proportion
+    # elsewhere (backends/reported.py).
+    bytes_known: str = "exact"
 
     @property
     def name(self) -> str:
