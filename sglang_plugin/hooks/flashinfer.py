@@ -45,7 +45,6 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from capwatch.backends.flashinfer import FlashInferParams
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_engine.caps import reported_backend
@@ -213,9 +212,8 @@ def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -
         words = CounterWords(backend.traffic_counts())
         layer = session.count_layer(alltoall, dispatcher, role, layer_id, geometry, backend.device, FLASHINFER,
                                     traffic=lambda counters: words, traffic_stride=TRAFFIC_SAMPLE_STRIDE)
-        session.roles[role].reported = dict(
-            backend=reported_backend(FLASHINFER), a2a_backend=FLASHINFER.name,
-            flashinfer=FlashInferParams(flashinfer_version=session.versions["flashinfer"]))
+        session.roles[role].reported = dict(backend=reported_backend(FLASHINFER),
+                                            flashinfer_version=session.versions["flashinfer"])
         session.count_buffer(role, alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))
         alltoall.dispatch = _first_dispatch(session, alltoall, layer)
 
