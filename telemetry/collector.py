@@ -75,7 +75,8 @@ class DispatchCollector(Collector):
                       "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
-            label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
+            label: "" if getattr(config.sglang, label) is None else str(getattr(config.sglang, label))
+            for label in catalogue.SGLANG_INFO_LABELS}
         # Each backend's own series, from its parameters (absent on other backends' ranks: None).
         self._backend_params = {name: getattr(config, name) for name in catalogue.BACKEND_METRICS}
         self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS

@@ -18,6 +18,7 @@ from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -66,6 +67,27 @@ A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # capwatch.back
 # release without the check, with or without the prefill chunk as a term. Strictest first: a group of mixed
 # releases takes the first its ranks report (advisor/floor.py).
 FloorRule = Literal["sglang", "capwatch_prefill", "capwatch"]
+# Who set the cap a rank's dispatcher was built with (SGLangLimits): capwatch at SGLang's start (CAPWATCH_APPLY, with an
+# advice revision), the operator (the variable set before capwatch ran, or by hand), or SGLang's default (unset).
+CAP_SOURCES = ("capwatch", "operator", "default")
+LEGACY_CAP_SOURCES = {"env": "operator"}  # before capwatch could set a cap, "env" meant the operator set it
+
+
+def _legacy_cap_source(source):
+    return LEGACY_CAP_SOURCES.get(source, source) if isinstance(source, str) else source
+
+
+CapSource = Annotated[Literal[CAP_SOURCES], BeforeValidator(_legacy_cap_source)]  # type: ignore[valid-type]
+MAX_ADVICE_REVISION = MAX_COUNT
+
+
+def cap_source_text(source: str, revision: int | None, cap_variable: str) -> str:
+    """Who set a cap, in the words the log line, ``/advice``, the page and ``capwatch advise`` use."""
+    if source == "capwatch":  # capwatch records a revision with every cap it applies; a hand-made report may not
+        return "applied by capwatch at start" + ("" if revision is None else f" (revision {revision})")
+    if source == "operator":
+        return f"set by the operator ({cap_variable})"
+    return f"SGLang's default ({cap_variable} unset)"
 
 
 class _Strict(BaseModel):
@@ -112,10 +134,20 @@ class SGLangLimits(_Strict):
     prefill_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
     decode_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
     tokens_per_request: Annotated[int, Field(ge=1, le=1024)] = 1
-    # Where the cap came from: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, or SGLang's default
-    # rule max(max_prefill_buffer_tokens, 4096) when the variable is unset.
-    cap_source: Literal["env", "default"] = "env"
+    # Where the cap came from (CAP_SOURCES): capwatch at start, the backend's variable as the operator set it, or
+    # SGLang's default when the variable is unset (FlashInfer's max(max_prefill_buffer_tokens, 4096)). "env", from
+    # ranks older than capwatch's apply, is read as "operator".
+    cap_source: CapSource = "operator"
     floor_rule: FloorRule = "sglang"
+    # The revision of the advice capwatch applied (cap_source "capwatch"; None otherwise).
+    advice_revision: Annotated[int, Field(ge=0, le=MAX_ADVICE_REVISION)] | None = None
+
+    @model_validator(mode="after")
+    def _revision_of_applied(self) -> "SGLangLimits":
+        if self.advice_revision is not None and self.cap_source != "capwatch":
+            raise ValueError(f"advice_revision {self.advice_revision} with cap_source {self.cap_source!r}: only a cap "
+                             "capwatch applied has an advice revision")
+        return self
 
 
 class _RankConfigFields(_Strict):
