@@ -89,6 +89,16 @@ def unchecked_shortfall(cap: int, limits: SGLangLimits | None, rules: BackendCap
     return term if term is not None and cap < term[0] else None
 
 
+def shortfall_text(cap: int, shortfall: tuple[int, str], rules: BackendCapRules) -> str:
+    """What ``unchecked_shortfall`` found, and the fix, in the words the plugin's start line and the finding use."""
+    tokens, what = shortfall
+    needed = -(-tokens // rules.required_alignment) * rules.required_alignment
+    fix = (f"set {rules.cap_env_var}={needed} or more, or lower the CUDA-graph batch (--cuda-graph-max-bs-decode)"
+           if needed <= rules.max_cap_tokens else
+           f"lower the CUDA-graph batch (--cuda-graph-max-bs-decode): {rules.cap_env_var} takes at most {rules.max_cap_tokens}")
+    return f"cap {cap} is below {what} = {tokens} tokens, which SGLang does not check at start: {rules.below_floor}; {fix}"
+
+
 def sglang_floor_why(limits: SGLangLimits, rules: BackendCapRules = FLASHINFER) -> str:
     """What happens below SGLang's floor, and whose computation it is."""
     if rules.below_floor is not None:  # the backend's own consequence, whatever the release

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from capwatch.advisor.floor import unchecked_shortfall
+from capwatch.advisor.floor import shortfall_text, unchecked_shortfall
 from capwatch.backends import pricing_of, spec_of
 from capwatch.service.sources.contract import RankState
 from capwatch.sizing.byte_units import format_gib
@@ -142,15 +142,9 @@ def _cap_source_findings(live: list[RankState]) -> list[Finding]:
         if shortfall is not None:
             short[state.ep_rank] = (state, shortfall)
     if short:
-        state, (tokens, what) = short[min(short)]
-        rules = spec_of(state.config.a2a_backend).rules
-        needed = -(-tokens // rules.required_alignment) * rules.required_alignment
-        fix = (f"set {rules.cap_env_var}={needed} or more, or lower the CUDA-graph batch (--cuda-graph-max-bs)"
-               if needed <= rules.max_cap_tokens else
-               f"lower the CUDA-graph batch (--cuda-graph-max-bs): {rules.cap_env_var} takes at most "
-               f"{rules.max_cap_tokens}")
+        state, shortfall = short[min(short)]
         findings.append(Finding(
             kind="cap_below_decode_graph", severity="warning", ranks=sorted(short),
-            message=(f"rank {state.ep_rank}'s cap {state.cap} is below {what} = {tokens} tokens, which SGLang does not "
-                     f"check at start: {rules.below_floor}; {fix}")))
+            message=f"rank {state.ep_rank}'s " + shortfall_text(state.cap, shortfall,
+                                                                spec_of(state.config.a2a_backend).rules)))
     return findings

@@ -4,6 +4,7 @@ captured graph. Floor modules of releases or backends without SGLang's own rule 
 
 from __future__ import annotations
 
+from capwatch.sglang_plugin.cap_origin import cap_origin
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.telemetry.report import SGLangLimits
@@ -44,9 +45,8 @@ def decode_graph_dispatch_tokens(server_args, view) -> tuple[int, int]:
 def sglang_limits(server_args, view, sglang_version: str | None, rules: BackendCapRules,
                   decode_graph: tuple[int, int], floor_rule: str) -> SGLangLimits:
     """The floor inputs of a server (its resolved ``view``), the decode graph term (batch, tokens per request) as
-    the floor module computed it, and whether the backend's cap variable is set."""
+    the floor module computed it, and who set the backend's cap (``cap_origin``)."""
     from sglang.srt.arg_groups.overrides import max_prefill_buffer_tokens
-    from sglang.srt.environ import envs
 
     decode_graph_bs, tokens_per_request = decode_graph
     return SGLangLimits(
@@ -56,6 +56,6 @@ def sglang_limits(server_args, view, sglang_version: str | None, rules: BackendC
         prefill_cuda_graph_max_batch_size=prefill_graph_tokens(view),
         decode_cuda_graph_max_batch_size=decode_graph_bs,
         tokens_per_request=tokens_per_request,
-        cap_source="env" if getattr(envs, rules.cap_env_var).is_set() else "default",
         floor_rule=floor_rule,
+        **dict(zip(("cap_source", "advice_revision"), cap_origin(rules.cap_env_var), strict=True)),
     )
