@@ -37,7 +37,7 @@ from capwatch.advisor.stage import Stage, Step, duration
 from capwatch.advisor.tail import size_for_risk
 from capwatch.advisor.trend import size_for_trend
 from capwatch.sizing.byte_units import format_gib
-from capwatch.telemetry.report import cap_source_text
+from capwatch.sglang_engine.limits import cap_source_text
 
 # The sizing stages in order; each takes the tokens the one before it sized for (the first, 0).
 SIZING: tuple[Stage[float], ...] = (size_for_peaks, size_for_risk, size_for_trend, raise_to_floor, align,

@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
-from capwatch.advisor.floor import shortfall_text, unchecked_shortfall
 from capwatch.backends import pricing_of, spec_of
 from capwatch.service.sources.contract import RankState
+from capwatch.sglang_engine.floor import shortfall_text, unchecked_shortfall
+from capwatch.sglang_engine.limits import cap_source_text
 from capwatch.sizing.byte_units import format_gib
-from capwatch.telemetry.report import cap_source_text
 from pydantic import BaseModel
 
 if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
@@ -120,7 +120,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
 def _cap_source_findings(live: list[RankState]) -> list[Finding]:
     """Ranks (of those that say, under the SGLang plugin) that disagree on who set their cap or on the advice revision
     capwatch applied (two nodes started from different advice), and ranks whose cap is below the decode CUDA-graph
-    batch their backend never checks at start (``advisor.floor.unchecked_shortfall``)."""
+    batch their backend never checks at start (``sglang_engine.floor.unchecked_shortfall``)."""
     findings = []
     told = [state for state in live if state.config.sglang is not None]
     origins = {state.ep_rank: cap_source_text(state.config.sglang.cap_source, state.config.sglang.advice_revision,

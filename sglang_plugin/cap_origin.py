@@ -12,8 +12,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from capwatch.sglang_engine.limits import MAX_ADVICE_REVISION
 from capwatch.sglang_plugin.apply.applied import read_applied
-from capwatch.telemetry.report import MAX_ADVICE_REVISION
 
 logger = logging.getLogger("capwatch.sglang")
 

@@ -2,17 +2,17 @@
 floor SGLang never checks (DeepEP's low-latency cap: ``BackendCapRules.below_floor``). SGLang finds it at the first
 big decode step (or the capture of the largest graph) as DeepEP's assertion; the plugin says it at start — one log
 line and ``capwatch_sglang_plugin_cap_shortfall_tokens`` — whatever ``CAPWATCH_APPLY`` says, and the service makes
-it a finding (``cap_below_decode_graph``) from the rank's reports. The rule is the advisor's
-(``advisor.floor.unchecked_shortfall``) over the terms the floor module computed (``floors/``)."""
+it a finding (``cap_below_decode_graph``) from the rank's reports. The rule is the engine's
+(``sglang_engine.floor.unchecked_shortfall``) over the terms the floor module computed (``floors/``)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
 
-from capwatch.advisor.floor import shortfall_text, unchecked_shortfall
+from capwatch.sglang_engine.floor import shortfall_text, unchecked_shortfall
+from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.telemetry.report import SGLangLimits
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
