@@ -34,14 +34,16 @@ def service(tmp_path_factory):
 
 
 def _run(tmp_path, service, release: str, cluster: str, cap: int, applied: bool):
-    """Two DeepEP ranks with ``cap`` (recorded as capwatch's, revision 7, where ``applied``): a few decode steps
-    under the cap, then paused: scraped, the service asked, released. Returns (run, scraped, view, advice)."""
+    """Two DeepEP ranks with ``cap`` (recorded as capwatch's, revision 7, where ``applied``), in SGLang's default
+    --deepep-mode auto (decode through the low-latency buffer, prefill to normal mode: the floor is the decode graph
+    term): a few decode steps under the cap, then paused: scraped, the service asked, released. Returns (run,
+    scraped, view, advice)."""
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", DEEPEP.cap_env_var: str(cap)}
     if applied:  # what the launcher leaves in the environment its schedulers inherit
         record_applied(DEEPEP.cap_env_var, cap, "capwatch", 7, "advice revision 7 for this deployment", environ=env)
-    plan = {"plugins": True, "master_port": free_port(), "deepep_model": MODEL, "deepep_mode": "low_latency",
+    plan = {"plugins": True, "master_port": free_port(), "deepep_model": MODEL, "deepep_mode": "auto",
             "layers": [0, 1], "steps": [{"tokens": [3, 5]}, {"tokens": [2, 4]}, {"pause": True}]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_rank_program").start(plan)
