@@ -99,7 +99,8 @@ def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
             values[sample.name] = sample.value
             labels[sample.name] = sample.labels
     return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name),
-                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()})
+                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()
+                           if not metrics.on_shared_series})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -149,7 +150,7 @@ def test_labels_an_older_exporter_lacks_read_as_the_reports_defaults():
             labels[sample.name] = {name: value for name, value in sample.labels.items() if name not in older}
     read = rank_config_of(values, labels[catalogue.INFO.name], labels[catalogue.SGLANG_INFO.name])
     assert isinstance(read, RankConfig) and read == config
-    assert (read.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
+    assert (read.flashinfer.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
         "bf16", "raise", "flashinfer", 0)
     limits = read.sglang
     assert (limits.cap_source, limits.floor_rule, limits.disaggregation_mode) == ("operator", "sglang", "null")
@@ -197,7 +198,7 @@ def test_series_without_a_usable_cap_describe_no_rank(cap):
 
 DEEPEP_METRICS = catalogue.BACKEND_METRICS["deepep"]
 _names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES,
-                                    *DEEPEP_METRICS.gauges)]
+                                    *(gauge for metrics in catalogue.BACKEND_METRICS.values() for gauge in metrics.gauges))]
 _labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS,
                                            *DEEPEP_METRICS.info_labels, "ep_size"]),
                           st.sampled_from(["deepep", "flashinfer", "auto", "low_latency"]) | st.text(max_size=40),
@@ -225,8 +226,10 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     for size in (config.dispatch_bytes_per_token, config.combine_bytes_per_token, config.workspace_bytes_per_rank,
                  config.allocated_workspace_bytes, config.cuda_graph_max_batch_size):
         assert size is None or size >= 1
-    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0
-    assert all(spec.params_of(config) is None for spec in SPECS.values())
+    assert config.speculative_tokens >= 0
+    # A backend's parameters: what a rank could have reported (validated), or not known.
+    assert all(spec.params_of(config) is None or isinstance(spec.params_of(config), spec.params)
+               for spec in SPECS.values())
     try:
         pricing_of(config, EP_SIZE).bytes_per_rank(config.cap)
     except SizingError:
