@@ -45,7 +45,8 @@ SHARED_INFO_LABELS: dict[str, tuple[str, ...]] = {
 INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend",
                                        *(label for labels in SHARED_INFO_LABELS.values() for label in labels),
                                        "overflow_policy")
-SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule")
+SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule",
+                                       "advice_revision")
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
@@ -157,7 +158,9 @@ SPECULATIVE_TOKENS = MetricSpec(
     "Speculative draft tokens each request adds per decode step (0: no speculative decoding).", "tokens")
 SGLANG_INFO = MetricSpec(
     "moe_a2a_sglang_info", "info",
-    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang).", "",
+    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang): "
+    "cap_source says who set the cap its dispatcher was built with (capwatch at start, the operator, SGLang's "
+    "default), advice_revision the revision of the advice capwatch applied (empty otherwise).", "",
     RANK_LABELS + SGLANG_INFO_LABELS)
 SGLANG_MAX_PREFILL_BUFFER_TOKENS = MetricSpec(
     "moe_a2a_sglang_max_prefill_buffer_tokens", "gauge",

@@ -83,7 +83,8 @@ class DispatchCollector(Collector):
                       "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
-            label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
+            label: "" if getattr(config.sglang, label) is None else str(getattr(config.sglang, label))
+            for label in catalogue.SGLANG_INFO_LABELS}
         self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS
 
     def describe(self) -> Iterator[Metric]:

@@ -57,6 +57,7 @@ def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: 
                             **{name: sglang_info.get(name, _default(SGLangLimits, name))
                                for name in ("disaggregation_mode", "cap_source")},
                             "floor_rule": sglang_info.get("floor_rule") or _default(SGLangLimits, "floor_rule"),
+                            "advice_revision": sglang_info.get("advice_revision") or None,
                             **limits}
     for backend, metrics in catalogue.BACKEND_METRICS.items():
         if metrics.on_shared_series:  # "none" on moe_a2a_info is None; a label or gauge left out, the default
