@@ -88,13 +88,10 @@ def _group_refusal(config: Config, ep_size: int) -> str | None:
     return None
 
 
-def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str, Any]) -> RankSizes:
-    op = fields.get(MORI.name)
+def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, op: MoriOp | None) -> RankSizes:
     if op is None:
         raise SizingError("a mori rank's config needs its mori op (kernel, experts_per_rank)")
-    config = MoriOpConfig(ep_size, geometry.hidden_size, geometry.top_k, op.experts_per_rank, op.kernel,
-                          scale_dim=op.scale_dim, scale_type_size=op.scale_type_size, combine_quant=op.combine_quant,
-                          max_total_recv_tokens=op.max_total_recv_tokens)
+    config = op_config(ep_size, geometry.hidden_size, geometry.top_k, op)
     plan = mori_op_plan(config, cap)
     return RankSizes(plan.transfer_bytes_per_token, geometry.hidden_size * config.token_bytes, plan.op_bytes)
 
@@ -196,4 +193,5 @@ SPEC = BackendSpec(
     planner=PLANNER,
     settings_params=_settings_params,
     settings_pricing=_settings_pricing,
+    traffic_sample="the step leader's layer (MoRI: sent only, its received count needs a host sync)",
 )
