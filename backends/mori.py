@@ -53,10 +53,16 @@ class MoriOp(BaseModel):
     scale_dim: Annotated[int, Field(ge=0, le=1 << 16)] = 0  # per token (fp8: H / 128; fp4, mxfp8: H / 32)
     scale_type_size: Annotated[int, Field(ge=0, le=8)] = 0
     max_total_recv_tokens: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS * 1024)] = 0
+    token_bytes: Annotated[int, Field(ge=1, le=8)] = 2  # max_token_type_size: the parameters' dtype (bf16: 2)
 
 
 def _op_config(config: Config, ep_size: int, op: MoriOp) -> MoriOpConfig:
-    return MoriOpConfig(ep_size, config.hidden_size, config.top_k, op.experts_per_rank, op.kernel,
+    return op_config(ep_size, config.hidden_size, config.top_k, op)
+
+
+def op_config(ep_size: int, hidden_size: int, top_k: int, op: MoriOp) -> MoriOpConfig:
+    """The op a rank reports, in a group of ``ep_size`` ranks (SizingError for one MoRI would not build)."""
+    return MoriOpConfig(ep_size, hidden_size, top_k, op.experts_per_rank, op.kernel, token_bytes=op.token_bytes,
                         scale_dim=op.scale_dim, scale_type_size=op.scale_type_size, combine_quant=op.combine_quant,
                         max_total_recv_tokens=op.max_total_recv_tokens)
 
@@ -72,11 +78,10 @@ def _pricing(config: Config, ep_size: int) -> MoriPricing:
 
 
 def _refusal(config: Config) -> str | None:
-    if getattr(config, MORI.name) is None:
+    """What MoRI would refuse of a mori rank's config (the group's rule: ``_group_refusal``)."""
+    op = getattr(config, MORI.name)
+    if op is None:
         return "a mori rank's config needs its mori op (kernel, experts_per_rank)"
-    if config.payload_format != "bf16" or config.eplb_stats_num_experts:
-        return ("payload_format and eplb_stats_num_experts are another backend's: MoRI's op is sized for the "
-                "parameters' dtype whatever the dispatch dtype (leave them at bf16 and 0)")
     return None
 
 
@@ -189,6 +194,8 @@ SPEC = BackendSpec(
             GaugeSeries("scale_type_size", "Bytes per dispatch scale.", "bytes"),
             GaugeSeries("max_total_recv_tokens", f"{PREALLOC_RECV_VARIABLE}: a smaller receive buffer (0: every "
                         "rank's cap).", "tokens"),
+            GaugeSeries("token_bytes", "Bytes per token element MoRI's buffers are sized for (the parameters' dtype, "
+                        "whatever the dispatch dtype).", "bytes"),
         )),
     planner=PLANNER,
     settings_params=_settings_params,
