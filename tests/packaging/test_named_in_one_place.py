@@ -25,7 +25,7 @@ STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": {
         "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
-        "sizing/deepep_low_latency.py", "sizing/plan.py",
+        "sizing/plan.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
