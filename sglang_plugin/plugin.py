@@ -16,6 +16,7 @@ import logging
 import sys
 
 from capwatch.sglang_plugin import releases
+from capwatch.sglang_plugin.apply.settings import ApplySettingsError, load_apply
 from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.session import SchedulerSession
@@ -56,7 +57,8 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
     local_gpu_index = gpu_id or 0
     try:
         settings = load()
-    except SettingsError as error:
+        load_apply()  # CAPWATCH_APPLY* is read in the launcher; a bad value disables the plugin like any other
+    except (SettingsError, ApplySettingsError) as error:
         logger.error("capwatch: disabled: %s; SGLang runs without capwatch", error)
         return None
     choice = releases.choose(found["sglang"], settings.allow_newer_sglang)
