@@ -136,6 +136,10 @@ class BackendSpec:
     # given alignment and whether prefill batches meet its cap (SizingError saying why it cannot be priced).
     settings_params: Callable[[SettingsReader], tuple[tuple[str, object], ...]] = lambda settings: ()
     settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # every registered backend has one (tests/backends)
+    # Where its bytes come from: "exact", capwatch sizes them offline byte for byte from the library's own
+    # arithmetic; "reported", the buffer's own count at run time, exact at the rank's cap and priced in proportion
+    # elsewhere (backends/reported.py).
+    bytes_known: str = "exact"
 
     @property
     def name(self) -> str:

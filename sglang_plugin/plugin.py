@@ -5,8 +5,8 @@ returns), and only where SGLang's scheduler module is loaded: the start hook the
 process with its GPU index, after ``publish`` and before the model is built. There the plugin reads its
 settings, picks the adapters of the installed release (``releases.py``) and of ``--moe-a2a-backend``
 (``hooks/``, ``floors/``), checks every target and signature they rely on, starts the exporter and
-hooks the backend. On any problem it logs one line, serves ``capwatch_sglang_plugin_info`` saying why,
-and hooks nothing else: SGLang runs as without it.
+hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one line,
+serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ import atexit
 import logging
 import sys
 
+from capwatch.agent.session import RankSession
+from capwatch.sglang_engine.limits import report_fields
 from capwatch.sglang_plugin import releases
-from capwatch.sglang_plugin.apply.settings import ApplySettingsError, load_apply
 from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
-from capwatch.sglang_plugin.session import SchedulerSession
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
+from capwatch.sglang_plugin.status import plugin_status
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -52,13 +53,12 @@ def versions() -> dict[str, str | None]:
             "flashinfer": releases.installed_version("flashinfer-python")}
 
 
-def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
+def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
     found = versions()
     local_gpu_index = gpu_id or 0
     try:
         settings = load()
-        load_apply()  # CAPWATCH_APPLY* is read in the launcher; a bad value disables the plugin like any other
-    except (SettingsError, ApplySettingsError) as error:
+    except SettingsError as error:
         logger.error("capwatch: disabled: %s; SGLang runs without capwatch", error)
         return None
     choice = releases.choose(found["sglang"], settings.allow_newer_sglang)
@@ -77,7 +77,8 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
         return None
     limits = floor.limits(server_args, found["sglang"], choice.adapter)
     try:
-        session = SchedulerSession(settings, found, limits, local_gpu_index)
+        session = RankSession(settings, plugin_status("enabled", "", found), found, report_fields(limits),
+                              local_gpu_index)
     except OSError as error:  # the port is taken (another scheduler, another exporter): one line, no traceback
         logger.error("capwatch: disabled: %s (CAPWATCH_METRICS_BASE_PORT=%d + GPU %d); SGLang runs without capwatch",
                      error.strerror or error, settings.metrics_base_port, local_gpu_index)
@@ -92,14 +93,15 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
 def _serve_status(settings: PluginSettings, found, local_gpu_index: int, reason: str) -> str:
     """Serve the info metric alone; says where, for the one log line."""
     try:
-        session = SchedulerSession(settings, found, None, local_gpu_index, state="disabled", reason=reason)
+        session = RankSession(settings, plugin_status("disabled", reason, found), found, report_fields(None),
+                              local_gpu_index)
     except OSError as error:
         return f"no info metric: {error}"
     atexit.register(session.close)
     return f"info metric on {session.exporter.url}"
 
 
-def _register(session: SchedulerSession, backend, adapter) -> None:
+def _register(session: RankSession, backend, adapter) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource
 
     source = HookSource(plugin_name="capwatch", dist_name="a2a-capwatch")  # outside load_plugins' own context

@@ -15,6 +15,7 @@ from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, check_eplb_stats
 from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
+from capwatch.sglang_engine.limits import FloorRule, SGLangLimits  # the wire's SGLang limits, re-exported
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -62,10 +63,6 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN),
 # (and listed as an enum in the service's OpenAPI schema).
 PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # capwatch.backends: one spec per backend
-# Who computed SGLang's floor and what happens below it (SGLangLimits): SGLang at start-up, or capwatch for a
-# release without the check, with or without the prefill chunk as a term. Strictest first: a group of mixed
-# releases takes the first its ranks report (advisor/floor.py).
-FloorRule = Literal["sglang", "capwatch_prefill", "capwatch"]
 
 
 class _Strict(BaseModel):
@@ -85,37 +82,6 @@ class RankIdentity(_Strict):
         if self.ep_rank >= self.ep_size:
             raise ValueError(f"ep_rank {self.ep_rank} must be < ep_size {self.ep_size}")
         return self
-
-
-class SGLangLimits(_Strict):
-    """What SGLang's start-up check needs to accept a cap, as SGLang resolved it on this rank.
-
-    sglang 0.5.23 ``arg_groups/moe_hook.py`` ``validate_flashinfer_a2a_token_budget`` refuses to start
-    when the cap is below ``_required_flashinfer_a2a_dispatch_tokens_per_rank``: the largest of the
-    prefill buffer (``max_prefill_buffer_tokens``) and the prefill CUDA-graph batch — both only when
-    ``disaggregation_mode != "decode"`` — and the largest decode/verify CUDA-graph batch times the
-    tokens each request dispatches per step (``_decode_graph_dispatch_tokens_per_rank``). The advisor
-    never recommends below that; the plugin and the log reader fill these fields the way SGLang does.
-
-    ``floor_rule`` says who computed the floor's terms and what happens below them: ``sglang`` (its own
-    functions, 0.5.22 on: it refuses to start below them), ``capwatch`` (sglang 0.5.19 - 0.5.21 have no
-    such check: capwatch computes the same rule for the batches that reach that release's A2A — its
-    eager prefill goes through an all-gather, so the prefill chunk is no term there — and below it a
-    dispatch fails at run time instead) or ``capwatch_prefill`` (0.5.18 and older, read from their logs:
-    no check either, but eager prefill goes through the A2A, so the prefill chunk is a term; below it a
-    dispatch fails at run time).
-    """
-
-    sglang_version: Annotated[str, Field(min_length=1, max_length=32)] | None = None
-    disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
-    max_prefill_buffer_tokens: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
-    prefill_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
-    decode_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
-    tokens_per_request: Annotated[int, Field(ge=1, le=1024)] = 1
-    # Where the cap came from: SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, or SGLang's default
-    # rule max(max_prefill_buffer_tokens, 4096) when the variable is unset.
-    cap_source: Literal["env", "default"] = "env"
-    floor_rule: FloorRule = "sglang"
 
 
 class _RankConfigFields(_Strict):

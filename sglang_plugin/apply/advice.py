@@ -97,7 +97,9 @@ def from_service(url: str, cluster: str, token: str | None, wait_s: float) -> Cl
                 pass
             answer["error"] = f"{where} answered {error.code} ({str(detail)[:200]})"
         except (OSError, ValueError) as error:  # URLError, timeouts, resets
-            answer["error"] = f"{where} is unreachable ({getattr(error, 'reason', None) or error})"
+            reason = getattr(error, "reason", None) or error
+            answer["error"] = (f"{where} did not answer within {wait_s:g} s" if isinstance(reason, TimeoutError)
+                               else f"{where} is unreachable ({reason})")
 
     worker = threading.Thread(target=fetch, name="capwatch-advice", daemon=True)
     worker.start()

@@ -70,7 +70,7 @@ def start_check_step(environ) -> str | None:
     """The resolution step of SGLang's own start-up check of the cap, in the installed release (the floor
     modules name it: ``START_CHECKS``), or None where capwatch does not run on the release."""
     from capwatch.sglang_plugin.floors import FLOORS
-    from capwatch.sglang_plugin.switch import switch
+    from capwatch.agent.switch import switch
 
     try:
         allow_newer = switch(environ, "CAPWATCH_ALLOW_NEWER_SGLANG", default=False)
@@ -120,7 +120,12 @@ def apply_at_start(server_args, now: float | None = None) -> tuple[str, str | No
     """Decide and act for this server's cap; returns (variable, its value before) where it set one."""
     from capwatch.sglang_plugin.settings import SettingsError, load
 
-    settings = load_apply()
+    try:
+        plugin = load()  # every CAPWATCH_* setting, CAPWATCH_APPLY's among them
+    except SettingsError as error:
+        logger.error("capwatch: apply: not applied: %s", error)
+        return None
+    settings = plugin.apply
     if settings.mode == "off":
         return None
     from sglang.srt.arg_groups.model_override_base import resolved_view
@@ -144,11 +149,6 @@ def apply_at_start(server_args, now: float | None = None) -> tuple[str, str | No
         return None
     clear_applied(variable)
     operator_value = os.environ.get(variable)
-    try:
-        plugin = load()
-    except SettingsError as error:
-        logger.error("%snot applied: %s", head, error)
-        return None
     advice, problem = None, None
     try:
         if settings.advice_file is not None:
@@ -161,9 +161,9 @@ def apply_at_start(server_args, now: float | None = None) -> tuple[str, str | No
         problem = str(error)
     overflow = None
     try:
-        overflow = state.blocking(settings.state_file, variable)
+        overflow = state.blocking(settings.state_path(), variable)
     except (OSError, ValueError) as error:
-        advice, problem = None, f"the overflow record {settings.state_file} cannot be read ({error})"
+        advice, problem = None, f"the overflow record {settings.state_path()} cannot be read ({error})"
     outcome = decide(settings, shape, operator_value, advice, problem, overflow,
                      time.time() if now is None else now)
     return _act(server_args, settings, shape, outcome, operator_value)
@@ -195,7 +195,7 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     from capwatch.advisor.floor import deployment_floor
     from capwatch.backends import SPECS
     from capwatch.sglang_plugin.floors import FLOORS
-    from capwatch.sglang_plugin.switch import switch
+    from capwatch.agent.switch import switch
 
     backend = str(view.moe_a2a_backend)
     if backend not in FLOORS:

@@ -22,7 +22,7 @@ def recorder(variable: str, environ: Mapping[str, str] = os.environ) -> Callable
     if applied is None or applied.source != "capwatch" or environ.get(variable) != str(applied.cap):
         return None
     try:
-        path = load_apply(environ).state_file
+        path = load_apply(environ).state_path(environ)
     except ApplySettingsError:
         path = default_state_file(environ)
     recorded = []

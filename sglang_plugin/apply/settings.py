@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from capwatch.sglang_plugin.switch import switch
+from capwatch.agent.switch import switch
 
 MODE = "CAPWATCH_APPLY"
 MODES = ("off", "dry-run", "on", "override")
@@ -54,6 +54,9 @@ class ApplySettings:
     # CAPWATCH_APPLY_LOWER_MEM_FRACTION=1: a DeepEP cap whose buffer outgrows SGLang's reserve is applied with
     # --mem-fraction-static lowered by the difference; without it such a cap is not applied.
     lower_mem_fraction: bool = False
+
+    def state_path(self, environ: Mapping[str, str] = os.environ) -> Path:
+        return self.state_file or default_state_file(environ)
 
     @property
     def applies(self) -> bool:
@@ -101,5 +104,5 @@ def load_apply(environ: Mapping[str, str] = os.environ) -> ApplySettings:
         max_age_s=_number(environ, "CAPWATCH_APPLY_MAX_AGE_S"),
         min_confidence=_number(environ, "CAPWATCH_APPLY_MIN_CONFIDENCE"),
         wait_s=_number(environ, "CAPWATCH_APPLY_WAIT_S"),
-        state_file=Path(state_file) if state_file else default_state_file(environ),
+        state_file=Path(state_file) if state_file else None,
         lower_mem_fraction=lower)

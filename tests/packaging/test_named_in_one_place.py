@@ -17,7 +17,7 @@ from tests.support.name_count import modules_naming, names_word
 FOLDERS = sorted(set(PACKAGE_DIRS.values()))
 BACKENDS = tuple(SPECS)  # a backend registered tomorrow is counted from its first day
 ENGINE = "sglang"
-ENGINE_HOMES = ("sglang_plugin/", "sglang_logs/")
+ENGINE_HOMES = ("sglang_engine/", "sglang_plugin/", "sglang_logs/")
 # The registries: where every backend is listed once.
 REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_plugin/floors/__init__.py"}
 
@@ -40,8 +40,8 @@ STILL_NAMING: dict[str, set[str]] = {
         "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/main.py",
         "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/backends.py", "sizing/deepep_low_latency.py",
-        "sizing/deepep_plan.py", "sizing/flashinfer_releases.py", "sizing/plan.py", "telemetry/catalogue.py",
-        "telemetry/collector.py", "telemetry/report.py",
+        "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_releases.py", "sizing/plan.py",
+        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
 

@@ -64,7 +64,8 @@ def test_apply_is_off_unless_asked_and_every_setting_is_read(tmp_path):
                            "CAPWATCH_APPLY_WAIT_S": "0.5", "CAPWATCH_APPLY_STATE_FILE": str(tmp_path / "s.json"),
                            "CAPWATCH_APPLY_LOWER_MEM_FRACTION": "1"})
     assert settings == ApplySettings("override", tmp_path / "a.json", 3600.0, 0.8, 0.5, tmp_path / "s.json", True)
-    assert load_apply({"XDG_STATE_HOME": str(tmp_path)}).state_file == tmp_path / "capwatch" / "apply-state.json"
+    unset = {"XDG_STATE_HOME": str(tmp_path)}
+    assert load_apply(unset).state_path(unset) == tmp_path / "capwatch" / "apply-state.json"
 
 
 @pytest.mark.parametrize("environ, message", [
@@ -81,6 +82,14 @@ def test_a_bad_setting_is_one_line_naming_it(environ, message):
     with pytest.raises(ApplySettingsError) as error:
         load_apply(environ)
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_the_plugins_settings_refuse_a_bad_apply_value_in_one_line_and_carry_a_good_one():
+    from capwatch.sglang_plugin.settings import SettingsError, load
+
+    with pytest.raises(SettingsError, match="^CAPWATCH_APPLY='always' must be one of off, dry-run, on, override$"):
+        load({"CAPWATCH_APPLY": "always"})
+    assert load({"CAPWATCH_APPLY": "dry-run"}).apply.mode == "dry-run" and load({}).apply.mode == "off"
 
 
 # --- the decision: applied, clamped, dry-run --------------------------------------------------------------------
