@@ -233,3 +233,41 @@ def test_apply_deepep_raise_past_sglangs_reserve_lowers_mem_fraction_static_on_i
     after = launched.outcome["mem_fraction_static"]
     assert f"--mem-fraction-static {before:g} -> {after:g}" in line
     assert 0 < before - after < 1 and after < before  # lowered by 3 GiB over the machine's memory, as SGLang reads it
+
+
+@pytest.mark.parametrize("release", [NEWEST], ids=release_id)
+def test_apply_after_an_overflow_at_the_applied_cap_a_later_start_waits_for_newer_advice(tmp_path, release):
+    """Advice at the floor of a server with a 32-token prefill chunk is applied; a decode step of 40 tokens on one
+    rank overflows it and the rank dies (SGLang's assert), recording the overflow in the state file; the next start
+    with the same advice applies nothing, with newer advice it applies again."""
+    server = {"chunked_prefill_size": 32}
+    probe = launch(tmp_path / "probe", release, base_env(CAPWATCH_APPLY="dry-run"), server_args=server)
+    terms = probe.outcome["floor_terms"]
+    floor = max(terms.values())  # SGLang's own rule on this release: every term
+    answer = {
+        "cluster": "apply", "role": "target", "action": "lower", "recommended_cap": floor, "target_cap": floor,
+        "lower_bound": floor, "upper_bound": 64, "confidence": 0.9, "env": None, "a2a_backend": "flashinfer",
+        "cap_variable": VARIABLE, "current_cap": 4096, "ep_size": 2, "workspace_bytes_per_rank_current": None,
+        "workspace_bytes_group_current": None, "floor_cap": floor, "budget_cap": None, "sample_count": 500,
+        "overflow_windows": 0, "history_s": 9e4, "covered_history_s": 9e4, "max_peak_runtime_tokens": 20,
+        "predicted_overflow_rate_current": 0.0, "predicted_overflow_rate_recommended": 0.0,
+        "workspace_bytes_per_rank_recommended": None, "workspace_bytes_group_recommended": None,
+        "workspace_bytes_group_delta": None}
+    advice_file, state_file = tmp_path / "advice.json", tmp_path / "state" / "apply-state.json"
+    advice_file.write_text(json.dumps(trusted_raise(answer, cap=floor, action="lower")))
+    env = base_env(CAPWATCH_APPLY="on", CAPWATCH_ADVICE_FILE=str(advice_file), CAPWATCH_APPLY_STATE_FILE=str(state_file))
+    first = launch(tmp_path / "first", release, env, server_args=server)
+    assert first.environment[VARIABLE] == str(floor), first.lines()
+    inherited = {name: value for name, value in first.environment.items() if name.startswith(("SGLANG_", "CAPWATCH_"))}
+    ranks = RankRun(tmp_path / "ranks", 2, inherited, sglang_release=release)
+    ranks.start({"target_layers": [0, 1], "steps": [{"dp_tokens": [5, 7]}, {"dp_tokens": [floor + 8, 3]}],
+                 "resolved_server_args": str(tmp_path / "first" / "server_args.pkl")})
+    assert all(code != 0 for code in ranks.wait_exit(START_TIMEOUT_S)), ranks.logs()
+    assert f"capwatch: apply: overflow at the applied {VARIABLE}={floor}" in ranks.logs()
+    again = launch(tmp_path / "again", release, env, server_args=server)
+    [line] = again.lines()
+    assert f"overflowed at the applied cap {floor}" in line and VARIABLE not in again.environment
+    # Generated after the overflow (a revision is a whole second: 2 s on, as a service's next answer would be).
+    advice_file.write_text(json.dumps(trusted_raise(answer, cap=floor, action="lower", generated_unix_s=time.time() + 2)))
+    newer = launch(tmp_path / "newer", release, env, server_args=server)
+    assert newer.environment[VARIABLE] == str(floor), newer.lines()
