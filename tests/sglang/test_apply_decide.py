@@ -312,3 +312,30 @@ def test_a_scheduler_records_an_overflow_only_at_a_cap_capwatch_applied(tmp_path
     assert (found.cap, found.revision) == (1280, 1796400000) and found.at_unix_s >= before
     later = decide(ON, SHAPE, None, advice(generated_unix_s=before - 60), None, found, before + 1)
     assert later.cap is None and "overflowed at the applied cap 1280" in later.line
+
+
+def test_should_sglangs_check_refuse_the_applied_cap_the_operators_value_is_restored_and_checked(monkeypatch, caplog):
+    """``in_resolution``'s fallback (the launcher's wrapper of SGLang's step): the variable and its record are
+    restored, one line says so, and SGLang's step runs again on what the operator had."""
+    import os
+
+    from capwatch.sglang_plugin.apply import launcher
+    from capwatch.sglang_plugin.apply.applied import key, read_applied, record_applied
+
+    monkeypatch.setenv(VARIABLE, "1280")
+    monkeypatch.setenv(key(VARIABLE), "")  # the test's own environment is restored whatever happens below
+    record_applied(VARIABLE, 1280, "capwatch", 7, "applied")
+    monkeypatch.setattr(launcher, "apply_at_start", lambda server_args: (VARIABLE, "4096"))
+    seen = []
+
+    def sglang_step(server_args):
+        seen.append(os.environ.get(VARIABLE))
+        if len(seen) == 1:
+            raise ValueError("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK must cover 2048 tokens\nmore")
+
+    with caplog.at_level("ERROR", logger="capwatch.sglang"):
+        launcher.in_resolution(object(), sglang_step)
+    assert seen == ["1280", "4096"] and read_applied(VARIABLE) is None
+    [line] = [record.getMessage() for record in caplog.records]
+    assert f"SGLang refused the applied cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK must cover 2048 " \
+           f"tokens); {VARIABLE} restored to 4096" == line.removeprefix("capwatch: apply: ")
