@@ -7,7 +7,7 @@ Writes to the run folder: ``server_args.pkl`` (the resolved record, pickled as S
 ``launcher-env.json`` (this process's environment after resolution: what the schedulers inherit) and
 ``launcher.json`` (what it resolved — the memory fraction, the floor's terms by SGLang 0.5.22's own functions —
 or SGLang's error). The plan's ``backend`` picks the server:
-FlashInfer's (``rank_program.flashinfer_server_args``) or DeepEP low-latency's.
+FlashInfer's (``rank_program.flashinfer_server_args``) or DeepEP's (``deepep_rank_program.deepep_server_args``).
 
     python -m tests.sglang.apply_launcher_program RUN_DIR
 """
@@ -23,13 +23,6 @@ import time
 from pathlib import Path
 
 
-def deepep_server_args(server_args_class, plan: dict):
-    world = plan["world"]
-    return server_args_class(model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu",
-                             moe_a2a_backend="deepep", deepep_mode="low_latency", tp_size=world, ep_size=world,
-                             dp_size=world, enable_dp_attention=True, **plan.get("server_args", {}))
-
-
 def main(run_dir: Path) -> None:
     logging.basicConfig(level=logging.INFO, format="[launcher] %(name)s %(levelname)s: %(message)s", force=True)
     from sglang.srt.plugins import load_plugins
@@ -37,6 +30,7 @@ def main(run_dir: Path) -> None:
     load_plugins()  # as launch_server / Engine.__init__ do, before ServerArgs exists
     from sglang.srt.server_args import ServerArgs
 
+    from tests.sglang.deepep_rank_program import deepep_server_args
     from tests.sglang.rank_program import flashinfer_server_args
 
     plan = json.loads((run_dir / "plan.json").read_text())

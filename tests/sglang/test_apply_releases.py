@@ -24,6 +24,7 @@ from capwatch.sglang_plugin.apply.applied import read_applied
 from tests.sglang import zygotes
 from tests.sglang.ranks import MODEL, MODEL_CONFIG, START_TIMEOUT_S, UNSET, RankRun, sglang_python
 from tests.sglang.releases import RELEASES, release_path
+from tests.sglang.test_deepep_dispatcher import MODEL as DEEPEP_MODEL
 from tests.support import launcher
 from tests.support.ports import free_port
 from tests.support.service import ServiceProcess
@@ -52,13 +53,13 @@ class Launched:
 
 
 def launch(folder: Path, release: str, env: dict[str, str], backend: str = "flashinfer",
-           server_args: dict | None = None) -> Launched:
+           server_args: dict | None = None, **plan) -> Launched:
     """SGLang's launcher of ``release`` resolving the plan's server with ``env`` (forked from a zygote)."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model").mkdir(exist_ok=True)
     (folder / "model" / "config.json").write_text(json.dumps(MODEL_CONFIG))
     (folder / "plan.json").write_text(json.dumps({"world": 2, "model_dir": str(folder / "model"), "model": MODEL,
-                                                  "backend": backend, "server_args": server_args or {}}))
+                                                  "backend": backend, "server_args": server_args or {}, **plan}))
     log = folder / "launcher.log"
     args = ("tests.sglang.apply_launcher_program", str(folder))
     if zygotes.fresh_ranks():
@@ -199,8 +200,10 @@ def test_apply_under_ray_is_refused_in_one_line(tmp_path, release):
     assert VARIABLE not in launched.environment and read_applied(VARIABLE, launched.environment) is None
 
 
-# DeepEP low-latency on CPU: the prefill chunk (a floor term in low_latency mode) under DeepEP's 1024.
+# DeepEP low-latency on CPU (deep_ep.Buffer the one stand-in): the prefill chunk, a floor term in low_latency mode,
+# under DeepEP's 1024.
 DEEPEP_VARIABLE = "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
+DEEPEP_PLAN = {"deepep_mode": "low_latency", "deepep_model": DEEPEP_MODEL}
 DEEPEP_SERVER = {"chunked_prefill_size": 256}
 OVER_RESERVE_BYTES = 3 << 30
 
@@ -208,9 +211,11 @@ OVER_RESERVE_BYTES = 3 << 30
 @pytest.mark.parametrize("release", [RELEASES[0], NEWEST], ids=release_id)  # both ways in: HookRegistry, SGLang's API
 def test_apply_deepep_raise_past_sglangs_reserve_lowers_mem_fraction_static_on_its_opt_in(tmp_path, release):
     """The floor from SGLang 0.5.22's own functions on this release's resolution (a dry-run launcher's); then the
-    advised 512 whose buffer outgrows SGLang's 2 GiB reserve by 3 GiB: applied with the opt-in, and SGLang's own
-    resolved --mem-fraction-static is lower by 3 GiB over the memory SGLang reads."""
-    probe = launch(tmp_path / "probe", release, base_env(CAPWATCH_APPLY="dry-run"), "deepep", DEEPEP_SERVER)
+    advised 512 whose buffer outgrows SGLang's 2 GiB reserve by 3 GiB: applied with the opt-in, SGLang's own
+    resolved --mem-fraction-static lower by 3 GiB over the memory SGLang reads; DeepEP's dispatchers in two ranks
+    given the launcher's environment are built with 512."""
+    probe = launch(tmp_path / "probe", release, base_env(CAPWATCH_APPLY="dry-run"), "deepep", DEEPEP_SERVER,
+                   **DEEPEP_PLAN)
     terms = probe.outcome["floor_terms"]
     floor = max(terms["decode_graph"], terms["prefill_graph"], terms["prefill_chunk"])
     answer = {
@@ -225,14 +230,21 @@ def test_apply_deepep_raise_past_sglangs_reserve_lowers_mem_fraction_static_on_i
     advice_file = tmp_path / "advice.json"
     advice_file.write_text(json.dumps(trusted_raise(answer, cap=512)))
     env = base_env(CAPWATCH_APPLY="on", CAPWATCH_ADVICE_FILE=str(advice_file), CAPWATCH_APPLY_LOWER_MEM_FRACTION="1")
-    launched = launch(tmp_path / "on", release, env, "deepep", DEEPEP_SERVER)
+    launched = launch(tmp_path / "on", release, env, "deepep", DEEPEP_SERVER, **DEEPEP_PLAN)
     [line] = launched.lines()
     assert f"set {DEEPEP_VARIABLE}=512 from advice revision" in line, line
     assert "error" not in launched.outcome and launched.environment[DEEPEP_VARIABLE] == "512"
     before = probe.outcome["mem_fraction_static"]
     after = launched.outcome["mem_fraction_static"]
     assert f"--mem-fraction-static {before:g} -> {after:g}" in line
-    assert 0 < before - after < 1 and after < before  # lowered by 3 GiB over the machine's memory, as SGLang reads it
+    assert 0 < before - after < 1  # lowered by 3 GiB over the machine's memory, as SGLang reads it
+    inherited = {name: value for name, value in launched.environment.items() if name.startswith(("SGLANG_", "CAPWATCH_"))}
+    ranks = RankRun(tmp_path / "ranks", 2, inherited, sglang_release=release, program="tests.sglang.deepep_rank_program")
+    ranks.start({**DEEPEP_PLAN, "plugins": True, "layers": [1, 0], "steps": [{"tokens": [3, 5]}],
+                 "resolved_server_args": str(tmp_path / "on" / "server_args.pkl")})
+    ranks.wait_ready()
+    assert ranks.release() == [0, 0], ranks.logs()
+    assert [ranks.record(rank)["caps"] for rank in range(2)] == [[512], [512]]
 
 
 @pytest.mark.parametrize("release", [NEWEST], ids=release_id)
