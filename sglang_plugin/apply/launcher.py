@@ -46,8 +46,9 @@ def install(environ=os.environ) -> None:
     if settings.mode == "off" or _installed:
         return
     step = start_check_step(environ)
-    if step is None:
-        return  # a release capwatch does not run on: the launcher's line says so at resolution, where it applies
+    if not step.startswith("validate_"):  # why not: a release capwatch does not run on
+        logger.warning("capwatch: apply: nothing applied: %s", step)
+        return
     try:
         from sglang.srt.arg_groups import resolution_hooks
     except ImportError:  # 0.5.19
@@ -66,21 +67,21 @@ def install(environ=os.environ) -> None:
     _installed = True
 
 
-def start_check_step(environ) -> str | None:
+def start_check_step(environ) -> str:
     """The resolution step of SGLang's own start-up check of the cap, in the installed release (the floor
-    modules name it: ``START_CHECKS``), or None where capwatch does not run on the release."""
-    from capwatch.sglang_plugin.floors import FLOORS
+    modules name it: ``START_CHECKS``), or why capwatch does not run on the release."""
     from capwatch.agent.switch import switch
+    from capwatch.sglang_plugin.floors import FLOORS
 
     try:
         allow_newer = switch(environ, "CAPWATCH_ALLOW_NEWER_SGLANG", default=False)
-    except ValueError:
-        return None
+    except ValueError as error:
+        return str(error)
     choice = releases.choose(releases.installed_version("sglang"), allow_newer)
     if isinstance(choice, str):
-        return None
+        return choice
     steps = [module.START_CHECKS[choice.adapter] for module in FLOORS.values() if hasattr(module, "START_CHECKS")]
-    return steps[0] if steps else None
+    return steps[0] if steps else "no floor module names SGLang's start-up check of the cap"
 
 
 def _around_legacy_step(original, server_args, *args, **kwargs):
@@ -194,8 +195,8 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     """The resolved server as the advice must match it, or why nothing applies to it."""
     from capwatch.advisor.floor import deployment_floor
     from capwatch.backends import SPECS
-    from capwatch.sglang_plugin.floors import FLOORS
     from capwatch.agent.switch import switch
+    from capwatch.sglang_plugin.floors import FLOORS
 
     backend = str(view.moe_a2a_backend)
     if backend not in FLOORS:
