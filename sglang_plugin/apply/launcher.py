@@ -45,9 +45,9 @@ def install(environ=os.environ) -> None:
         return
     if settings.mode == "off" or _installed:
         return
-    step = start_check_step(environ)
-    if not step.startswith("validate_"):  # why not: a release capwatch does not run on
-        logger.warning("capwatch: apply: nothing applied: %s", step)
+    step, why_not = start_check_step(environ)
+    if step is None:
+        logger.warning("capwatch: apply: nothing applied: %s", why_not)
         return
     try:
         from sglang.srt.arg_groups import resolution_hooks
@@ -67,21 +67,21 @@ def install(environ=os.environ) -> None:
     _installed = True
 
 
-def start_check_step(environ) -> str:
-    """The resolution step of SGLang's own start-up check of the cap, in the installed release (the floor
-    modules name it: ``START_CHECKS``), or why capwatch does not run on the release."""
+def start_check_step(environ) -> tuple[str | None, str | None]:
+    """(the resolution step of SGLang's own start-up check of the cap in the installed release, None), the floor
+    modules naming it (``START_CHECKS``); (None, why) where capwatch does not run on the release."""
     from capwatch.agent.switch import switch
     from capwatch.sglang_plugin.floors import FLOORS
 
     try:
         allow_newer = switch(environ, "CAPWATCH_ALLOW_NEWER_SGLANG", default=False)
     except ValueError as error:
-        return str(error)
+        return None, str(error)
     choice = releases.choose(releases.installed_version("sglang"), allow_newer)
     if isinstance(choice, str):
-        return choice
+        return None, choice
     steps = [module.START_CHECKS[choice.adapter] for module in FLOORS.values() if hasattr(module, "START_CHECKS")]
-    return steps[0] if steps else "no floor module names SGLang's start-up check of the cap"
+    return (steps[0], None) if steps else (None, "no floor module names SGLang's start-up check of the cap")
 
 
 def _around_legacy_step(original, server_args, *args, **kwargs):
