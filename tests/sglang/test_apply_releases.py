@@ -275,7 +275,8 @@ def test_apply_after_an_overflow_at_the_applied_cap_a_later_start_waits_for_newe
     ranks.start({"target_layers": [0, 1], "steps": [{"dp_tokens": [5, 7]}, {"dp_tokens": [floor + 8, 3]}],
                  "resolved_server_args": str(tmp_path / "first" / "server_args.pkl")})
     assert all(code != 0 for code in ranks.wait_exit(START_TIMEOUT_S)), ranks.logs()
-    assert f"capwatch: apply: overflow at the applied {VARIABLE}={floor}" in ranks.logs()
+    assert any(f"capwatch: apply: overflow at the applied {VARIABLE}={floor}" in ranks.log(rank) for rank in range(2))
+    assert state_file.exists(), ranks.logs()
     again = launch(tmp_path / "again", release, env, server_args=server)
     [line] = again.lines()
     assert f"overflowed at the applied cap {floor}" in line and VARIABLE not in again.environment
