@@ -43,6 +43,7 @@ from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sizing.deepep_plan import DEEPEP
 
@@ -135,6 +136,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
                                 traffic=lambda counters: counters.expert_traffic(dispatcher.num_experts),
                                 traffic_stride=None,
                                 lead_per_micro_batch=True)
+    overflows.watch(layer, DEEPEP.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
 
 
