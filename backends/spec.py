@@ -153,6 +153,9 @@ class BackendSpec:
     # largest over the registry.
     max_top_k: int | None = None
     max_ep_size: int | None = None
+    # The largest EP group a rank of its default configuration runs (a config that names nothing more: the demo's
+    # ranks); None: max_ep_size.
+    default_max_ep_size: int | None = None
     # What its traffic counters count, for their help text: the copies (None: one per distinct target rank per
     # token) and the sample of layers that count them in SGLang, each naming the backend.
     traffic_copies: str | None = None

@@ -24,7 +24,7 @@ REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": {
-        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
+        "sglang_logs/line_shapes.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
