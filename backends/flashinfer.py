@@ -276,4 +276,5 @@ SPEC = BackendSpec(
     default_max_ep_size=FlashInferVersion.parse(None).max_ep_size,  # the default release's
     traffic_sample="the step leader's layer and every 16th after it (FlashInfer)",
     example_server_args=("--moe-runner-backend", "flashinfer_cutlass"),
+    overflow_assertion_prefix="FlashInfer A2A runtime token geometry exceeds its fixed workspace: ",
 )

@@ -23,9 +23,7 @@ REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang
 
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
-    "flashinfer": {
-        "sglang_logs/line_shapes.py",
-    },
+    "flashinfer": set(),
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
         "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
