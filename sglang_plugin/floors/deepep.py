@@ -19,7 +19,7 @@ from capwatch.sglang_plugin.floors.graph_terms import (
 )
 from capwatch.sglang_plugin.releases import VERIFIED, Target
 from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 NAME = DEEPEP.name
 FLOOR_RULES = {release: "capwatch" for release in VERIFIED}

@@ -20,7 +20,7 @@ from capwatch.sglang_plugin.floors.graph_terms import (
 )
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.flashinfer_releases import FLASHINFER
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 NAME = "flashinfer"
 FLOOR_RULES = {"0.5.19": "capwatch", "0.5.20": "capwatch", "0.5.21": "capwatch",

@@ -41,8 +41,8 @@ import torch
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
-from capwatch.sglang_plugin.session import reported_backend
 from capwatch.sizing.deepep_plan import DEEPEP
 
 logger = logging.getLogger("capwatch.sglang")

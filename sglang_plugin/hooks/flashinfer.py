@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
+from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
-from capwatch.sglang_plugin.session import reported_backend
 from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 logger = logging.getLogger("capwatch.sglang")

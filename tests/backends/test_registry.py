@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from capwatch.backends import BACKEND_NAMES, SPECS, pricing_of, spec_of
 from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
@@ -29,6 +30,8 @@ EXAMPLES: dict[str, dict] = {
                        flashinfer_version="0.6.8"),
     "deepep": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-deepep",
                    deepep=DeepEPBuffer(mode="low_latency", buffer_experts=256)),
+    "deepep_v2": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-deepep_v2",
+                      deepep_v2=ReportedBuffer(buffer_bytes=3 << 30, dispatch_format="fp8")),
 }
 
 
@@ -66,6 +69,10 @@ def test_its_parameters_ride_the_wire_under_its_name_and_nowhere_else(name):
     for other in set(BACKEND_NAMES) - {name}:  # another backend's rank may not carry them
         with pytest.raises(ValidationError, match=f"reports no {name} parameters"):
             RankConfig.model_validate({**example(other).model_dump(), name: spec.params_of(config).model_dump()})
+    if spec.params_formerly_top_level:  # the wire's first backend: a rank that sends none runs the defaults
+        assert RankConfig.model_validate({**config.model_dump(), name: None}).model_dump()[name] == \
+            spec.params().model_dump()
+        return
     with pytest.raises(ValidationError):  # and this backend's rank needs them
         RankConfig.model_validate({**config.model_dump(), name: None})
 
@@ -73,6 +80,16 @@ def test_its_parameters_ride_the_wire_under_its_name_and_nowhere_else(name):
 @pytest.mark.parametrize("name", BACKEND_NAMES)
 def test_its_pricing_prices_what_its_ranks_report_at_every_cap(name):
     spec = spec_of(name)
+    assert spec.bytes_known in ("exact", "reported")
+    if spec.bytes_known == "reported":  # the bytes its rank reported at its cap, and an estimate elsewhere
+        config = example(name)
+        pricing = pricing_of(config, EP_SIZE)
+        assert pricing.bytes_per_rank(config.cap) == pricing.known_bytes_per_rank(config.cap) \
+            == config.workspace_bytes_per_rank == spec.params_of(config).buffer_bytes
+        assert pricing.known_bytes_per_rank(2 * config.cap) is None
+        assert pricing.bytes_per_rank(2 * config.cap) == 2 * config.workspace_bytes_per_rank
+        assert isinstance(spec.prefill_dispatched(spec.params_of(config)), bool)
+        return
     for cap in (spec.rules.required_alignment, 256, spec.rules.max_cap_tokens):
         config = example(name, cap)
         pricing = pricing_of(config, EP_SIZE)
@@ -92,6 +109,13 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
     assert (spec.series is None) == (name not in catalogue.BACKEND_METRICS) == (spec.params is None)
     for other, metrics in catalogue.BACKEND_METRICS.items():
         assert all(metric in catalogue.METRICS for metric in metrics.metrics)
+        if metrics.on_shared_series:  # its labels on moe_a2a_info, its gauges on every rank (defaults elsewhere)
+            assert set(metrics.info_labels) <= set(catalogue.INFO.labels)
+            if other != name:
+                params = spec_of(other).params()
+                info = families[catalogue.INFO.name.removesuffix("_info")].samples[0].labels
+                assert all(info[label] == str(getattr(params, label) or "none") for label in metrics.info_labels)
+            continue
         assert metrics.info.name == f"{catalogue.PREFIX}{other}_info"
         if other != name:
             assert families[metrics.info.name.removesuffix("_info")].samples == []
@@ -103,7 +127,7 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
     labels = {sample.name: sample.labels for family in families.values() for sample in family.samples}
     rebuilt = rank_config_of(values, labels[catalogue.INFO.name], None,
                              {other: labels.get(metrics.info.name) for other, metrics in
-                              catalogue.BACKEND_METRICS.items()})
+                              catalogue.BACKEND_METRICS.items() if not metrics.on_shared_series})
     assert rebuilt == config
 
 
@@ -151,8 +175,12 @@ def test_capwatch_plan_prices_it_through_its_planner(name):
     assert not others & {option.dest for option in planner.options}
     config = example(name)
     geometry = custom_geometry(config.hidden_size, config.top_k, config.num_experts)
-    options = planner.prepare({option.dest: None for option in planner.options}, geometry, EP_SIZE,
-                              lambda flag, text, minimum=1: int(text))
+    given = {option.dest: None for option in planner.options}
+    if spec.bytes_known == "reported":  # nothing to plan from without the bytes a rank reported
+        with pytest.raises(SizingError, match="cannot size"):
+            planner.prepare(given, geometry, EP_SIZE, lambda flag, text, minimum=1: int(text))
+        given = {f"{name}_buffer_bytes": str(config.workspace_bytes_per_rank), f"{name}_buffer_cap": str(config.cap)}
+    options = planner.prepare(given, geometry, EP_SIZE, lambda flag, text, minimum=1: int(text))
     plan = planner.plan_at(cap=256, **options)
     assert plan.cap == 256 and getattr(plan, planner.bytes_field) >= pricing_of(config, EP_SIZE).bytes_per_rank(256) > 0
     budget = getattr(plan, planner.bytes_field)
@@ -169,6 +197,10 @@ def test_the_log_reader_prices_it_from_the_engines_settings(name):
     config = example(name)
     geometry = custom_geometry(config.hidden_size, config.top_k, config.num_experts)
     params = dict(spec.settings_params(_Settings({"deepep_mode": "low_latency"})))
+    if spec.bytes_known == "reported":  # a log has no bytes of the buffer: refused in words, never guessed
+        with pytest.raises(SizingError, match="a server's log has no size"):
+            spec.settings_pricing(params, geometry, EP_SIZE, spec.rules.alignment)
+        return
     pricing, prefill = spec.settings_pricing(params, geometry, EP_SIZE, spec.rules.alignment)
     assert pricing.bytes_per_rank(256) == pricing_of(config, EP_SIZE).bytes_per_rank(256)
     assert prefill is spec.prefill_dispatched(spec.params_of(config))

@@ -1,0 +1,47 @@
+"""DeepEP v2's ``ElasticBuffer`` (``--moe-a2a-backend deepep_v2``): its cap's rules and its payload per token.
+
+The buffer's bytes come from DeepEP's C++ (``_C.calculate_elastic_buffer_size``, which needs the NCCL
+communicator of the group: the scale-up and scale-out domains, hybrid mode): nothing here can run it, so a rank
+reports ``buffer.num_bytes`` of the buffer SGLang built (``sizing/reported.py``) and SGLang logs the same
+number (``Initialized DeepEP v2 ElasticBuffer: ... num_bytes=N``). SGLang raises a ``ValueError`` naming the
+variable when a rank's own batch is above the cap (``_DeepEPv2Impl._validate_common``) and refuses to start
+below its floor (``validate_deepep_v2_dispatch_token_budget``: the per-rank prefill budget and the decode
+CUDA-graph batch x tokens per request).
+"""
+
+from __future__ import annotations
+
+from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.checks import SizingError, check_positive
+
+SCALE_BLOCK_CHANNELS = 128  # one fp32 scale per 128 channels with FP8 dispatch; the hidden size must divide
+BF16_BYTES, FP8_BYTES, FLOAT_BYTES = 2, 1, 4
+
+DEEPEP_V2 = BackendCapRules(
+    "deepep_v2", "SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
+    eager_prefill_dispatched=True, local_batch_cap=True,
+    overflow_outcome="SGLang raises a ValueError ('DeepEP v2 dispatch input exceeds the per-rank buffer "
+                     "capacity') and the rank dies",
+    memory="ElasticBuffer", sized_by="the bytes its ElasticBuffer reported (num_bytes)",
+    mismatch_hint="the buffer is rebuilt when the cap, the hidden size, top-k or FP8 dispatch change")
+
+
+def check_hidden_size(hidden_size: int) -> int:
+    """SizingError unless DeepEP v2 takes ``hidden_size`` (a multiple of its 128-channel scale blocks)."""
+    check_positive("hidden_size", hidden_size)
+    if hidden_size % SCALE_BLOCK_CHANNELS:
+        raise SizingError(f"DeepEP v2 requires a hidden size that is a multiple of {SCALE_BLOCK_CHANNELS}, got "
+                          f"{hidden_size}")
+    return hidden_size
+
+
+def dispatch_bytes_per_token(hidden_size: int, dispatch_format: str) -> int:
+    """A token's activations as dispatched: bf16, or fp8 with one fp32 scale per 128 channels."""
+    if dispatch_format == "fp8":
+        return hidden_size * FP8_BYTES + hidden_size // SCALE_BLOCK_CHANNELS * FLOAT_BYTES
+    return hidden_size * BF16_BYTES
+
+
+def combine_bytes_per_token(hidden_size: int) -> int:
+    """A token's expert output as combined: bf16."""
+    return hidden_size * BF16_BYTES

@@ -1,0 +1,53 @@
+"""The advisor for a backend whose buffer a rank reports (``backends/reported.py``: DeepEP v2, ...): advice on the
+backend's own variable, within its limits and above SGLang's floor, priced from the reported bytes (exact at the
+cap in use, in proportion at the recommended one)."""
+
+from __future__ import annotations
+
+import pytest
+from capwatch.advisor.evidence import GroupConfig
+from capwatch.advisor.recommend import recommend
+from capwatch.backends import SPECS, pricing_of
+from capwatch.backends.reported import ReportedBuffer
+from capwatch.telemetry.rank import rank_config
+from capwatch.telemetry.report import SGLangLimits
+
+from tests.service.test_advisor import POLICY, day_of, history_from
+
+REPORTED = [name for name, spec in SPECS.items() if spec.bytes_known == "reported"]
+GIB = 1 << 30
+
+
+def group(name: str, cap: int, **kwargs) -> tuple[GroupConfig, int]:
+    spec = SPECS[name]
+    buffer_bytes = 2 * GIB
+    config = rank_config(cap=cap, ep_size=8, hidden_size=7168, top_k=8, num_experts=256, backend=f"x-{name}",
+                         a2a_backend=name, **{name: ReportedBuffer(buffer_bytes=buffer_bytes)})
+    return GroupConfig(cap=cap, pricing=pricing_of(config, 8), backend=spec.rules,
+                       prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)), **kwargs), buffer_bytes
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_quiet_decode_lowers_on_its_own_variable_priced_from_the_reported_bytes(name):
+    spec = SPECS[name]
+    config, reported = group(name, 512)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 90)), cap=512), config, POLICY)
+    assert advice.action == "lower" and advice.recommended_cap == 128
+    assert (advice.a2a_backend, advice.cap_variable) == (name, spec.rules.cap_env_var)
+    assert advice.env == f"{spec.rules.cap_env_var}=128"
+    assert advice.workspace_bytes_per_rank_current == reported  # exact: what the ranks reported at 512
+    assert advice.workspace_bytes_per_rank_recommended == reported // 4  # in proportion
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_never_below_sglangs_floor_nor_above_the_backends_limit(name):
+    spec = SPECS[name]
+    limits = SGLangLimits(decode_cuda_graph_max_batch_size=160, tokens_per_request=2, max_prefill_buffer_tokens=256)
+    config, _ = group(name, 1024, sglang=limits)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 60)), cap=1024), config, POLICY)
+    assert advice.floor_cap == 320 and advice.recommended_cap == 384
+    busy, _ = group(name, spec.rules.max_cap_tokens)
+    peak = spec.rules.max_cap_tokens
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(peak - 20, peak)), cap=peak), busy,
+                       POLICY)
+    assert advice.upper_bound <= spec.rules.max_cap_tokens
