@@ -45,7 +45,8 @@ from typing import Any
 
 from capwatch.backends import SPECS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.floor_terms import decode_graph_term, floor_limits, prefill_graph_term
+from capwatch.sglang_engine.limits import MAX_TOKENS_PER_REQUEST, SGLangLimits
 
 SGLANG_DEFAULT_MIN_CAP = 4096  # overrides.py flashinfer_a2a_max_dispatch_tokens_per_rank
 DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
@@ -55,7 +56,6 @@ MAX_ARGS_CHARS = 1 << 20
 # Items (commas) an args line may hold: SGLang's have a few hundred. Parsing builds a node per item, about 1 KB
 # each: a line of 1 Mi characters of "1," cost 529 MB (issue 36, F7b) before this bound.
 MAX_ARGS_ITEMS = 20_000
-MAX_TOKENS_PER_REQUEST = 1024  # SGLangLimits' bound: no speculative config drafts more per step
 MAX_PARALLEL_SIZE = 1 << 16  # tp/ep/dp sizes: far beyond any cluster
 _MAX_DEPTH = 32  # nesting of records in the args (SGLang's is 3)
 # Keys of the resolved dict from 0.5.22 on that 0.5.19 - 0.5.21's lack (their own start-up lines,
@@ -293,30 +293,27 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
     decode = _phase(args, "decode")
     prefill = _phase(args, "prefill")
     if "backend" in decode or "max_bs" in decode:
-        decode_backend, decode_bs = decode.get("backend", "full"), _int(decode, "max_bs", 0) or 0
+        decode_off, decode_bs = decode.get("backend", "full") == "disabled", _int(decode, "max_bs", 0)
     else:  # no nested config: the flat flags (0.5.13: cuda_graph_max_bs only)
-        disabled = bool(args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph"))
-        decode_backend = "disabled" if disabled else "full"
-        decode_bs = _int(args, "cuda_graph_max_bs_decode", 0) or _int(args, "cuda_graph_max_bs", 0) or 0
-    if mode == "prefill" or decode_backend == "disabled":
-        decode_bs = 0
-    max_running = _int(args, "max_running_requests", limit=1 << 31)
-    if max_running is not None and max_running > 0 and decode_bs:
-        decode_bs = min(decode_bs, max(1, max_running // attn_dp_size))
+        decode_off = bool(args.get("disable_cuda_graph") or args.get("disable_decode_cuda_graph"))
+        decode_bs = _int(args, "cuda_graph_max_bs_decode", 0) or _int(args, "cuda_graph_max_bs", 0)
     if "backend" in prefill or "max_bs" in prefill:
-        prefill_bs = 0 if prefill.get("backend") == "disabled" else _int(prefill, "max_bs", 0) or 0
+        prefill_off, prefill_bs = prefill.get("backend") == "disabled", _int(prefill, "max_bs", 0)
     else:
-        disabled = bool(args.get("disable_cuda_graph") or args.get("disable_prefill_cuda_graph"))
-        prefill_bs = 0 if disabled else _int(args, "cuda_graph_max_bs_prefill", 0) or 0
+        prefill_off = bool(args.get("disable_cuda_graph") or args.get("disable_prefill_cuda_graph"))
+        prefill_bs = _int(args, "cuda_graph_max_bs_prefill", 0)
+    max_running = _int(args, "max_running_requests", limit=1 << 31)
     algorithm = _text(args, "speculative_algorithm")
+    speculative = bool(algorithm) and algorithm.upper() != "NONE"
     draft_tokens = _int(args, "speculative_num_draft_tokens", limit=MAX_TOKENS_PER_REQUEST)
-    tokens_per_request = max(1, draft_tokens or 1) if algorithm and algorithm.upper() != "NONE" else 1
+    decode_graph = decode_graph_term(mode, decode_off, decode_bs, max_running if max_running and max_running > 0
+                                     else None, attn_dp_size, speculative, draft_tokens)
+    tokens_per_request = decode_graph[1]
     buffer = max_prefill_buffer_tokens(args)
     checked = checks_cap_at_startup(args, resolved_dict)
-    limits = SGLangLimits(
-        disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
-        prefill_cuda_graph_max_batch_size=max(0, prefill_bs), decode_cuda_graph_max_batch_size=max(0, decode_bs),
-        tokens_per_request=tokens_per_request, cap_source="default",
+    limits = floor_limits(
+        sglang_version=None, disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
+        prefill_graph=prefill_graph_term(prefill_off, prefill_bs), decode_graph=decode_graph, cap_source="default",
         floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _backend_name(args)

@@ -3,12 +3,13 @@ all-to-all dispatchers of a scheduler process (FlashInfer's and DeepEP's: one ho
 backend, ``hooks/``, ``floors/``), with no change to SGLang.
 
 SGLang loads every installed plugin while ``SGLANG_PLUGINS`` is empty (its default): installing the package
-enables the plugin. ``CAPWATCH_ENABLED=0`` switches it off (``switch.py``: nothing imported, hooked or bound);
-``SGLANG_PLUGINS=<others>`` leaves it out. Configured by ``CAPWATCH_*`` variables (``settings.py``).
+enables the plugin. ``CAPWATCH_ENABLED=0`` switches it off (``agent/switch.py``: nothing imported, hooked or
+bound); ``SGLANG_PLUGINS=<others>`` leaves it out. Configured by ``CAPWATCH_*`` variables (``settings.py``, over
+the rank agent's ``agent/settings.py``).
 ``register`` runs in every SGLang process that loads plugins; it only hooks ``configure_scheduler_process``
 (``plugin.py``), and the rest happens in scheduler processes: ``releases.py`` picks the installed release's
-adapters, ``session.py`` keeps one scheduler's counters, exporter and reports, ``status.py`` says whether it
-instruments. See docs/sglang.md.
+adapters, the rank agent's session (``agent/session.py``) keeps one scheduler's counters, exporter and reports,
+``status.py`` names the series that says whether it instruments. See docs/sglang.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import os
 import sys
 
-from capwatch.sglang_plugin import switch
+from capwatch.agent import switch
 from capwatch.sglang_plugin.releases import SCHEDULER_MODULE
 
 logger = logging.getLogger("capwatch.sglang")
@@ -30,7 +31,7 @@ NEEDS = ("torch", "prometheus_client", "pydantic")
 def register() -> None:
     """The entry point SGLang's ``load_plugins()`` calls: off, or without its extra, it does nothing but say so
     (once, in scheduler processes) and SGLang runs as shipped."""
-    on, line = switch.enabled(os.environ)
+    on, line = switch.enabled(os.environ, "SGLang")
     if on:
         missing = [name for name in NEEDS if importlib.util.find_spec(name) is None]
         if missing:
@@ -40,6 +41,12 @@ def register() -> None:
         if SCHEDULER_MODULE in sys.modules:  # one line per scheduler, as every other state of the plugin
             (logger.info if line.startswith("capwatch: off") else logger.warning)(line)
         return
+    from capwatch.sglang_plugin.apply.settings import requested
+
+    if requested(os.environ):  # CAPWATCH_APPLY: wraps the launcher's resolution (apply/launcher.py)
+        from capwatch.sglang_plugin.apply.launcher import install as install_apply
+
+        install_apply()
     from capwatch.sglang_plugin.plugin import install
 
     install()

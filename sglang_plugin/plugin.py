@@ -5,8 +5,8 @@ returns), and only where SGLang's scheduler module is loaded: the start hook the
 process with its GPU index, after ``publish`` and before the model is built. There the plugin reads its
 settings, picks the adapters of the installed release (``releases.py``) and of ``--moe-a2a-backend``
 (``hooks/``, ``floors/``), checks every target and signature they rely on, starts the exporter and
-hooks the backend. On any problem it logs one line, serves ``capwatch_sglang_plugin_info`` saying why,
-and hooks nothing else: SGLang runs as without it.
+hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one line,
+serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
 """
 
 from __future__ import annotations
@@ -15,11 +15,15 @@ import atexit
 import logging
 import sys
 
+from capwatch.agent.session import RankSession
+from capwatch.backends import spec_of
+from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
-from capwatch.sglang_plugin.session import SchedulerSession
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
+from capwatch.sglang_plugin.start_check import check_cap_at_start
+from capwatch.sglang_plugin.status import plugin_status
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -51,7 +55,7 @@ def versions() -> dict[str, str | None]:
             "flashinfer": releases.installed_version("flashinfer-python")}
 
 
-def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
+def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
     found = versions()
     local_gpu_index = gpu_id or 0
     try:
@@ -78,29 +82,46 @@ def start_scheduler(server_args, gpu_id: int | None) -> SchedulerSession | None:
         return None
     limits = floor.limits(server_args, found["sglang"], choice.adapter)
     try:
-        session = SchedulerSession(settings, found, limits, local_gpu_index)
+        session = RankSession(settings, plugin_status("enabled", "", found), found, report_fields(limits),
+                              local_gpu_index)
     except OSError as error:  # the port is taken (another scheduler, another exporter): one line, no traceback
         logger.error("capwatch: disabled: %s (CAPWATCH_METRICS_BASE_PORT=%d + GPU %d); SGLang runs without capwatch",
                      error.strerror or error, settings.metrics_base_port, local_gpu_index)
         return None
     atexit.register(session.close)
+    rules = spec_of(backend.NAME).rules
+    _check_cap_at_start(session, limits, rules)
     _register(session, backend, adapter)
-    logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s", choice.describe(), backend.NAME,
-                local_gpu_index, session.exporter.url)
+    logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s; its cap: %s", choice.describe(),
+                backend.NAME, local_gpu_index, session.exporter.url,
+                cap_source_text(limits.cap_source, limits.advice_revision, rules.cap_env_var))
     return session
+
+
+def _check_cap_at_start(session: RankSession, limits, rules) -> None:
+    """The start-up check SGLang lacks (``start_check.py``), on the cap the dispatchers will read, served beside
+    the info metric."""
+    from sglang.srt.environ import envs
+
+    if rules.below_floor is None:
+        return
+    collector = check_cap_at_start(getattr(envs, rules.cap_env_var).get(), limits, rules)
+    if collector is not None:
+        session.exporter.registry.register(collector)
 
 
 def _serve_status(settings: PluginSettings, found, local_gpu_index: int, reason: str) -> str:
     """Serve the info metric alone; says where, for the one log line."""
     try:
-        session = SchedulerSession(settings, found, None, local_gpu_index, state="disabled", reason=reason)
+        session = RankSession(settings, plugin_status("disabled", reason, found), found, report_fields(None),
+                              local_gpu_index)
     except OSError as error:
         return f"no info metric: {error}"
     atexit.register(session.close)
     return f"info metric on {session.exporter.url}"
 
 
-def _register(session: SchedulerSession, backend, adapter) -> None:
+def _register(session: RankSession, backend, adapter) -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookSource
 
     source = HookSource(plugin_name="capwatch", dist_name="a2a-capwatch")  # outside load_plugins' own context

@@ -26,7 +26,7 @@ class BackendCapRules:
     why_max: str = ""  # who refuses a cap above max_cap_tokens
     default_cap: int | None = None  # SGLang's default when the variable is unset (None: a rule, not a number)
     # What happens below SGLang's floor terms (None: SGLang's own start-up check where the release has one,
-    # advisor/floor.py sglang_floor_why).
+    # sglang_engine/floor.py sglang_floor_why).
     below_floor: str | None = None
     # Whether eager prefill batches go through this backend's dispatch on every release (FlashInfer's go through
     # an all-gather on the releases without SGLang's own floor rule, so the prefill chunk is no term there).

@@ -20,7 +20,7 @@ from capwatch.sglang_plugin.floors.graph_terms import (
 )
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.flashinfer_releases import FLASHINFER
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 NAME = "flashinfer"
 FLOOR_RULES = {"0.5.19": "capwatch", "0.5.20": "capwatch", "0.5.21": "capwatch",
@@ -29,6 +29,17 @@ FLOOR_RULES = {"0.5.19": "capwatch", "0.5.20": "capwatch", "0.5.21": "capwatch",
 MOE_HOOK = "sglang.srt.arg_groups.moe_hook"
 SGLANG_RULE = (Target(f"{MOE_HOOK}._decode_graph_dispatch_tokens_per_rank", ("server_args",)),
                Target(f"{MOE_HOOK}._required_flashinfer_a2a_dispatch_tokens_per_rank", ("server_args",)))
+
+
+# SGLang's start-up check of this cap, a step of its resolution run for every backend once the speculative settings
+# are final: CAPWATCH_APPLY sets the cap just before it (apply/launcher.py). 0.5.19 - 0.5.21 check only CuteDSL's.
+START_CHECKS = {release: "validate_cutedsl_a2a_token_budget" for release in ("0.5.19", "0.5.20", "0.5.21")} | \
+    {release: "validate_flashinfer_a2a_token_budget" for release in ("0.5.22", "0.5.23")}
+
+
+def cap_params(view):
+    """What prices this server's cap beyond the shared settings (none for FlashInfer), or why its cap is unused."""
+    return None
 
 
 def targets(release: str) -> tuple[Target, ...]:

@@ -41,8 +41,9 @@ import torch
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
-from capwatch.sglang_plugin.session import reported_backend
 from capwatch.sizing.deepep_plan import DEEPEP
 
 logger = logging.getLogger("capwatch.sglang")
@@ -133,6 +134,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
                                 traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
                                 lead_per_micro_batch=True)
+    overflows.watch(layer, DEEPEP.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
 
 

@@ -22,9 +22,11 @@ from tests.support.checkout import REPO_ROOT
 # command line and the demo, on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
+    ("capwatch.sglang_engine",),  # what SGLang defines (its limits, its floor), torch-free: one home for the engine
     ("capwatch.backends",),  # one spec per A2A backend over its sizing, and the registry every layer above loops over
     ("capwatch.dispatcher",),
     ("capwatch.telemetry",),
+    ("capwatch.agent",),  # the engine-neutral rank agent every engine plugin runs (session, settings, status)
     ("capwatch.dashboards",),
     # The advisor: a library below both of its users, the service and the log reader.
     ("capwatch.advisor",),

@@ -17,28 +17,20 @@ from tests.support.name_count import modules_naming, names_word
 FOLDERS = sorted(set(PACKAGE_DIRS.values()))
 BACKENDS = tuple(SPECS)  # a backend registered tomorrow is counted from its first day
 ENGINE = "sglang"
-ENGINE_HOMES = ("sglang_plugin/", "sglang_logs/")
+ENGINE_HOMES = ("sglang_engine/", "sglang_plugin/", "sglang_logs/")
 # The registries: where every backend is listed once.
 REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_plugin/floors/__init__.py"}
 
 STILL_NAMING: dict[str, set[str]] = {
-    "deepep": {
-        "telemetry/catalogue.py",
-    },
+    "deepep": set(),
     "flashinfer": {
-        "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "backends/deepep.py",
-        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "dashboards/kubernetes.py", "dashboards/overview.py",
-        "dispatcher/counting.py", "dispatcher/instrumented.py", "service/api/routes/advice.py",
-        "service/api/routes/reports.py", "service/main.py", "service/sources/contract.py",
-        "service/sources/prometheus/rank_config.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
-        "sizing/deepep_low_latency.py", "sizing/plan.py", "telemetry/catalogue.py", "telemetry/rank.py",
-        "telemetry/report.py",
+        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
+        "sizing/deepep_low_latency.py", "sizing/plan.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
         "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
-        "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/main.py",
-        "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
+        "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/backends.py", "sizing/deepep_low_latency.py",
         "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_releases.py", "sizing/plan.py",
         "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",

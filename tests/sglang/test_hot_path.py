@@ -196,7 +196,7 @@ def test_a_counted_deepep_dispatch_counts_traffic_on_the_leaders_layer_only(lead
 def test_the_session_elects_places_in_model_order_with_micro_batch_twins_sharing_one():
     """Layer ids arrive in any order (some unknown: last, each its own place); with DeepEP's two-batch overlap a
     layer id's two dispatchers share a place, so both lead on the lowest and the calls per step are the places."""
-    from capwatch.sglang_plugin.session import RoleWatch
+    from capwatch.agent.session import RoleWatch
 
     for lead_per_micro_batch, stride in ((False, 2), (True, None)):
         counters = DispatchCounters(CAP, EP_SIZE)

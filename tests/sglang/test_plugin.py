@@ -319,7 +319,7 @@ def test_without_the_plugin_outputs_are_identical(tmp_path, enabled_run, newer_r
 
 # What the plugin's entry point imports before it reads the kill switch (standard library besides).
 IMPORTED_WHEN_OFF = {"capwatch", "capwatch.sglang_plugin", "capwatch.sglang_plugin.releases",
-                     "capwatch.sglang_plugin.switch"}
+                     "capwatch.agent", "capwatch.agent.switch"}
 
 
 @pytest.mark.parametrize("enabled_run", RELEASES, indirect=True, ids=release_id)

@@ -6,7 +6,8 @@ import pytest
 from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.hooks import flashinfer as flashinfer_hooks
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
-from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
+from capwatch.agent.status import RolesCollector
+from capwatch.sglang_plugin.status import plugin_status
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily
 
@@ -117,7 +118,7 @@ class _Role:
 def test_roles_share_one_registry_told_apart_by_their_label():
     roles = RolesCollector()
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(PluginStatusCollector("enabled", "", {"sglang": "0.5.23", "flashinfer": None}))
+    registry.register(plugin_status("enabled", "", {"sglang": "0.5.23", "flashinfer": None}))
     registry.register(roles)
     roles.collectors += [_Role("target", 4), _Role("draft", 1)]  # roles arrive after registration
     text = generate_latest(registry).decode()

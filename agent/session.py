@@ -1,14 +1,13 @@
-"""One scheduler process: the counters of each role, its exporter, its reports, whatever the backend.
+"""One rank process of an engine: the counters of each role, its exporter, its reports, whatever the backend.
 
-Roles follow SGLang's workspaces: the decode one -> ``target``, the speculative one (a draft model's
-layers) -> ``draft``, SP prefill (0.5.23) -> ``sp_prefill``. Each role has one ``DispatchCounters``
-shared by all its layers; the lowest layer id is the step leader (with DeepEP's two-batch overlap, both
-micro-batches' dispatchers of that layer lead: each micro-batch is its own dispatch against the cap).
-A backend's hook module (``hooks/<backend>.py``) counts each counted object through
-:meth:`SchedulerSession.count_layer` (one ``dispatcher.counting.LayerCounting``, its way into the counters chosen
-by the hook) and says what its reports carry beyond the geometry (``RoleWatch.reported``). A role's telemetry
-(reporter, collector) starts at its first dispatch, when every layer and workspace of the model is known; the
-exporter serves from the first moment (base port + local GPU index) with the plugin's own info metric.
+Roles follow the engine's workspaces (SGLang's decode one -> ``target``, a draft model's -> ``draft``, SP
+prefill -> ``sp_prefill``). Each role has one ``DispatchCounters`` shared by all its layers; the lowest layer id
+is the step leader (with two-batch overlap, both micro-batches' dispatchers of that layer lead: each micro-batch
+is its own dispatch against the cap). An engine plugin's hook module counts each counted object through
+:meth:`RankSession.count_layer` and says what its reports carry beyond the geometry (``RoleWatch.reported``);
+the plugin passes in what the engine defines (its limits' report fields, its status series). A role's telemetry
+starts at its first dispatch, when every layer and workspace of the model is known; the exporter serves from
+the first moment (base port + local GPU index) with the plugin's status series.
 """
 
 from __future__ import annotations
@@ -22,20 +21,16 @@ from dataclasses import dataclass, field
 
 from capwatch.dispatcher.counters import DispatchCounters, pause_snapshots
 from capwatch.dispatcher.counting import LayerCounting, TrafficWay, elect
-from capwatch.sglang_plugin.settings import PluginSettings
-from capwatch.sglang_plugin.status import PluginStatusCollector, RolesCollector
+from capwatch.agent.settings import AgentSettings
+from capwatch.agent.status import RolesCollector
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.rank import RankTelemetry, rank_config
-from capwatch.telemetry.report import RankConfig, RankIdentity, SGLangLimits
+from capwatch.telemetry.report import RankConfig, RankIdentity
 from capwatch.telemetry.reporter import new_boot_id
+from prometheus_client.registry import Collector
 
-logger = logging.getLogger("capwatch.sglang")
-
-
-def reported_backend(rules: BackendCapRules) -> str:
-    """The ``backend`` a plugin rank reports: the engine and SGLang's name of the A2A."""
-    return f"sglang-{rules.name}"
+logger = logging.getLogger("capwatch.agent")
 
 
 @dataclass
@@ -72,16 +67,20 @@ class RoleWatch:
         elect(self.counters, [entry[1] for entry in self.layers], positions, self.traffic_stride)
 
 
-class SchedulerSession:
-    def __init__(self, settings: PluginSettings, versions: dict[str, str | None], limits: SGLangLimits | None,
-                 local_gpu_index: int, state: str = "enabled", reason: str = ""):
+class RankSession:
+    """``status``: the plugin's status series (the engine names it); ``versions``: the installed packages the
+    hooks read (name -> version); ``limits``: what the engine's limits add to every report of this process
+    (``rank_config`` keywords: SGLang's are ``sglang_engine.limits.report_fields``)."""
+
+    def __init__(self, settings: AgentSettings, status: Collector, versions: dict[str, str | None],
+                 limits: dict, local_gpu_index: int):
         self.settings = settings
         self.versions = versions
-        self.limits = limits
+        self.limits = dict(limits)
         self.boot_id = new_boot_id()
         self.roles: dict[str, RoleWatch] = {}
         self._layers: dict[int, LayerCounting] = {}  # id(counted object) -> its counting
-        self.status = PluginStatusCollector(state, reason, versions)
+        self.status = status
         self.role_series = RolesCollector()
         options = settings.exporter(local_gpu_index)
         self.exporter = RankExporter(self.status, self.role_series, legacy_group_label=options.legacy_group_label)
@@ -137,7 +136,7 @@ class SchedulerSession:
         watch.started = True
         try:
             self.start_role(watch)
-        except Exception:  # the counters keep counting; SGLang must not notice
+        except Exception:  # the counters keep counting; the engine must not notice
             logger.exception("capwatch: the %s role's reports and series did not start", role)
 
     def start_role(self, watch: RoleWatch) -> RankTelemetry:
@@ -156,21 +155,17 @@ class SchedulerSession:
 
     def config(self, watch: RoleWatch) -> RankConfig:
         geometry = watch.geometry
-        limits = self.limits
         return rank_config(
             cap=geometry["cap"], ep_size=geometry["ep_size"], hidden_size=geometry["hidden_size"],
             top_k=geometry["top_k"], num_experts=geometry["num_experts"], **watch.reported,
-            allocated_workspace_bytes=sum(watch.workspaces.values()) or None,
-            cuda_graph_max_batch_size=(limits.decode_cuda_graph_max_batch_size or None) if limits else None,
-            speculative_tokens=(limits.tokens_per_request - 1) if limits else 0,
-            sglang=limits,
+            allocated_workspace_bytes=sum(watch.workspaces.values()) or None, **self.limits,
         )
 
     # --- capture, shutdown ---------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def capturing(self) -> Iterator[None]:
-        """Snapshots of every role pause while SGLang captures CUDA graphs."""
+        """Snapshots of every role pause while the engine captures CUDA graphs."""
         with pause_snapshots(*(watch.counters for watch in self.roles.values())):
             yield
 
