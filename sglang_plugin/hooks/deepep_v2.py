@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
-from capwatch.sglang_plugin.session import reported_backend
+from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sizing.deepep_v2 import DEEPEP_V2
 
 logger = logging.getLogger("capwatch.sglang")
