@@ -94,8 +94,10 @@ def in_resolution(server_args, previous) -> None:
     changed = None
     try:
         changed = apply_at_start(server_args)
-    except Exception:  # capwatch never stops a server from starting
-        logger.exception("capwatch: apply: failed; SGLang starts with the cap as it was set")
+    except Exception as error:  # capwatch never stops a server from starting: one line (the traceback at debug)
+        logger.error("capwatch: apply: failed (%s: %s); SGLang starts with the cap as it was set",
+                     type(error).__name__, str(error).splitlines()[0][:300] if str(error) else "")
+        logger.debug("capwatch: apply: the failure", exc_info=True)
     if changed is None:
         previous(server_args)
         return
