@@ -26,17 +26,15 @@ STILL_NAMING: dict[str, set[str]] = {
         # SGLang's --deepep-mode also picks MoRI's kernel (low_latency: AsyncLL): its log reader reads the flag.
         "backends/mori.py",
     },
-    "flashinfer": {
-        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
-        "sizing/deepep_low_latency.py", "sizing/plan.py",
-    },
+    "flashinfer": set(),
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
         "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
         "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/backends.py", "sizing/deepep_low_latency.py",
-        "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_releases.py", "sizing/mori.py",
-        "sizing/plan.py", "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
+        "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py", "sizing/flashinfer_releases.py",
+        "sizing/mori.py",
+        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
 
