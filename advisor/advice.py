@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from capwatch.advisor.vocabulary import Action
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends import DEFAULT_BACKEND
 from pydantic import BaseModel
 
 
@@ -40,8 +40,8 @@ CapSource = Literal["reported", "flag", "assertion", "assumed"]
 class Deployment(BaseModel):
     """What the group runs now and what bounds any cap for it: known before any history."""
 
-    a2a_backend: str = FLASHINFER.name  # whose cap (its spec, capwatch.backends)
-    cap_variable: str = FLASHINFER.cap_env_var  # the variable that sets it
+    a2a_backend: str = DEFAULT_BACKEND.name  # whose cap (its spec, capwatch.backends)
+    cap_variable: str = DEFAULT_BACKEND.rules.cap_env_var  # the variable that sets it
     current_cap: int  # where cap_known is false, an assumed value: nothing is priced or decided against it
     ep_size: int
     workspace_bytes_per_rank_current: int | None  # None where the cap in use is unknown

@@ -21,8 +21,8 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.pricing import Pricing
 from capwatch.advisor.tail import TailModel, tail_model
 from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 
@@ -36,7 +36,7 @@ class GroupConfig:
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
     kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
-    backend: BackendCapRules = FLASHINFER  # whose cap: its variable, bounds and floor wording
+    backend: BackendCapRules = DEFAULT_BACKEND.rules  # whose cap: its variable, bounds and floor wording
     # Whether prefill batches go through this cap: SGLang's FlashInfer rule counts them; DeepEP dispatches
     # them through its low-latency buffer only in --deepep-mode low_latency (auto sends them to normal mode).
     prefill_dispatched: bool = True

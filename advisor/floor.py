@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capwatch.advisor.stage import Step
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sglang_engine.floor import merged_sglang_limits, sglang_floor_terms, sglang_floor_why
 from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
     from capwatch.advisor.evidence import Evidence
@@ -30,7 +30,7 @@ class Floor:
 
 
 def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int | None,
-                     speculative_tokens: int = 0, rules: BackendCapRules = FLASHINFER,
+                     speculative_tokens: int = 0, rules: BackendCapRules = DEFAULT_BACKEND.rules,
                      prefill_dispatched: bool = True) -> Floor | None:
     terms = []
     if sglang is not None:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from capwatch.backends.spec import BackendSpec, Config, PlanOption, Planner, PlanTable, RankSizes
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
@@ -25,6 +26,8 @@ from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.sizing.payloads import hidden_bytes_per_token
 from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
+
+RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap
 
 
 @dataclass(frozen=True)
@@ -202,7 +205,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=FLASHINFER, params=None, refusal=_refusal, group_refusal=_group_refusal,
+    rules=RULES, params=None, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
     planner=PLANNER,

@@ -2,7 +2,8 @@
 
 An engine module provides ``NAME`` (its limits ride on the wire as ``RankConfig.<NAME>``), ``TITLE`` (its name in
 messages), ``LIMITS`` (the pydantic model of those limits, whose ``engine`` field is ``NAME``), ``merged_limits``,
-``floor_terms``, ``floor_why`` and ``limits_report_fields``. The report schema, the advisor and the service loop
+``floor_terms``, ``floor_why``, ``limits_report_fields`` and ``bind_rules`` (a backend's cap rules with the
+engine's variable, default and reserve: ``capwatch.backends`` registers each spec so bound). The report schema, the advisor and the service loop
 over ``ENGINES`` or take ``ENGINE`` instead of naming an engine."""
 
 from __future__ import annotations

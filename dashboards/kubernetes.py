@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends import SPECS
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.version import capwatch_version
 
@@ -173,7 +173,7 @@ def sglang_example() -> list[dict]:
         _env("CAPWATCH_CLUSTER", "deepseek-v3-prod"),  # the EP group's name: its ep_group label and the service's
         _env("CAPWATCH_SERVICE_URL", f"http://{NAME}:{SERVICE_PORT}"), _token(),
         _env("CAPWATCH_METRICS_HOST", "0.0.0.0"), _env("CAPWATCH_METRICS_BASE_PORT", str(DEFAULT_BASE_PORT)),
-        _env(FLASHINFER.cap_env_var, "1024"),
+        _env(SPECS["flashinfer"].rules.cap_env_var, "1024"),
     ]
     args = ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V3", "--tp", "8", "--ep", "8",
             "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", "flashinfer",

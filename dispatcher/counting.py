@@ -31,8 +31,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
 from .counters import DispatchCounters, TrafficRecord
@@ -55,7 +55,7 @@ class OverflowEvent:
     role: str
     ep_rank: int
     ep_size: int
-    rules: BackendCapRules = FLASHINFER  # whose cap: its variable and its largest value
+    rules: BackendCapRules = DEFAULT_BACKEND.rules  # whose cap: its variable and its largest value
 
     @property
     def message(self) -> str:
@@ -123,7 +123,7 @@ class LayerCounting:
     """
 
     def __init__(self, counters: DispatchCounters, ep_rank: int, ep_size: int, traffic: TrafficWay,
-                 rules: BackendCapRules = FLASHINFER, step_leader: bool = True,
+                 rules: BackendCapRules = DEFAULT_BACKEND.rules, step_leader: bool = True,
                  on_overflow: Iterable[OverflowCallback] = (), counts_traffic: bool = True):
         if counters.ep_size != ep_size:
             raise ValueError(f"counters are for ep_size {counters.ep_size}, this layer's group has {ep_size}")

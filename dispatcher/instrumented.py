@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import torch
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
 from capwatch.vocabulary import OVERFLOW_POLICIES
@@ -58,7 +58,7 @@ class InstrumentedDispatcher:
         overflow_policy: str = "raise",
         step_leader: bool = True,
         on_overflow: Iterable[OverflowCallback] = (),
-        rules: BackendCapRules = FLASHINFER,
+        rules: BackendCapRules = DEFAULT_BACKEND.rules,
     ):
         if isinstance(cap, bool) or not isinstance(cap, int) or cap <= 0:
             raise ValueError(f"cap must be a positive int (tokens per rank), got {cap!r}")

@@ -3,6 +3,7 @@ its limits and what the advisor does with them, so no shared part names SGLang."
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_engine.floor import merged_sglang_limits, sglang_floor_terms, sglang_floor_why
 from capwatch.sglang_engine.limits import SGLangLimits, report_fields
 
@@ -13,5 +14,7 @@ merged_limits = merged_sglang_limits  # one group's limits from its ranks' (None
 floor_terms = sglang_floor_terms  # (limits, rules, prefill_dispatched) -> [(tokens, what)]
 floor_why = sglang_floor_why  # (limits, rules) -> what happens below the floor
 limits_report_fields = report_fields  # (limits or None) -> rank_config keywords
+bind_rules = bind  # a backend's cap rules -> the same with the engine's variable, default and reserve
 
-__all__ = ["LIMITS", "NAME", "TITLE", "floor_terms", "floor_why", "limits_report_fields", "merged_limits"]
+__all__ = ["LIMITS", "NAME", "TITLE", "bind_rules", "floor_terms", "floor_why", "limits_report_fields",
+           "merged_limits"]
