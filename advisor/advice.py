@@ -37,6 +37,10 @@ class Decision(BaseModel):
 CapSource = Literal["reported", "flag", "assertion", "assumed"]
 
 
+# Who set the cap the ranks run (their SGLangLimits.cap_source, where they agree; "mixed" where they do not).
+CapSetBy = Literal["capwatch", "operator", "default", "mixed"]
+
+
 class Deployment(BaseModel):
     """What the group runs now and what bounds any cap for it: known before any history."""
 
@@ -63,6 +67,11 @@ class Deployment(BaseModel):
     # backend asserts above its cap). None where nothing bounds it.
     cap_at_least: int | None = None
     mem_fraction_static: float | None = None  # the server's --mem-fraction-static, where known (a log's args)
+    # Who set the cap the ranks run (None: no rank says — no SGLang plugin), the advice revision capwatch applied, and
+    # both in words: "applied by capwatch at start (revision N)", "set by the operator (VAR)", "SGLang's default".
+    cap_set_by: CapSetBy | None = None
+    cap_advice_revision: int | None = None
+    cap_origin: str | None = None
 
 
 class Coverage(BaseModel):

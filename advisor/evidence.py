@@ -46,6 +46,10 @@ class GroupConfig:
     cap_source: str = "reported"  # advice.CapSource
     cap_at_least: int | None = None  # the largest batch that ran without an overflow assertion
     mem_fraction_static: float | None = None  # the server's --mem-fraction-static, where known (a log's args)
+    # Who set the cap the ranks run (advice.CapSetBy: capwatch at start, the operator, SGLang's default; "mixed"
+    # where they disagree) and the advice revision capwatch applied; None where no rank says (no SGLang plugin).
+    cap_set_by: str | None = None
+    cap_advice_revision: int | None = None
 
 
 @dataclass(frozen=True, eq=False)

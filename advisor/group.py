@@ -27,6 +27,10 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
     --deepep-mode low_latency); the ranks' SGLang limits, CUDA-graph batches and draft
     tokens per step, each merged to its largest (None where not known)."""
     graph_batches = [batch for batch in cuda_graph_max_batch_sizes if batch is not None]
+    sglang = [limits if isinstance(limits, SGLangLimits) else SGLangLimits.model_validate(limits, strict=False)
+              for limits in sglang if limits]
+    origins = {(limits.cap_source, limits.advice_revision) for limits in sglang}
+    set_by, revision = origins.pop() if len(origins) == 1 else ("mixed" if origins else None, None)
     return GroupConfig(
         cap=cap, pricing=pricing,
         backend=a2a_backend if isinstance(a2a_backend, BackendCapRules) else spec_of(a2a_backend).rules,
@@ -35,4 +39,4 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
         speculative_tokens=max(speculative_tokens, default=0),
         sglang=merged_sglang_limits(sglang), kv_bytes_per_token=kv_bytes_per_token,
         cap_known=cap_source != "assumed", cap_source=cap_source, cap_at_least=cap_at_least,
-        mem_fraction_static=mem_fraction_static)
+        mem_fraction_static=mem_fraction_static, cap_set_by=set_by, cap_advice_revision=revision)

@@ -37,6 +37,7 @@ from capwatch.advisor.stage import Stage, Step, duration
 from capwatch.advisor.tail import size_for_risk
 from capwatch.advisor.trend import size_for_trend
 from capwatch.sizing.byte_units import format_gib
+from capwatch.sglang_engine.limits import cap_source_text
 
 # The sizing stages in order; each takes the tokens the one before it sized for (the first, 0).
 SIZING: tuple[Stage[float], ...] = (size_for_peaks, size_for_risk, size_for_trend, raise_to_floor, align,
@@ -99,7 +100,18 @@ def deployment_of(given: Evidence) -> Deployment:
         floor_cap=given.floor_cap, floor_binds=None if given.floor is None else given.floor.binds,
         budget_cap=given.budget_cap, kv_bytes_per_token=group.kv_bytes_per_token,
         max_cap_tokens=given.rules.max_cap_tokens, cap_alignment=given.policy.alignment, cap_known=group.cap_known,
-        cap_source=group.cap_source, cap_at_least=group.cap_at_least, mem_fraction_static=group.mem_fraction_static)
+        cap_source=group.cap_source, cap_at_least=group.cap_at_least, mem_fraction_static=group.mem_fraction_static,
+        cap_set_by=group.cap_set_by, cap_advice_revision=group.cap_advice_revision,
+        cap_origin=cap_origin(group.cap_set_by, group.cap_advice_revision, given.rules.cap_env_var))
+
+
+def cap_origin(set_by: str | None, revision: int | None, cap_variable: str) -> str | None:
+    """Who set the group's cap, in words (None where no rank says)."""
+    if set_by is None:
+        return None
+    if set_by == "mixed":
+        return "the ranks disagree on who set the cap (see the cap_source_mismatch finding)"
+    return cap_source_text(set_by, revision, cap_variable)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:

@@ -65,9 +65,6 @@ def _refusal(config: Config) -> str | None:
     """What SGLang or DeepEP would refuse of a deepep rank's config (the group's rule: ``_group_refusal``)."""
     if config.deepep is None:
         return "a deepep rank's config needs its deepep buffer (mode, buffer_experts)"
-    if config.payload_format != "bf16" or config.flashinfer_version is not None or config.eplb_stats_num_experts:
-        return ("payload_format, flashinfer_version and eplb_stats_num_experts are FlashInfer's: DeepEP's buffer is "
-                "sized for bf16 whatever the dispatch dtype (leave them at bf16, None and 0)")
     if config.deepep.buffer_experts < config.num_experts:
         return (f"buffer_experts {config.deepep.buffer_experts} is below num_experts {config.num_experts}: DeepEP gets "
                 "the routed experts plus redundant and fused shared ones")
@@ -88,8 +85,7 @@ def _group_refusal(config: Config, ep_size: int) -> str | None:
     return None
 
 
-def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str, Any]) -> RankSizes:
-    buffer = fields.get(DEEPEP.name)
+def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, buffer: DeepEPBuffer | None) -> RankSizes:
     if buffer is None:
         raise SizingError("a deepep rank's config needs its deepep buffer (mode, buffer_experts)")
     check_buffer_experts(buffer.buffer_experts, ep_size)
@@ -218,4 +214,6 @@ SPEC = BackendSpec(
     planner=PLANNER,
     settings_params=_settings_params,
     settings_pricing=_settings_pricing,
+    traffic_copies="DeepEP: per (token, expert) pair",
+    traffic_sample="the step leader's layer (DeepEP)",
 )

@@ -1,31 +1,78 @@
 """FlashInfer's MoE A2A as a backend (``--moe-a2a-backend flashinfer``): its workspace priced by
-``capwatch.sizing.plan.plan_workspace`` (every layout), its parameters the config's shared fields
-(``payload_format``, ``flashinfer_version``, ``eplb_stats_num_experts``: the wire's first backend)."""
+``capwatch.sizing.plan.plan_workspace`` (every layout), its parameters on the wire (``FlashInferParams``,
+``RankConfig.flashinfer``: the payload format, the release, the EPLB stats region; the wire's first backend, so
+the same fields at the config's top level are still read), exported on ``moe_a2a_info`` and
+``moe_a2a_eplb_stats_experts`` as before."""
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from capwatch.backends.spec import BackendSpec, Config, PlanOption, Planner, PlanTable, RankSizes
+from capwatch.backends.spec import (
+    BackendSeries,
+    BackendSpec,
+    Config,
+    GaugeSeries,
+    PlanOption,
+    Planner,
+    PlanTable,
+    RankSizes,
+)
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
-from capwatch.sizing.checks import SizingError
+from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
 from capwatch.sizing.flashinfer_releases import (
     FLASHINFER,
     LAYOUT_MOE_A2A,
     MAX_EP_SIZE,
+    SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
+    check_eplb_stats,
     check_routing,
 )
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
-from capwatch.sizing.payloads import hidden_bytes_per_token
+from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
 from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+# Built from sizing's own tuple, so a format it gains is accepted on the wire too (an enum in the OpenAPI schema).
+PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
+_RELEASES = [FlashInferVersion.parse(version) for version in SUPPORTED_FLASHINFER_VERSIONS]
+
+
+class FlashInferParams(BaseModel):
+    """What prices this rank's FlashInfer workspace beyond the cap and the geometry, each field what FlashInfer
+    itself would accept (the release known, its EPLB stats region in it; pydantic validates fields in this order,
+    so each check sees the fields before it). Against the geometry: the spec's refusal."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    payload_format: PayloadFormat = "bf16"
+    flashinfer_version: Annotated[str, Field(max_length=32)] | None = None
+    eplb_stats_num_experts: Annotated[int, Field(ge=0, le=MAX_NUM_EXPERTS)] = 0
+
+    @field_validator("flashinfer_version")
+    @classmethod
+    def _known_release(cls, version: str | None) -> str | None:
+        if version is not None:
+            FlashInferVersion.parse(version)  # SizingError (a ValueError): unknown or malformed
+        return version
+
+    @field_validator("eplb_stats_num_experts")
+    @classmethod
+    def _eplb_stats_in_release(cls, experts: int, info: ValidationInfo) -> int:
+        if "flashinfer_version" in info.data:  # else that field already failed
+            check_eplb_stats(experts, FlashInferVersion.parse(info.data["flashinfer_version"]))
+        return experts
+
+
+DEFAULT_PARAMS = FlashInferParams()
 
 RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap
 
@@ -53,8 +100,11 @@ class WorkspacePricing:
         ``ep_size`` ranks."""
         geometry = (custom_geometry(config.hidden_size, config.top_k, config.num_experts)
                     if config.hidden_size is not None else None)  # a source that cannot see it
+        params = config.flashinfer
+        if params is None:  # a source that read parameters no rank could report: nothing is priced
+            return cls(ep_size, None, None)
         return cls(ep_size, config.dispatch_bytes_per_token, config.combine_bytes_per_token,
-                   config.eplb_stats_num_experts, config.flashinfer_version, geometry, config.payload_format)
+                   params.eplb_stats_num_experts, params.flashinfer_version, geometry, params.payload_format)
 
     def plan(self, cap: int) -> WorkspacePlan:
         if self.geometry is None:
@@ -89,8 +139,14 @@ def _bytes_per_rank(pricing: WorkspacePricing, cap: int) -> int:
 
 
 def _refusal(config: Config) -> str | None:
-    return _routing_refusal(config.top_k, config.num_experts, config.hidden_size, config.payload_format,
-                            config.flashinfer_version)
+    params = config.flashinfer
+    if params is None:
+        return "a flashinfer rank's config needs its flashinfer parameters"
+    if params.eplb_stats_num_experts > config.num_experts:
+        return (f"eplb_stats_num_experts {params.eplb_stats_num_experts} exceeds num_experts {config.num_experts}: "
+                "the stats region holds one counter per expert")
+    return _routing_refusal(config.top_k, config.num_experts, config.hidden_size, params.payload_format,
+                            params.flashinfer_version)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -106,18 +162,20 @@ def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_for
 
 
 def _group_refusal(config: Config, ep_size: int) -> str | None:
+    params = config.flashinfer
     try:
         plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
-                       config.payload_format, config.eplb_stats_num_experts, config.flashinfer_version,
+                       params.payload_format, params.eplb_stats_num_experts, params.flashinfer_version,
                        bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token))
     except SizingError as error:
         return str(error)
     return None
 
 
-def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str, Any]) -> RankSizes:
-    plan = plan_workspace(geometry, ep_size, cap, fields.get("payload_format", "bf16"),
-                          fields.get("eplb_stats_num_experts", 0), fields.get("flashinfer_version"))
+def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, params: FlashInferParams | None) -> RankSizes:
+    params = params or DEFAULT_PARAMS
+    plan = plan_workspace(geometry, ep_size, cap, params.payload_format, params.eplb_stats_num_experts,
+                          params.flashinfer_version)
     return RankSizes(plan.dispatch_bytes_per_token, plan.combine_bytes_per_token, plan.workspace_bytes_per_rank)
 
 
@@ -205,9 +263,18 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=RULES, params=None, refusal=_refusal, group_refusal=_group_refusal,
+    rules=RULES, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
+    # On moe_a2a_info and their own gauge, as before the registry (dashboards and alerts read them).
+    series=BackendSeries(
+        info_help=None, info_labels=("payload_format", "flashinfer_version"),
+        gauges=(GaugeSeries("eplb_stats_num_experts", "Experts the workspace keeps EPLB load counters for (0: none); "
+                            "part of the workspace size.", "experts", metric="moe_a2a_eplb_stats_experts"),)),
     planner=PLANNER,
     settings_pricing=_settings_pricing,
+    params_formerly_top_level=True,
+    max_top_k=max(release.max_top_k for release in _RELEASES),  # kMaxTopK
+    max_ep_size=max(release.max_ep_size for release in _RELEASES),
+    traffic_sample="the step leader's layer and every 16th after it (FlashInfer)",
 )

@@ -83,8 +83,7 @@ def reported_spec(rules: BackendCapRules, payload: Payload, description: str,
             return str(error)
         return None
 
-    def sizes(cap: int, ep_size: int, geometry: ModelGeometry, fields: Mapping[str, Any]) -> RankSizes:
-        buffer = fields.get(name)
+    def sizes(cap: int, ep_size: int, geometry: ModelGeometry, buffer: ReportedBuffer | None) -> RankSizes:
         if buffer is None:
             raise SizingError(f"a {name} rank's config needs its {name} buffer (buffer_bytes, dispatch_format)")
         rules.check_cap(cap)

@@ -46,21 +46,31 @@ class RankSizes:
 
 @dataclass(frozen=True)
 class GaugeSeries:
-    """One number of a backend's parameters as a gauge: ``moe_a2a_<backend>_<field>``."""
+    """One number of a backend's parameters as a gauge: ``moe_a2a_<backend>_<field>``, or ``metric`` where the
+    series had its own name before the registry (kept: dashboards and alerts read it)."""
 
     field: str
     help: str
     unit: str
+    metric: str | None = None
 
 
 @dataclass(frozen=True)
 class BackendSeries:
     """A backend's own series beside ``moe_a2a_info``, read from its parameters: an info
-    (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number."""
+    (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number.
 
-    info_help: str
+    ``info_help`` None: the labels are ``moe_a2a_info``'s own and the gauges are exported on every rank (the
+    wire's first backend, whose parameters were the config's shared fields: their series keep their names and
+    say the parameters' defaults on other backends' ranks)."""
+
+    info_help: str | None
     info_labels: tuple[str, ...]
     gauges: tuple[GaugeSeries, ...]
+
+    @property
+    def on_shared_series(self) -> bool:
+        return self.info_help is None
 
 
 @dataclass(frozen=True)
@@ -124,9 +134,8 @@ class BackendSpec:
     # The config's pricing in a group of ep_size ranks; never raises (a pricing that cannot price says so
     # through known_bytes_per_rank).
     pricing: Callable[[Config, int], Pricing]
-    # The sizes a rank reports: (cap, ep_size, geometry, the rank_config keywords: payload_format,
-    # flashinfer_version, eplb_stats_num_experts and the params under the backend's name). SizingError.
-    sizes: Callable[[int, int, ModelGeometry, Mapping[str, Any]], RankSizes]
+    # The sizes a rank reports: (cap, ep_size, geometry, its params: a ``params`` instance or None). SizingError.
+    sizes: Callable[[int, int, ModelGeometry, BaseModel | None], RankSizes]
     # Whether a rank's prefill batches go through this cap, from its params (None: not known).
     prefill_dispatched: Callable[[BaseModel | None], bool]
     series: BackendSeries | None = None
@@ -136,6 +145,18 @@ class BackendSpec:
     # given alignment and whether prefill batches meet its cap (SizingError saying why it cannot be priced).
     settings_params: Callable[[SettingsReader], tuple[tuple[str, object], ...]] = lambda settings: ()
     settings_pricing: Callable[[Mapping[str, object], ModelGeometry, int, int], tuple[Pricing, bool]] | None = None  # every registered backend has one (tests/backends)
+    # Its params' fields were RankConfig's own before they moved under its name (the wire's first backend): a body
+    # that still sends them at the top level is read (``capwatch.backends.nest_params``), and its params have
+    # defaults for every field (a rank that sent none of them runs those).
+    params_formerly_top_level: bool = False
+    # The largest top-k and EP group its ranks can report (None: no bound of its own): the wire's bounds are the
+    # largest over the registry.
+    max_top_k: int | None = None
+    max_ep_size: int | None = None
+    # What its traffic counters count, for their help text: the copies (None: one per distinct target rank per
+    # token) and the sample of layers that count them in SGLang, each naming the backend.
+    traffic_copies: str | None = None
+    traffic_sample: str | None = None
     # Where its bytes come from: "exact", capwatch sizes them offline byte for byte from the library's own
     # arithmetic; "reported", the buffer's own count at run time, exact at the rank's cap and priced in proportion
     # elsewhere (backends/reported.py).

@@ -76,6 +76,8 @@ ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("action", _action),
     ("backend", lambda advice: advice["a2a_backend"]),
     ("current cap", _current_cap),
+    # who set it: "applied by capwatch at start (revision N)", the operator, SGLang's default (ranks that say)
+    ("cap set by", lambda advice: advice.get("cap_origin") or "-"),
     ("recommended cap", lambda advice: _tokens(advice["recommended_cap"])),
     ("bounds", _bounds),
     ("confidence", lambda advice: percent(advice["confidence"])),

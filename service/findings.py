@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Literal
 
 from capwatch.backends import pricing_of, spec_of
 from capwatch.service.sources.contract import RankState
+from capwatch.sglang_engine.floor import shortfall_text, unchecked_shortfall
+from capwatch.sglang_engine.limits import cap_source_text
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 
@@ -20,8 +22,8 @@ if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
     from capwatch.service.cluster_view import RankView
 
 Severity = Literal["critical", "warning", "info"]
-FINDING_KINDS = ("backend_mismatch", "cap_mismatch", "ep_size_mismatch", "double_counted_workspace", "missing_rank", "stale_rank",
-                 "workspace_mismatch")
+FINDING_KINDS = ("backend_mismatch", "cap_mismatch", "cap_source_mismatch", "cap_below_decode_graph", "ep_size_mismatch",
+                 "double_counted_workspace", "missing_rank", "stale_rank", "workspace_mismatch")
 # Reported bytes within this share of the cap x ep_size size count as the double count.
 DOUBLE_COUNT_TOLERANCE = 0.02
 
@@ -65,6 +67,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
             message=(f"ranks disagree on the cap: {dict(sorted(caps.items()))} (cap: ranks); every rank must run the "
                      f"same {majority}-token cap or dispatches can hang or read out of bounds — "
                      f"restart rank(s) {_ranks_text(odd)} with the group's value")))
+    findings += _cap_source_findings(live)
     sizes, majority, odd = _disagreement(live, "ep_size")
     if odd:
         findings.append(Finding(
@@ -111,4 +114,37 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
         findings.append(Finding(
             kind="stale_rank", severity="warning", ranks=stale,
             message=f"rank(s) {_ranks_text(stale)} have not reported recently; their numbers may be out of date"))
+    return findings
+
+
+def _cap_source_findings(live: list[RankState]) -> list[Finding]:
+    """Ranks (of those that say, under the SGLang plugin) that disagree on who set their cap or on the advice revision
+    capwatch applied (two nodes started from different advice), and ranks whose cap is below the decode CUDA-graph
+    batch their backend never checks at start (``sglang_engine.floor.unchecked_shortfall``)."""
+    findings = []
+    told = [state for state in live if state.config.sglang is not None]
+    origins = {state.ep_rank: cap_source_text(state.config.sglang.cap_source, state.config.sglang.advice_revision,
+                                              spec_of(state.config.a2a_backend).rules.cap_env_var)
+               for state in told}
+    counts = Counter(origins.values())
+    if len(counts) > 1:
+        majority = counts.most_common(1)[0][0]
+        odd = sorted(rank for rank, origin in origins.items() if origin != majority)
+        by_origin = "; ".join(f"{origin}: rank(s) {_ranks_text(sorted(r for r, o in origins.items() if o == origin))}"
+                              for origin in sorted(counts))
+        findings.append(Finding(
+            kind="cap_source_mismatch", severity="warning", ranks=odd,
+            message=(f"ranks disagree on who set the cap or on the advice revision — {by_origin}; one group must start "
+                     f"from one decision: restart rank(s) {_ranks_text(odd)} with the group's ({majority})")))
+    short = {}
+    for state in told:
+        shortfall = unchecked_shortfall(state.cap, state.config.sglang, spec_of(state.config.a2a_backend).rules)
+        if shortfall is not None:
+            short[state.ep_rank] = (state, shortfall)
+    if short:
+        state, shortfall = short[min(short)]
+        findings.append(Finding(
+            kind="cap_below_decode_graph", severity="warning", ranks=sorted(short),
+            message=f"rank {state.ep_rank}'s " + shortfall_text(state.cap, shortfall,
+                                                                spec_of(state.config.a2a_backend).rules)))
     return findings

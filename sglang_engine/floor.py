@@ -32,12 +32,43 @@ def sglang_floor_terms(limits: SGLangLimits, rules: BackendCapRules,
         if limits.prefill_cuda_graph_max_batch_size:
             terms.append((limits.prefill_cuda_graph_max_batch_size,
                           f"the prefill CUDA-graph batch of {limits.prefill_cuda_graph_max_batch_size} tokens"))
-    if limits.disaggregation_mode != "prefill" and limits.decode_cuda_graph_max_batch_size:
-        batch, per_request = limits.decode_cuda_graph_max_batch_size, limits.tokens_per_request
-        what = "verify" if per_request > 1 else "decode"
-        terms.append((batch * per_request, f"the {what} CUDA-graph batch {batch} x {per_request} "
-                                           f"token{'s' if per_request > 1 else ''} per request"))
+    decode = decode_graph_floor_term(limits)
+    if decode is not None:
+        terms.append(decode)
     return terms
+
+
+def decode_graph_floor_term(limits: SGLangLimits) -> tuple[int, str] | None:
+    """The decode/verify CUDA-graph batch x the tokens each request dispatches per step, as (tokens, what): the
+    largest batch a captured graph dispatches (None on a prefill server or without decode graphs)."""
+    if limits.disaggregation_mode == "prefill" or not limits.decode_cuda_graph_max_batch_size:
+        return None
+    batch, per_request = limits.decode_cuda_graph_max_batch_size, limits.tokens_per_request
+    what = "verify" if per_request > 1 else "decode"
+    return batch * per_request, (f"the {what} CUDA-graph batch {batch} x {per_request} "
+                                 f"token{'s' if per_request > 1 else ''} per request")
+
+
+def unchecked_shortfall(cap: int, limits: SGLangLimits | None, rules: BackendCapRules) -> tuple[int, str] | None:
+    """The check SGLang does not make at start for a backend whose floor it never checks (``rules.below_floor``:
+    DeepEP's low-latency cap): the decode graph term, as (tokens, what), where ``cap`` is below it; else None.
+    The plugin says it at start (``sglang_plugin/start_check.py``), the service as a finding
+    (``cap_below_decode_graph``)."""
+    if rules.below_floor is None or limits is None:
+        return None
+    term = decode_graph_floor_term(limits)
+    return term if term is not None and cap < term[0] else None
+
+
+def shortfall_text(cap: int, shortfall: tuple[int, str], rules: BackendCapRules) -> str:
+    """What ``unchecked_shortfall`` found, and the fix, in the words the plugin's start line and the finding use."""
+    tokens, what = shortfall
+    needed = -(-tokens // rules.required_alignment) * rules.required_alignment
+    graph = "lower the CUDA-graph batch (--cuda-graph-max-bs-decode)"
+    fix = (f"set {rules.cap_env_var}={needed} or more, or {graph}" if needed <= rules.max_cap_tokens else
+           f"{graph}: {rules.cap_env_var} takes at most {rules.max_cap_tokens}")
+    return (f"cap {cap} is below {what} = {tokens} tokens, which SGLang does not check at start: {rules.below_floor}; "
+            f"{fix}")
 
 
 def sglang_floor_why(limits: SGLangLimits, rules: BackendCapRules) -> str:
@@ -66,8 +97,17 @@ def merged_sglang_limits(limits: Iterable[SGLangLimits | dict | None]) -> SGLang
         prefill_cuda_graph_max_batch_size=max(item.prefill_cuda_graph_max_batch_size for item in found),
         decode_cuda_graph_max_batch_size=max(item.decode_cuda_graph_max_batch_size for item in found),
         tokens_per_request=max(item.tokens_per_request for item in found),
-        cap_source="env" if any(item.cap_source == "env" for item in found) else "default",
-        floor_rule=_strictest_rule(item.floor_rule for item in found))
+        **merged_cap_source(found), floor_rule=_strictest_rule(item.floor_rule for item in found))
+
+
+def merged_cap_source(found: list[SGLangLimits]) -> dict:
+    """Who set the group's cap: the ranks' one answer where they agree (capwatch with its advice revision); where
+    they do not (a ``cap_source_mismatch`` finding), the operator if any rank's was set, else SGLang's default."""
+    origins = {(item.cap_source, item.advice_revision) for item in found}
+    if len(origins) == 1:
+        source, revision = origins.pop()
+        return dict(cap_source=source, advice_revision=revision)
+    return dict(cap_source="default" if all(item.cap_source == "default" for item in found) else "operator")
 
 
 def _strictest_rule(rules: Iterable[str]) -> str:

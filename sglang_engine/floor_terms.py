@@ -29,13 +29,13 @@ def prefill_graph_term(graph_off: bool, graph_max_bs: int | None) -> int:
 
 
 def floor_limits(*, sglang_version: str | None, disaggregation_mode: str, max_prefill_buffer_tokens: int,
-                 prefill_graph: int, decode_graph: tuple[int, int], cap_set: bool,
-                 floor_rule: FloorRule) -> SGLangLimits:
+                 prefill_graph: int, decode_graph: tuple[int, int], cap_source: str,
+                 floor_rule: FloorRule, advice_revision: int | None = None) -> SGLangLimits:
     """A server's ``SGLangLimits`` from its terms (``decode_graph``: ``decode_graph_term``'s pair);
-    ``cap_set``: the backend's cap variable was set (else SGLang's default sized the cap)."""
+    ``cap_source``: who set the backend's cap (``limits.CAP_SOURCES``), ``advice_revision`` capwatch's."""
     decode_batch, tokens_per_request = decode_graph
     return SGLangLimits(
         sglang_version=sglang_version, disaggregation_mode=disaggregation_mode,
         max_prefill_buffer_tokens=max_prefill_buffer_tokens, prefill_cuda_graph_max_batch_size=prefill_graph,
         decode_cuda_graph_max_batch_size=decode_batch, tokens_per_request=tokens_per_request,
-        cap_source="env" if cap_set else "default", floor_rule=floor_rule)
+        cap_source=cap_source, advice_revision=advice_revision, floor_rule=floor_rule)

@@ -5,13 +5,34 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from capwatch.sizing.caps import MAX_CAP_TOKENS
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 # Who computed SGLang's floor and what happens below it: SGLang at start-up, or capwatch for a release without
 # the check, with or without the prefill chunk as a term. Strictest first: a group of mixed releases takes the
 # first its ranks report (sglang_engine/floor.py).
 FloorRule = Literal["sglang", "capwatch_prefill", "capwatch"]
 MAX_TOKENS_PER_REQUEST = 1024  # no speculative config drafts more per step
+# Who set the cap a rank's dispatcher was built with: capwatch at SGLang's start (CAPWATCH_APPLY, with the advice
+# revision), the operator (the variable set before capwatch ran, or by hand), or SGLang's default (unset).
+CAP_SOURCES = ("capwatch", "operator", "default")
+LEGACY_CAP_SOURCES = {"env": "operator"}  # before capwatch could set a cap, "env" meant the operator set it
+MAX_ADVICE_REVISION = 1 << 53  # exact in the page's JavaScript numbers, as the report's counts
+
+
+def _legacy_cap_source(source):
+    return LEGACY_CAP_SOURCES.get(source, source) if isinstance(source, str) else source
+
+
+CapSource = Annotated[Literal[CAP_SOURCES], BeforeValidator(_legacy_cap_source)]  # type: ignore[valid-type]
+
+
+def cap_source_text(source: str, revision: int | None, cap_variable: str) -> str:
+    """Who set a cap, in the words the plugin's start line, ``/advice``, the page and ``capwatch advise`` use."""
+    if source == "capwatch":  # capwatch records a revision with every cap it applies; a hand-made report may not
+        return "applied by capwatch at start" + ("" if revision is None else f" (revision {revision})")
+    if source == "operator":
+        return f"set by the operator ({cap_variable})"
+    return f"SGLang's default ({cap_variable} unset)"
 
 
 class SGLangLimits(BaseModel):
@@ -44,10 +65,21 @@ class SGLangLimits(BaseModel):
     prefill_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
     decode_cuda_graph_max_batch_size: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0
     tokens_per_request: Annotated[int, Field(ge=1, le=MAX_TOKENS_PER_REQUEST)] = 1
-    # Where the cap came from: the backend's variable (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, ...),
-    # or SGLang's default when the variable is unset. The docstring above is the wire schema's description.
-    cap_source: Literal["env", "default"] = "env"
+    # Who set the cap (CAP_SOURCES): capwatch at start, the backend's variable as the operator set it
+    # (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK, ...), or SGLang's default when the variable is unset.
+    # "env", from ranks older than capwatch's apply, is read as "operator". The docstring above is the wire
+    # schema's description.
+    cap_source: CapSource = "operator"
     floor_rule: FloorRule = "sglang"
+    # The revision of the advice capwatch applied (cap_source "capwatch"; None otherwise).
+    advice_revision: Annotated[int, Field(ge=0, le=MAX_ADVICE_REVISION)] | None = None
+
+    @model_validator(mode="after")
+    def _revision_of_applied(self) -> "SGLangLimits":
+        if self.advice_revision is not None and self.cap_source != "capwatch":
+            raise ValueError(f"advice_revision {self.advice_revision} with cap_source {self.cap_source!r}: only a cap "
+                             "capwatch applied has an advice revision")
+        return self
 
 
 def report_fields(limits: SGLangLimits | None) -> dict:

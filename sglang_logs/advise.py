@@ -135,7 +135,7 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     current = segment.cap_in_use
     pricing, prefill_through_cap = _pricing(backend, config, geometry, flags.ep_size or config.a2a_group_size)
     limits = None if config.limits is None else config.limits.model_copy(
-        update={"cap_source": "default" if flags.cap is None and segment.cap_seen is None else "env"})
+        update={"cap_source": "default" if flags.cap is None and segment.cap_seen is None else "operator"})
     if limits is not None and backend.below_floor is not None:  # no release checks this backend's cap at start-up
         limits = limits.model_copy(update={"floor_rule": "capwatch"})
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None

@@ -313,7 +313,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
     checked = checks_cap_at_startup(args, resolved_dict)
     limits = floor_limits(
         sglang_version=None, disaggregation_mode=mode, max_prefill_buffer_tokens=buffer,
-        prefill_graph=prefill_graph_term(prefill_off, prefill_bs), decode_graph=decode_graph, cap_set=False,
+        prefill_graph=prefill_graph_term(prefill_off, prefill_bs), decode_graph=decode_graph, cap_source="default",
         floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _backend_name(args)

@@ -16,11 +16,13 @@ import logging
 import sys
 
 from capwatch.agent.session import RankSession
-from capwatch.sglang_engine.limits import report_fields
+from capwatch.backends import spec_of
+from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
+from capwatch.sglang_plugin.start_check import check_cap_at_start
 from capwatch.sglang_plugin.status import plugin_status
 
 logger = logging.getLogger("capwatch.sglang")
@@ -84,10 +86,25 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
                      error.strerror or error, settings.metrics_base_port, local_gpu_index)
         return None
     atexit.register(session.close)
+    rules = spec_of(backend.NAME).rules
+    _check_cap_at_start(session, limits, rules)
     _register(session, backend, adapter)
-    logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s", choice.describe(), backend.NAME,
-                local_gpu_index, session.exporter.url)
+    logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s; its cap: %s", choice.describe(),
+                backend.NAME, local_gpu_index, session.exporter.url,
+                cap_source_text(limits.cap_source, limits.advice_revision, rules.cap_env_var))
     return session
+
+
+def _check_cap_at_start(session: RankSession, limits, rules) -> None:
+    """The start-up check SGLang lacks (``start_check.py``), on the cap the dispatchers will read, served beside
+    the info metric."""
+    from sglang.srt.environ import envs
+
+    if rules.below_floor is None:
+        return
+    collector = check_cap_at_start(getattr(envs, rules.cap_env_var).get(), limits, rules)
+    if collector is not None:
+        session.exporter.registry.register(collector)
 
 
 def _serve_status(settings: PluginSettings, found, local_gpu_index: int, reason: str) -> str:

@@ -37,10 +37,16 @@ class MetricSpec:
 # moe_a2a_info's, moe_a2a_sglang_info's and each backend's moe_a2a_<backend>_info's own labels are RankConfig's,
 # RankConfig.sglang's and the backend's parameters' field names (ep_size aside, the identity's; cap_variable aside,
 # the backend's variable from its rules, so an alert can name it); the value "none" on moe_a2a_info, an empty
-# one on the SGLang info, is None.
-INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend", "payload_format", "flashinfer_version",
+# one on the SGLang info, is None. A backend whose parameters ride the shared series (``on_shared_series``: the
+# wire's first) has its labels on moe_a2a_info, after a2a_backend (SHARED_INFO_LABELS).
+SHARED_INFO_LABELS: dict[str, tuple[str, ...]] = {
+    spec.name: spec.series.info_labels for spec in SPECS.values()
+    if spec.series is not None and spec.series.on_shared_series}
+INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend",
+                                       *(label for labels in SHARED_INFO_LABELS.values() for label in labels),
                                        "overflow_policy")
-SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule")
+SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule",
+                                       "advice_revision")
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
@@ -72,9 +78,11 @@ FORWARD_STEPS = MetricSpec(
     "Forward steps that dispatched through the A2A (counted once across layers).", "steps")
 TOKENS_SENT = MetricSpec(
     "moe_a2a_tokens_sent_total", "counter",
-    "Token copies this rank sent to expert ranks (one per distinct target rank per token; DeepEP: per (token, "
-    "expert) pair), counted on a sample of the MoE layers only, not scaled: in SGLang the step leader's layer and "
-    "every 16th after it (FlashInfer), the step leader's layer (DeepEP). Compare ranks and rates, not volumes.",
+    "Token copies this rank sent to expert ranks (one per distinct target rank per token"
+    + "".join(f"; {spec.traffic_copies}" for spec in SPECS.values() if spec.traffic_copies)
+    + "), counted on a sample of the MoE layers only, not scaled: in SGLang "
+    + ", ".join(spec.traffic_sample for spec in SPECS.values() if spec.traffic_sample)
+    + ". Compare ranks and rates, not volumes.",
     "tokens")
 TOKENS_RECEIVED = MetricSpec(
     "moe_a2a_tokens_received_total", "counter",
@@ -142,9 +150,6 @@ MODEL_TOP_K = MetricSpec(
 MODEL_EXPERTS = MetricSpec(
     "moe_a2a_model_experts", "gauge",
     "Routed experts of the model (all ranks together).", "experts")
-EPLB_STATS_EXPERTS = MetricSpec(
-    "moe_a2a_eplb_stats_experts", "gauge",
-    "Experts the workspace keeps EPLB load counters for (0: none); part of the workspace size.", "experts")
 CUDA_GRAPH_MAX_BATCH_SIZE = MetricSpec(
     "moe_a2a_cuda_graph_max_batch_size", "gauge",
     "Largest CUDA-graph decode batch (requests), the advisor's floor input; absent when not reported.", "requests")
@@ -153,7 +158,9 @@ SPECULATIVE_TOKENS = MetricSpec(
     "Speculative draft tokens each request adds per decode step (0: no speculative decoding).", "tokens")
 SGLANG_INFO = MetricSpec(
     "moe_a2a_sglang_info", "info",
-    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang).", "",
+    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang): "
+    "cap_source says who set the cap its dispatcher was built with (capwatch at start, the operator, SGLang's "
+    "default), advice_revision the revision of the advice capwatch applied (empty otherwise).", "",
     RANK_LABELS + SGLANG_INFO_LABELS)
 SGLANG_MAX_PREFILL_BUFFER_TOKENS = MetricSpec(
     "moe_a2a_sglang_max_prefill_buffer_tokens", "gauge",
@@ -175,23 +182,30 @@ SGLANG_TOKENS_PER_REQUEST = MetricSpec(
 @dataclass(frozen=True)
 class BackendMetrics:
     """A backend's own series (``BackendSpec.series``) as metrics: its info and its gauges with the parameter
-    each reads; both absent on other backends' ranks."""
+    each reads; both absent on other backends' ranks. ``info`` None: its labels are moe_a2a_info's
+    (``on_shared_series``), and its gauges are exported on every rank, at its parameters' defaults on other
+    backends' ranks."""
 
-    info: MetricSpec
+    info: MetricSpec | None
     info_labels: tuple[str, ...]
     gauges: tuple[tuple[MetricSpec, str], ...]
 
     @property
+    def on_shared_series(self) -> bool:
+        return self.info is None
+
+    @property
     def metrics(self) -> tuple[MetricSpec, ...]:
-        return (self.info, *(spec for spec, _ in self.gauges))
+        return (*((self.info,) if self.info is not None else ()), *(spec for spec, _ in self.gauges))
 
 
 BACKEND_METRICS: dict[str, BackendMetrics] = {
     spec.name: BackendMetrics(
+        None if spec.series.on_shared_series else
         MetricSpec(f"{PREFIX}{spec.name}_info", "info", spec.series.info_help, "", RANK_LABELS + spec.series.info_labels),
         spec.series.info_labels,
-        tuple((MetricSpec(f"{PREFIX}{spec.name}_{gauge.field}", "gauge", gauge.help, gauge.unit), gauge.field)
-              for gauge in spec.series.gauges))
+        tuple((MetricSpec(gauge.metric or f"{PREFIX}{spec.name}_{gauge.field}", "gauge", gauge.help, gauge.unit),
+               gauge.field) for gauge in spec.series.gauges))
     for spec in SPECS.values() if spec.series is not None}
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
@@ -229,10 +243,12 @@ METRICS: tuple[MetricSpec, ...] = (
     RUNTIME_TOKENS, RUNTIME_TOKENS_MAX, INTERVAL_PEAK_RUNTIME_TOKENS, INTERVAL_PEAK_UTILIZATION,
     RUNTIME_TOKENS_WINDOW_MAX, RUNTIME_TOKENS_WINDOW_UTILIZATION, INTERVAL_MAX_LOCAL_TOKENS,
     LOCAL_TOKENS_WINDOW_MAX, PEAK_WINDOW_SECONDS, LOCAL_TOKENS_MAX,
-    MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS, EPLB_STATS_EXPERTS, CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
+    MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS,
+    *(spec for backend in BACKEND_METRICS.values() if backend.on_shared_series for spec, _ in backend.gauges),
+    CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
     SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
     SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
-    *(metric for backend in BACKEND_METRICS.values() for metric in backend.metrics),
+    *(metric for backend in BACKEND_METRICS.values() if not backend.on_shared_series for metric in backend.metrics),
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
     REPORTER_ERRORS,
 )
@@ -244,7 +260,7 @@ RANK_CONFIG_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (CAP_TOKENS, "cap"), (WORKSPACE_BYTES, "workspace_bytes_per_rank"),
     (WORKSPACE_ALLOCATED_BYTES, "allocated_workspace_bytes"), (DISPATCH_TOKEN_BYTES, "dispatch_bytes_per_token"),
     (COMBINE_TOKEN_BYTES, "combine_bytes_per_token"), (MODEL_HIDDEN_SIZE, "hidden_size"), (MODEL_TOP_K, "top_k"),
-    (MODEL_EXPERTS, "num_experts"), (EPLB_STATS_EXPERTS, "eplb_stats_num_experts"),
+    (MODEL_EXPERTS, "num_experts"),
     (CUDA_GRAPH_MAX_BATCH_SIZE, "cuda_graph_max_batch_size"), (SPECULATIVE_TOKENS, "speculative_tokens"),
 )
 SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (

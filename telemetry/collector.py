@@ -70,14 +70,21 @@ class DispatchCollector(Collector):
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
+        # Each backend's own series, from its parameters (absent on other backends' ranks: None; a backend whose
+        # series are the shared ones says its parameters' defaults there).
+        self._backend_params = {
+            name: getattr(config, name) if getattr(config, name) is not None or not metrics.on_shared_series
+            else spec_of(name).params() for name, metrics in catalogue.BACKEND_METRICS.items()}
+        shared = {label: self._backend_params[name]
+                  for name, labels in catalogue.SHARED_INFO_LABELS.items() for label in labels}
         self._info = {"ep_size": str(identity.ep_size),
-                      **{label: getattr(config, label) or "none" for label in catalogue.INFO_CONFIG_LABELS},
+                      **{label: getattr(shared.get(label, config), label) or "none"
+                         for label in catalogue.INFO_CONFIG_LABELS},
                       "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
         # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
         self._sglang_info = None if config.sglang is None else {
-            label: getattr(config.sglang, label) or "" for label in catalogue.SGLANG_INFO_LABELS}
-        # Each backend's own series, from its parameters (absent on other backends' ranks: None).
-        self._backend_params = {name: getattr(config, name) for name in catalogue.BACKEND_METRICS}
+            label: "" if getattr(config.sglang, label) is None else str(getattr(config.sglang, label))
+            for label in catalogue.SGLANG_INFO_LABELS}
         self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS
 
     def describe(self) -> Iterator[Metric]:
@@ -106,10 +113,11 @@ class DispatchCollector(Collector):
             yield self._gauge(spec, None if limits is None else getattr(limits, field))
         for name, metrics in catalogue.BACKEND_METRICS.items():
             params = self._backend_params[name]
-            backend_info = _family(metrics.info)
-            if params is not None:
-                backend_info.add_metric(labels, {label: str(getattr(params, label)) for label in metrics.info_labels})
-            yield backend_info
+            if metrics.info is not None:
+                backend_info = _family(metrics.info)
+                if params is not None:
+                    backend_info.add_metric(labels, {label: str(getattr(params, label)) for label in metrics.info_labels})
+                yield backend_info
             for spec, field in metrics.gauges:
                 yield self._gauge(spec, None if params is None else getattr(params, field))
 

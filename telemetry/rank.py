@@ -20,7 +20,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.backends import DEFAULT_BACKEND, spec_of
+from capwatch.backends import DEFAULT_BACKEND, nest_params, spec_of
+from capwatch.sizing.checks import SizingError
 from capwatch.sizing.model_presets import custom_geometry
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
@@ -50,10 +51,7 @@ def rank_config(
     top_k: int,
     num_experts: int,
     backend: str,
-    payload_format: str = "bf16",
     overflow_policy: str = "raise",
-    flashinfer_version: str | None = None,
-    eplb_stats_num_experts: int = 0,
     allocated_workspace_bytes: int | None = None,
     cuda_graph_max_batch_size: int | None = None,
     speculative_tokens: int = 0,
@@ -62,18 +60,25 @@ def rank_config(
 ) -> RankConfig:
     """The reported configuration, priced by its backend's spec (``capwatch.backends``): FlashInfer's one pricing
     function (every layout), DeepEP's buffer as SGLang sizes it, ...; a backend's own parameters come as the
-    keyword of its name (``deepep=DeepEPBuffer(...)``). Raises ``SizingError`` for a configuration the backend
-    would refuse, and pydantic's ``ValidationError`` for one the service would refuse."""
-    fields = dict(payload_format=payload_format, flashinfer_version=flashinfer_version,
-                  eplb_stats_num_experts=eplb_stats_num_experts, **extra)
-    sizes = spec_of(a2a_backend).sizes(cap, ep_size, custom_geometry(hidden_size, top_k, num_experts), fields)
+    keyword of its name (``deepep=DeepEPBuffer(...)``; the wire's first backend's also as keywords of their own,
+    as before they moved under its name). Raises ``SizingError`` for a configuration the backend would refuse,
+    and pydantic's ``ValidationError`` for one the service would refuse."""
+    spec = spec_of(a2a_backend)
+    try:
+        extra = nest_params({**extra, "a2a_backend": a2a_backend})
+    except ValueError as error:
+        raise SizingError(str(error)) from None
+    params = extra.get(spec.name)
+    if isinstance(params, dict):
+        params = spec.params.model_validate(params)  # ValidationError: what the service would refuse
+    sizes = spec.sizes(cap, ep_size, custom_geometry(hidden_size, top_k, num_experts), params)
     return RankConfig(
         cap=cap, hidden_size=hidden_size, top_k=top_k, num_experts=num_experts, backend=backend,
         overflow_policy=overflow_policy, dispatch_bytes_per_token=sizes.dispatch_bytes_per_token,
         combine_bytes_per_token=sizes.combine_bytes_per_token, workspace_bytes_per_rank=sizes.workspace_bytes_per_rank,
-        a2a_backend=a2a_backend, allocated_workspace_bytes=allocated_workspace_bytes,
+        allocated_workspace_bytes=allocated_workspace_bytes,
         cuda_graph_max_batch_size=cuda_graph_max_batch_size, speculative_tokens=speculative_tokens,
-        **fields,
+        **{**extra, spec.name: params} if spec.params is not None else extra,
     )
 
 

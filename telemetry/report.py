@@ -10,21 +10,17 @@ from __future__ import annotations
 import functools
 from typing import Annotated, Literal
 
-from capwatch.backends import BACKEND_NAMES, DEFAULT_BACKEND, SPECS, spec_of
+from capwatch.backends import BACKEND_NAMES, DEFAULT_BACKEND, MAX_EP_SIZE, MAX_TOP_K, SPECS, nest_params, spec_of
 from capwatch.engines import ENGINES
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
-from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, check_eplb_stats
-from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
 from capwatch.sglang_engine.limits import FloorRule, SGLangLimits  # the wire's SGLang limits, re-exported
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    ValidationInfo,
     create_model,
-    field_validator,
     model_validator,
 )
 
@@ -32,11 +28,8 @@ from capwatch.vocabulary import OVERFLOW_KINDS, OVERFLOW_OUTCOMES, OverflowKind,
 
 SCHEMA_VERSION = 1
 
-# Bounds on what a real deployment can report; anything beyond is a bug or an attack.
-# The largest over the releases sizing knows (each release's own bound is the cross-field check below).
-_RELEASES = [FlashInferVersion.parse(version) for version in SUPPORTED_FLASHINFER_VERSIONS]
-MAX_TOP_K = max(release.max_top_k for release in _RELEASES)  # FlashInfer's kMaxTopK
-MAX_EP_SIZE = max(release.max_ep_size for release in _RELEASES)
+# Bounds on what a real deployment can report; anything beyond is a bug or an attack. MAX_TOP_K and
+# MAX_EP_SIZE (capwatch.backends): the largest over the backends (each one's own bound is its refusal).
 MAX_WORKSPACE_BYTES = 1 << 42  # 4 TiB
 # 2^53: exact in the web page's JavaScript numbers, centuries of tokens at any real rate, and small
 # enough that every sum the store keeps of them (a report's overflow kinds and outcomes, a window's
@@ -60,9 +53,6 @@ def not_a_relative_path(name: str) -> str:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=NAME_PATTERN), AfterValidator(not_a_relative_path)]
-# Built from the dispatcher's and sizing's own tuples, so a value they gain is accepted here too
-# (and listed as an enum in the service's OpenAPI schema).
-PayloadFormat = Literal[SIZING_PAYLOAD_FORMATS]  # type: ignore[valid-type]
 A2ABackend = Literal[BACKEND_NAMES]  # type: ignore[valid-type]  # capwatch.backends: one spec per backend
 
 
@@ -88,17 +78,14 @@ class RankIdentity(_Strict):
 class _RankConfigFields(_Strict):
     """A rank's configuration: the fields every backend shares. ``RankConfig`` adds one field per backend with
     parameters of its own (``BackendSpec.params``), named by the backend, set on that backend's ranks alone
-    (DeepEP's ``deepep``); ``a2a_backend`` says which one a rank runs."""
+    (FlashInfer's ``flashinfer``, DeepEP's ``deepep``); ``a2a_backend`` says which one a rank runs."""
 
     cap: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)]
     hidden_size: Annotated[int, Field(ge=1, le=MAX_HIDDEN_SIZE)]
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)]
     num_experts: Annotated[int, Field(ge=1, le=MAX_NUM_EXPERTS)]
-    payload_format: PayloadFormat = "bf16"
     backend: Annotated[str, Field(min_length=1, max_length=64)]
-    flashinfer_version: Annotated[str, Field(max_length=32)] | None = None
     overflow_policy: OverflowPolicy = "raise"
-    eplb_stats_num_experts: Annotated[int, Field(ge=0, le=MAX_NUM_EXPERTS)] = 0
     dispatch_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]
     combine_bytes_per_token: Annotated[int, Field(ge=1, le=1 << 24)]
     workspace_bytes_per_rank: Annotated[int, Field(ge=1, le=MAX_WORKSPACE_BYTES)]
@@ -109,25 +96,15 @@ class _RankConfigFields(_Strict):
     # The A2A backend whose cap this is (SGLang's --moe-a2a-backend name): its variable, bounds and pricing.
     a2a_backend: A2ABackend = DEFAULT_BACKEND.name
 
-    # What FlashInfer itself would refuse, field by field (pydantic validates fields in this order,
-    # so each check sees the fields declared before it). The group-level check is RankReport's.
-    @field_validator("flashinfer_version")
+    @model_validator(mode="before")
     @classmethod
-    def _known_release(cls, version: str | None) -> str | None:
-        if version is not None:
-            FlashInferVersion.parse(version)  # SizingError (a ValueError): unknown or malformed
-        return version
+    def _params_under_their_backend(cls, data):
+        """A backend's parameters sent at the top level by reports of before they moved under its name (stored
+        ones, older plugins): read there (``capwatch.backends.nest_params``)."""
+        return nest_params(data) if isinstance(data, dict) else data
 
-    @field_validator("eplb_stats_num_experts")
-    @classmethod
-    def _eplb_stats_in_release(cls, experts: int, info: ValidationInfo) -> int:
-        if "flashinfer_version" in info.data:  # else that field already failed
-            check_eplb_stats(experts, FlashInferVersion.parse(info.data["flashinfer_version"]))
-        if "num_experts" in info.data and experts > info.data["num_experts"]:
-            raise ValueError(f"{experts} exceeds num_experts {info.data['num_experts']}: the stats region "
-                             "holds one counter per expert")
-        return experts
-
+    # What the rank's backend would refuse of it (its parameters' own checks ran in their model). The group-level
+    # check is RankReport's.
     @model_validator(mode="after")
     def _backend_accepts(self) -> "_RankConfigFields":
         spec = spec_of(self.a2a_backend)

@@ -9,11 +9,13 @@ or from series no rank could have reported together, no model geometry (an ``Unp
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from capwatch.advisor.history import SampleHistory
+from capwatch.backends import DEFAULT_BACKEND, SPECS
 from capwatch.telemetry.report import RankConfig, SGLangLimits
 
 
@@ -22,28 +24,31 @@ class SourceUnavailable(RuntimeError):
 
 
 @dataclass(frozen=True)
-class UnpricedConfig:
-    """A rank's config without the model geometry: priced by the layout whose inputs are the bytes per
-    token alone (FlashInfer's ``moe_a2a``), never by a guessed geometry. The fields mean what
-    ``RankConfig``'s do. It carries no backend's own parameters: those price with the geometry only."""
-
+class _UnpricedFields:
     cap: int
     dispatch_bytes_per_token: int | None  # None: not known, so not priced
     combine_bytes_per_token: int | None
     workspace_bytes_per_rank: int | None
-    payload_format: str = "bf16"
     backend: str = "unknown"
-    flashinfer_version: str | None = None
     overflow_policy: str = "raise"
-    eplb_stats_num_experts: int = 0
     allocated_workspace_bytes: int | None = None
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
     sglang: SGLangLimits | None = None
-    a2a_backend: str = "flashinfer"
-    hidden_size: None = None  # not known: see the docstring
+    a2a_backend: str = DEFAULT_BACKEND.name
+    hidden_size: None = None  # not known: see UnpricedConfig
     top_k: None = None
     num_experts: None = None
+
+
+# A rank's config without the model geometry: priced by the layout whose inputs are the bytes per token and its
+# backend's parameters alone (FlashInfer's ``moe_a2a``), never by a guessed geometry. The fields mean what
+# ``RankConfig``'s do, each backend's parameters under its name as there (None: not known, or not its rank).
+UnpricedConfig = dataclasses.make_dataclass(
+    "UnpricedConfig", [(spec.name, f"{spec.params.__name__} | None", None)
+                       for spec in SPECS.values() if spec.params is not None],
+    bases=(_UnpricedFields,), frozen=True)
+UnpricedConfig.__module__ = __name__
 
 
 @dataclass(kw_only=True)

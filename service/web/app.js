@@ -119,6 +119,8 @@
     const facts = [
       // whose cap: the backend and the variable that sets it (FlashInfer's, DeepEP's)
       ["cap variable", first(advice, ["cap_variable"], "–")],
+      // who set the cap the ranks run: "applied by capwatch at start (revision N)", the operator, SGLang's default
+      ["cap set by", first(advice, ["cap_origin"], "–")],
       ["bounds", advice.lower_bound !== undefined && advice.lower_bound !== null
         ? `${tokens(advice.lower_bound)} – ${tokens(advice.upper_bound)}` : "–"],
       ["confidence", percent(first(advice, ["confidence"]))],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from capwatch.sglang_engine.floor_terms import decode_graph_term, floor_limits, prefill_graph_term
 from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.sglang_plugin.cap_origin import cap_origin
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.backends import BackendCapRules
 
@@ -45,11 +46,11 @@ def decode_graph_dispatch_tokens(server_args, view) -> tuple[int, int]:
 def sglang_limits(server_args, view, sglang_version: str | None, rules: BackendCapRules,
                   decode_graph: tuple[int, int], floor_rule: str) -> SGLangLimits:
     """The floor inputs of a server (its resolved ``view``), the decode graph term (batch, tokens per request) as
-    the floor module computed it, and whether the backend's cap variable is set."""
+    the floor module computed it, and who set the backend's cap (``cap_origin``)."""
     from sglang.srt.arg_groups.overrides import max_prefill_buffer_tokens
-    from sglang.srt.environ import envs
 
+    cap_source, advice_revision = cap_origin(rules.cap_env_var)
     return floor_limits(
         sglang_version=sglang_version, disaggregation_mode=str(view.disaggregation_mode),
         max_prefill_buffer_tokens=max_prefill_buffer_tokens(server_args), prefill_graph=prefill_graph_tokens(view),
-        decode_graph=decode_graph, cap_set=getattr(envs, rules.cap_env_var).is_set(), floor_rule=floor_rule)
+        decode_graph=decode_graph, cap_source=cap_source, advice_revision=advice_revision, floor_rule=floor_rule)

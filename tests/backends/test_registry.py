@@ -69,6 +69,10 @@ def test_its_parameters_ride_the_wire_under_its_name_and_nowhere_else(name):
     for other in set(BACKEND_NAMES) - {name}:  # another backend's rank may not carry them
         with pytest.raises(ValidationError, match=f"reports no {name} parameters"):
             RankConfig.model_validate({**example(other).model_dump(), name: spec.params_of(config).model_dump()})
+    if spec.params_formerly_top_level:  # the wire's first backend: a rank that sends none runs the defaults
+        assert RankConfig.model_validate({**config.model_dump(), name: None}).model_dump()[name] == \
+            spec.params().model_dump()
+        return
     with pytest.raises(ValidationError):  # and this backend's rank needs them
         RankConfig.model_validate({**config.model_dump(), name: None})
 
@@ -105,6 +109,13 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
     assert (spec.series is None) == (name not in catalogue.BACKEND_METRICS) == (spec.params is None)
     for other, metrics in catalogue.BACKEND_METRICS.items():
         assert all(metric in catalogue.METRICS for metric in metrics.metrics)
+        if metrics.on_shared_series:  # its labels on moe_a2a_info, its gauges on every rank (defaults elsewhere)
+            assert set(metrics.info_labels) <= set(catalogue.INFO.labels)
+            if other != name:
+                params = spec_of(other).params()
+                info = families[catalogue.INFO.name.removesuffix("_info")].samples[0].labels
+                assert all(info[label] == str(getattr(params, label) or "none") for label in metrics.info_labels)
+            continue
         assert metrics.info.name == f"{catalogue.PREFIX}{other}_info"
         if other != name:
             assert families[metrics.info.name.removesuffix("_info")].samples == []
@@ -116,7 +127,7 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
     labels = {sample.name: sample.labels for family in families.values() for sample in family.samples}
     rebuilt = rank_config_of(values, labels[catalogue.INFO.name], None,
                              {other: labels.get(metrics.info.name) for other, metrics in
-                              catalogue.BACKEND_METRICS.items()})
+                              catalogue.BACKEND_METRICS.items() if not metrics.on_shared_series})
     assert rebuilt == config
 
 

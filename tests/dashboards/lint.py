@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from capwatch.dashboards import service_metrics
+from capwatch.sglang_plugin.start_check import CAP_SHORTFALL
 from capwatch.telemetry import catalogue
 
 PROMTOOL = "promtool"
@@ -234,7 +235,8 @@ def lint_dashboard(dashboard: dict) -> list[str]:
 
 
 def known_metrics() -> set[str]:
-    names = {"up"} | set(service_metrics.SERVICE_METRICS)
+    # The SGLang plugin's own series beside the catalogue's (served from a scheduler's start, before any dispatch).
+    names = {"up", CAP_SHORTFALL} | set(service_metrics.SERVICE_METRICS)
     for spec in catalogue.METRICS:
         if spec.type == "histogram":
             names |= {spec.name + suffix for suffix in ("_bucket", "_sum", "_count")}
@@ -250,7 +252,8 @@ def lint_expression(expr: str, *, dashboard: bool, recorded: Iterable[str] = ())
     allowed = known_metrics() | set(recorded)
     for selector in selectors(expr):
         if selector.metric not in allowed:
-            findings.append(f"metric {selector.metric} is neither in telemetry.catalogue nor the service contract")
+            findings.append(f"metric {selector.metric} is neither in telemetry.catalogue, the plugin's series nor "
+                            "the service contract")
         if selector.metric.endswith(COUNTER_SUFFIXES) and (
             selector.range is None or selector.enclosing_function not in COUNTER_FUNCTIONS
         ):

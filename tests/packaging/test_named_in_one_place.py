@@ -25,15 +25,11 @@ REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang
 ENGINE_REGISTRIES = {"capwatch/engines.py"}
 
 STILL_NAMING: dict[str, set[str]] = {
-    "deepep": {
-        "telemetry/catalogue.py",
-    },
+    "deepep": set(),
     "flashinfer": {
-        "backends/deepep.py", "capwatch/commands/demo.py", "capwatch/demo/trace.py", "dashboards/kubernetes.py",
-        "dashboards/overview.py", "service/api/routes/advice.py", "service/api/routes/reports.py",
-        "service/main.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
-        "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py", "sizing/deepep_low_latency.py", "sizing/plan.py",
-        "telemetry/catalogue.py", "telemetry/rank.py", "telemetry/report.py",
+        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "dashboards/kubernetes.py", "dashboards/overview.py",
+        "service/api/routes/advice.py", "service/api/routes/reports.py", "service/main.py", "sglang_logs/line_shapes.py",
+        "sglang_plugin/plugin.py", "sizing/deepep_low_latency.py", "sizing/plan.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",

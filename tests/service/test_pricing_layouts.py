@@ -11,6 +11,7 @@ import pytest
 
 from tests.support.launcher import run_capwatch
 from tests.support.simulate import SimulatedRank
+from capwatch.backends.flashinfer import FlashInferParams
 from capwatch.telemetry.rank import rank_config
 from tests.service.conftest import T0
 
@@ -24,7 +25,11 @@ def post(client, report):
 
 
 def with_config(report: dict, **config) -> dict:
-    return {**report, "config": {**report["config"], **config}}
+    """``report`` with these config fields; a whole config's FlashInfer parameters (``flashinfer``) replace those
+    the simulated rank sends at the top level (a body gives them in one place)."""
+    kept = {name: value for name, value in report["config"].items()
+            if "flashinfer" not in config or name not in FlashInferParams.model_fields}
+    return {**report, "config": {**kept, **config}}
 
 
 def priced_config(ep_size: int, version: str | None, **geometry) -> dict:
@@ -81,10 +86,13 @@ def test_the_moe_a2a_layout_prices_as_plan_prices_it(client, clock):
 
 
 @pytest.mark.parametrize(("config", "field", "words"), [
-    ({"flashinfer_version": "9.9.9"}, "config.flashinfer_version", "9.9.9"),
-    ({"flashinfer_version": "latest"}, "config.flashinfer_version", "X.Y.Z"),
-    ({"flashinfer_version": "0.6.10", "eplb_stats_num_experts": 16}, "config.eplb_stats_num_experts", "0.6.16"),
-    ({"eplb_stats_num_experts": 300}, "config.eplb_stats_num_experts", "num_experts"),
+    # Sent at the top level (the rank's FlashInfer parameters before they moved under config.flashinfer), they
+    # are read as config.flashinfer's and named there.
+    ({"flashinfer_version": "9.9.9"}, "config.flashinfer.flashinfer_version", "9.9.9"),
+    ({"flashinfer_version": "latest"}, "config.flashinfer.flashinfer_version", "X.Y.Z"),
+    ({"flashinfer_version": "0.6.10", "eplb_stats_num_experts": 16}, "config.flashinfer.eplb_stats_num_experts",
+     "0.6.16"),
+    ({"eplb_stats_num_experts": 300}, "config", "num_experts"),
     ({"flashinfer_version": "0.6.0", "top_k": 9}, "config", "kMaxTopK"),
     ({"flashinfer_version": "0.7.4", "top_k": 5}, "config", "top_k"),
     ({"payload_format": "nvfp4", "hidden_size": 7000}, "config", "multiple of 16"),

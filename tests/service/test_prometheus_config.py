@@ -21,6 +21,7 @@ from capwatch.telemetry.exporter import RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
 from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.sglang_engine.limits import MAX_ADVICE_REVISION
 from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,7 +33,15 @@ EP_SIZE = 2
 UNIFIED = SGLangLimits(sglang_version="0.5.23", max_prefill_buffer_tokens=2048,
                        decode_cuda_graph_max_batch_size=256, tokens_per_request=4)
 
-sglang_limits = st.builds(
+@st.composite
+def cap_origins(draw) -> dict:
+    """Who set the cap (the legacy "env" reads as "operator") and, for capwatch, the advice revision."""
+    source = draw(st.sampled_from(["env", "operator", "default", "capwatch"]))
+    revision = draw(st.integers(0, MAX_ADVICE_REVISION)) if source == "capwatch" else None
+    return dict(cap_source=source, advice_revision=revision)
+
+
+sglang_limits = cap_origins().flatmap(lambda origin: st.builds(
     SGLangLimits,
     # Any text: quotes, backslashes and newlines are escaped in the exposition and must read back.
     sglang_version=st.none() | st.text(min_size=1, max_size=32),
@@ -41,9 +50,9 @@ sglang_limits = st.builds(
     prefill_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
     decode_cuda_graph_max_batch_size=st.integers(0, MAX_CAP_TOKENS),
     tokens_per_request=st.integers(1, 1024),
-    cap_source=st.sampled_from(["env", "default"]),
     floor_rule=st.sampled_from(["sglang", "capwatch", "capwatch_prefill"]),
-)
+    **{name: st.just(value) for name, value in origin.items()},
+))
 
 
 @st.composite
@@ -90,7 +99,8 @@ def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
             values[sample.name] = sample.value
             labels[sample.name] = sample.labels
     return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name),
-                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()})
+                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()
+                           if not metrics.on_shared_series})
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -108,7 +118,7 @@ def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
     info = families[catalogue.SGLANG_INFO.name].samples
     assert len(info) == 1 and info[0].value == 1 and info[0].labels == {
         "ep_group": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
-        "disaggregation_mode": "null", "cap_source": "env", "floor_rule": "sglang"}
+        "disaggregation_mode": "null", "cap_source": "operator", "floor_rule": "sglang", "advice_revision": ""}
     assert families[catalogue.SGLANG_MAX_PREFILL_BUFFER_TOKENS.name].samples[0].value == 2048
     assert families[catalogue.SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS.name].samples[0].value == 256
     assert families[catalogue.MODEL_EXPERTS.name].samples[0].value == 128
@@ -129,7 +139,8 @@ def test_labels_an_older_exporter_lacks_read_as_the_reports_defaults():
     the speculative-tokens gauge): the rank reads as the RankConfig it would have reported, its defaults filled."""
     config = rank_config(cap=4096, ep_size=EP_SIZE, hidden_size=2048, top_k=8, num_experts=128, backend="torch",
                          sglang=SGLangLimits(max_prefill_buffer_tokens=2048, decode_cuda_graph_max_batch_size=256))
-    older = {"payload_format", "overflow_policy", "a2a_backend", "cap_source", "floor_rule", "disaggregation_mode"}
+    older = {"payload_format", "overflow_policy", "a2a_backend", "cap_source", "floor_rule", "disaggregation_mode",
+             "advice_revision"}
     values: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
     for family in text_string_to_metric_families(exposition(config).decode()):
@@ -139,10 +150,11 @@ def test_labels_an_older_exporter_lacks_read_as_the_reports_defaults():
             labels[sample.name] = {name: value for name, value in sample.labels.items() if name not in older}
     read = rank_config_of(values, labels[catalogue.INFO.name], labels[catalogue.SGLANG_INFO.name])
     assert isinstance(read, RankConfig) and read == config
-    assert (read.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
+    assert (read.flashinfer.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
         "bf16", "raise", "flashinfer", 0)
     limits = read.sglang
-    assert (limits.cap_source, limits.floor_rule, limits.disaggregation_mode) == ("env", "sglang", "null")
+    assert (limits.cap_source, limits.floor_rule, limits.disaggregation_mode) == ("operator", "sglang", "null")
+    assert limits.advice_revision is None
 
 
 def test_an_exporter_without_the_geometry_gauges_is_priced_by_its_bytes_per_token_alone():
@@ -186,7 +198,7 @@ def test_series_without_a_usable_cap_describe_no_rank(cap):
 
 DEEPEP_METRICS = catalogue.BACKEND_METRICS["deepep"]
 _names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES,
-                                    *DEEPEP_METRICS.gauges)]
+                                    *(gauge for metrics in catalogue.BACKEND_METRICS.values() for gauge in metrics.gauges))]
 _labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS,
                                            *DEEPEP_METRICS.info_labels, "ep_size"]),
                           st.sampled_from(["deepep", "flashinfer", "auto", "low_latency"]) | st.text(max_size=40),
@@ -214,8 +226,10 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     for size in (config.dispatch_bytes_per_token, config.combine_bytes_per_token, config.workspace_bytes_per_rank,
                  config.allocated_workspace_bytes, config.cuda_graph_max_batch_size):
         assert size is None or size >= 1
-    assert config.speculative_tokens >= 0 and config.eplb_stats_num_experts >= 0
-    assert all(spec.params_of(config) is None for spec in SPECS.values())
+    assert config.speculative_tokens >= 0
+    # A backend's parameters: what a rank could have reported (validated), or not known.
+    assert all(spec.params_of(config) is None or isinstance(spec.params_of(config), spec.params)
+               for spec in SPECS.values())
     try:
         pricing_of(config, EP_SIZE).bytes_per_rank(config.cap)
     except SizingError:
@@ -247,3 +261,35 @@ def test_a_deepep_ranks_series_name_its_backend_variable_and_buffer_and_rebuild_
         "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"
     assert families[DEEPEP_METRICS.info.name].samples == []
     assert all(families[spec.name].samples == [] for spec, _ in DEEPEP_METRICS.gauges)
+
+
+def test_a_cap_capwatch_applied_carries_its_revision_through_the_series():
+    """Issue #32 item 4: the SGLang info says who set the cap and the advice revision; a Prometheus source reads
+    both back (a revision 0 included: an empty label would be read as none)."""
+    for revision in (0, 7):
+        limits = UNIFIED.model_copy(update={"cap_source": "capwatch", "advice_revision": revision})
+        config = rank_config(cap=4096, ep_size=EP_SIZE, hidden_size=2048, top_k=8, num_experts=128,
+                             backend="torch", sglang=limits)
+        text = exposition(config)
+        assert promtool_findings(text) == []
+        families = {family.name: family for family in text_string_to_metric_families(text.decode())}
+        labels = families[catalogue.SGLANG_INFO.name].samples[0].labels
+        assert (labels["cap_source"], labels["advice_revision"]) == ("capwatch", str(revision))
+        assert rebuilt(text).sglang == limits
+
+
+def test_an_older_exporters_env_source_reads_as_the_operator():
+    """Ranks older than capwatch's apply said "env" for a variable the operator set: still accepted, as the
+    operator, in reports and in series."""
+    assert SGLangLimits.model_validate_json('{"cap_source": "env"}').cap_source == "operator"
+    config = rank_config(cap=4096, ep_size=EP_SIZE, hidden_size=2048, top_k=8, num_experts=128, backend="torch",
+                         sglang=UNIFIED)
+    text = exposition(config).decode().replace('cap_source="operator"', 'cap_source="env"').replace(
+        ',advice_revision=""', '').replace('advice_revision="",', '')
+    assert 'cap_source="env"' in text and "advice_revision" not in text.split("moe_a2a_sglang_info{")[1].split("}")[0]
+    assert rebuilt(text.encode()).sglang.cap_source == "operator"
+
+
+def test_a_revision_without_capwatch_is_refused():
+    with pytest.raises(ValueError, match="only a cap capwatch applied has an advice revision"):
+        SGLangLimits(cap_source="operator", advice_revision=3)

@@ -9,7 +9,8 @@ from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
 from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import MAX_TOP_K, OverflowKind, OverflowOutcome, PayloadFormat, RankIdentity, Role
+from capwatch.backends.flashinfer import PayloadFormat
+from capwatch.telemetry.report import MAX_TOP_K, OverflowKind, OverflowOutcome, RankIdentity, Role
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 from pydantic import ValidationError
 
@@ -35,13 +36,19 @@ def test_a_rank_with_any_payload_format_sizing_supports_can_report(sink, payload
     counters.record_step(10)
     assert reporter.flush_final("done", timeout_s=10)
     (report,) = sink.by_boot()[identity.boot_id]
-    assert report.config.payload_format == payload_format and sink.invalid == []
+    assert report.config.flashinfer.payload_format == payload_format and sink.invalid == []
 
 
 def test_an_unknown_payload_format_is_refused_with_the_choices():
     config = rank_config(cap=64, ep_size=2, hidden_size=256, top_k=4, num_experts=8, backend="torch")
+    body = config.model_dump()
     with pytest.raises(ValidationError, match="deepseek-fp8"):
-        config.model_validate({**config.model_dump(), "payload_format": "int3"})
+        config.model_validate({**body, "flashinfer": {"payload_format": "int3"}})
+    legacy = {name: value for name, value in body.items() if name != "flashinfer"}  # a body of before the move
+    with pytest.raises(ValidationError, match="deepseek-fp8"):
+        config.model_validate({**legacy, "payload_format": "int3"})
+    with pytest.raises(ValidationError, match="give them once"):  # both places: which one is meant is unclear
+        config.model_validate({**body, "payload_format": "bf16"})
 
 
 def test_the_literals_are_the_dispatcher_and_sizing_values():
@@ -89,8 +96,9 @@ def test_a_deepep_rank_reports_its_buffer_priced_as_sglang_allocates_it(sink):
 @pytest.mark.parametrize(("changes", "message"), [
     ({"cap": 2048}, "above 1024"),
     ({"hidden_size": 2880, "top_k": 4, "num_experts": 128}, "do not run hidden size 2880"),
-    ({"payload_format": "fp8"}, "FlashInfer's"),
-    ({"flashinfer_version": "0.7.2"}, "FlashInfer's"),
+    ({"payload_format": "fp8"}, "the flashinfer backend's parameters, not a deepep rank's"),
+    ({"flashinfer_version": "0.7.2"}, "the flashinfer backend's parameters, not a deepep rank's"),
+    ({"flashinfer": {"payload_format": "bf16"}}, "reports no flashinfer parameters"),
     ({"deepep": None}, "needs its deepep buffer"),
     ({"a2a_backend": "flashinfer"}, "reports no deepep parameters"),
 ])
@@ -138,9 +146,8 @@ def test_an_engines_limits_ride_under_its_name_and_say_which_engine_they_are():
         assert engine.LIMITS.model_fields["engine"].default == name
     config = RankConfig.model_validate_json(TODAYS_CONFIG_JSON)
     assert config.sglang.engine == "sglang" and config.sglang.max_prefill_buffer_tokens == 8192
-    sent, today = json.loads(config.model_dump_json()), json.loads(TODAYS_CONFIG_JSON)
-    # the same JSON, but for the parameters of backends registered since (null on a FlashInfer rank)
-    assert {key: sent[key] for key in today} == today and all(sent[key] is None for key in sent.keys() - today.keys())
+    sent = config.model_dump_json()  # the engine stays implied by the field: no key a service never saw
+    assert "engine" not in json.loads(sent)["sglang"] and RankConfig.model_validate_json(sent) == config
     said = json.loads(TODAYS_CONFIG_JSON)
     said["sglang"]["engine"] = "sglang"
     assert RankConfig.model_validate(said).sglang == config.sglang

@@ -107,7 +107,7 @@ class PrometheusSource:
             info = rank.get(catalogue.INFO.name, ({}, 1.0))[0]
             config = rank_config_of(values, info, rank.get(catalogue.SGLANG_INFO.name, (None, 1.0))[0],
                                     {name: rank.get(metrics.info.name, (None, 1.0))[0]
-                                     for name, metrics in catalogue.BACKEND_METRICS.items()})
+                                     for name, metrics in catalogue.BACKEND_METRICS.items() if metrics.info is not None})
             if config is None:
                 continue  # no usable cap: nothing to size or price
 
