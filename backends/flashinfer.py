@@ -277,4 +277,5 @@ SPEC = BackendSpec(
     max_top_k=max(release.max_top_k for release in _RELEASES),  # kMaxTopK
     max_ep_size=max(release.max_ep_size for release in _RELEASES),
     traffic_sample="the step leader's layer and every 16th after it (FlashInfer)",
+    example_server_args=("--moe-runner-backend", "flashinfer_cutlass"),
 )

@@ -157,6 +157,9 @@ class BackendSpec:
     # token) and the sample of layers that count them in SGLang, each naming the backend.
     traffic_copies: str | None = None
     traffic_sample: str | None = None
+    # The server flags an example deployment runs it with beyond ``--moe-a2a-backend <name>`` (the Kubernetes
+    # example's SGLang server).
+    example_server_args: tuple[str, ...] = ()
     # Where its bytes come from: "exact", capwatch sizes them offline byte for byte from the library's own
     # arithmetic; "reported", the buffer's own count at run time, exact at the rank's cap and priced in proportion
     # elsewhere (backends/reported.py).

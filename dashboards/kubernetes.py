@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from capwatch.backends import SPECS
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.version import capwatch_version
 
@@ -173,11 +173,11 @@ def sglang_example() -> list[dict]:
         _env("CAPWATCH_CLUSTER", "deepseek-v3-prod"),  # the EP group's name: its ep_group label and the service's
         _env("CAPWATCH_SERVICE_URL", f"http://{NAME}:{SERVICE_PORT}"), _token(),
         _env("CAPWATCH_METRICS_HOST", "0.0.0.0"), _env("CAPWATCH_METRICS_BASE_PORT", str(DEFAULT_BASE_PORT)),
-        _env(SPECS["flashinfer"].rules.cap_env_var, "1024"),
+        _env(DEFAULT_BACKEND.rules.cap_env_var, "1024"),
     ]
     args = ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V3", "--tp", "8", "--ep", "8",
-            "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", "flashinfer",
-            "--moe-runner-backend", "flashinfer_cutlass", "--host", "0.0.0.0", "--port", "30000"]
+            "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", DEFAULT_BACKEND.name,
+            *DEFAULT_BACKEND.example_server_args, "--host", "0.0.0.0", "--port", "30000"]
     ports = [{"name": "http", "containerPort": 30000, "protocol": "TCP"}] + [
         {"name": rank_port_name(gpu), "containerPort": DEFAULT_BASE_PORT + gpu, "protocol": "TCP"}
         for gpu in range(GPUS_PER_NODE)]

@@ -152,8 +152,9 @@ def build() -> dashboard_models.Dashboard:
         .with_panel(labels_table_panel(
             "Rank configuration",
             "Each rank's dispatcher configuration as exported: ep_size, the A2A backend and the variable that "
-            "sets its cap (a2a_backend, cap_variable), backend, payload format, FlashInfer "
-            "version and overflow policy. Ranks of one group should agree.",
+            "sets its cap (a2a_backend, cap_variable), backend, its backend's parameters ("
+            + ", ".join(label for labels in cat.SHARED_INFO_LABELS.values() for label in labels)
+            + ") and overflow policy. Ranks of one group should agree.",
             "none", [Query(ranks(cat.INFO.name), instant=True, format="table")]))
     )
     return number_panels(overview.build())

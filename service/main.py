@@ -14,6 +14,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import CollectorRegistry
 from pydantic.json_schema import models_json_schema
 
+from capwatch.backends import SPECS
 from capwatch.service.api.guard import RequestGuard
 from capwatch.service.api.report_rules import BodyGate
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
@@ -27,9 +28,10 @@ from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.exposition import ExpositionRegistry
 from capwatch.telemetry.report import RankReport
 
-DESCRIPTION = """Aggregates the interval reports of every EP rank, keeps their history durably, and advises
+DESCRIPTION = f"""Aggregates the interval reports of every EP rank, keeps their history durably, and advises
 raise / lower / hold on the per-rank token cap of MoE all-to-all dispatch
-(`SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK`), priced in workspace bytes."""
+({", ".join(f"`{spec.rules.cap_env_var}`" for spec in SPECS.values())}), priced in the bytes of each backend's \
+workspace or buffer."""
 
 
 def store_options(settings: Settings) -> StoreOptions:

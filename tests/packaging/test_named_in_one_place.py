@@ -27,15 +27,14 @@ ENGINE_REGISTRIES = {"capwatch/engines.py"}
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": {
-        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "dashboards/kubernetes.py", "dashboards/overview.py",
-        "service/api/routes/advice.py", "service/api/routes/reports.py", "service/main.py", "sglang_logs/line_shapes.py",
-        "sglang_plugin/plugin.py", "sizing/deepep_low_latency.py", "sizing/plan.py",
+        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
+        "sizing/deepep_low_latency.py", "sizing/plan.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
         "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
-        "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/main.py",
-        "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
+        "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py",
+        "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/deepep_low_latency.py", "sizing/deepep_plan.py",
         "sizing/deepep_v2.py", "sizing/plan.py", "telemetry/catalogue.py", "telemetry/collector.py",
         "telemetry/report.py",

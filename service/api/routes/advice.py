@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Annotated
 
 from capwatch.advisor.advice import ClusterAdvice, WhatIf
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.routes.clusters import ClusterName, not_found
 from capwatch.service.queries import AdviceUnavailable, cluster_whatif
-from capwatch.sizing.flashinfer_releases import FLASHINFER
 from capwatch.sizing.checks import SizingError
 from fastapi import APIRouter, HTTPException, Query, status
 
@@ -49,7 +49,7 @@ def get_whatif(
 ) -> list[WhatIf]:
     for value in cap:
         try:
-            FLASHINFER.check_cap(value)  # the one range of caps (sizing/backends.py), the page's too
+            DEFAULT_BACKEND.rules.check_cap(value)  # the one range of caps (the widest: capwatch's), the page's too
         except SizingError as error:
             raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(error)) from None
     try:

@@ -101,7 +101,7 @@ async def _acknowledge(state, report: RankReport, received_unix_s: float, body: 
                    "(CAPWATCH_MAX_CLUSTERS, CAPWATCH_MAX_RANKS); Retry-After says when to try again")},
                415: {"model": RejectedReport, "description": "Not application/json"},
                422: {"model": RejectedReport, "description": (
-                   "Invalid report (a field, a release or layout FlashInfer would refuse), or times the service's "
+                   "Invalid report (a field, a release or layout the rank's A2A backend would refuse), or times the service's "
                    "clock contradicts (rank clock off by more than max(600 s, 2 x window_s)): nothing stored")},
                503: {"description": ("Not stored: the store is unavailable or full, or too many bodies are being "
                                      "received (Retry-After says when to retry), or the service reads Prometheus")}},
