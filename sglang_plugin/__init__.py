@@ -41,6 +41,12 @@ def register() -> None:
         if SCHEDULER_MODULE in sys.modules:  # one line per scheduler, as every other state of the plugin
             (logger.info if line.startswith("capwatch: off") else logger.warning)(line)
         return
+    from capwatch.sglang_plugin.apply.settings import requested
+
+    if requested(os.environ):  # CAPWATCH_APPLY: wraps the launcher's resolution (apply/launcher.py)
+        from capwatch.sglang_plugin.apply.launcher import install as install_apply
+
+        install_apply()
     from capwatch.sglang_plugin.plugin import install
 
     install()

@@ -28,6 +28,16 @@ NAME = DEEPEP.name
 FLOOR_RULES = {release: "capwatch" for release in VERIFIED}
 
 
+def cap_params(view):
+    """The low-latency buffer's parameters the floor needs (its mode), or why this server's cap is unused."""
+    from capwatch.backends.deepep import DeepEPBuffer
+
+    mode = str(getattr(view.deepep_mode, "value", view.deepep_mode))
+    if mode == "normal":
+        return "--deepep-mode normal builds no low-latency buffer: its cap is not used"
+    return DeepEPBuffer.model_construct(mode=mode)
+
+
 def targets(release: str) -> tuple[Target, ...]:
     return COMMON + CAPWATCH_RULE
 

@@ -34,6 +34,17 @@ SGLANG_RULE = (Target(f"{MOE_HOOK}._decode_graph_dispatch_tokens_per_rank", ("se
                Target(f"{MOE_HOOK}._required_flashinfer_a2a_dispatch_tokens_per_rank", ("server_args",)))
 
 
+# SGLang's start-up check of this cap, a step of its resolution run for every backend once the speculative settings
+# are final: CAPWATCH_APPLY sets the cap just before it (apply/launcher.py). 0.5.19 - 0.5.21 check only CuteDSL's.
+START_CHECKS = {release: "validate_cutedsl_a2a_token_budget" for release in ("0.5.19", "0.5.20", "0.5.21")} | \
+    {release: "validate_flashinfer_a2a_token_budget" for release in ("0.5.22", "0.5.23")}
+
+
+def cap_params(view):
+    """What prices this server's cap beyond the shared settings (none for FlashInfer), or why its cap is unused."""
+    return None
+
+
 def targets(release: str) -> tuple[Target, ...]:
     return COMMON + (SGLANG_RULE if FLOOR_RULES[release] == "sglang" else CAPWATCH_RULE)
 

@@ -42,6 +42,7 @@ from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
 
@@ -135,6 +136,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
                                 traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
                                 lead_per_micro_batch=True)
+    overflows.watch(layer, DEEPEP.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
 
 

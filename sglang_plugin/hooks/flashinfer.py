@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
 from capwatch.sizing.flashinfer_releases import FLASHINFER as FLASHINFER_RULES
 
@@ -214,6 +215,7 @@ def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -
         words = CounterWords(backend.traffic_counts())
         layer = session.count_layer(alltoall, dispatcher, role, layer_id, geometry, backend.device, FLASHINFER,
                                     traffic=lambda counters: words, traffic_stride=TRAFFIC_SAMPLE_STRIDE)
+        overflows.watch(layer, FLASHINFER.cap_env_var)  # an overflow at a cap capwatch applied blocks it later
         session.roles[role].reported = dict(backend=reported_backend(FLASHINFER),
                                             flashinfer_version=session.versions["flashinfer"])
         session.count_buffer(role, alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))

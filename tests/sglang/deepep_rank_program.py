@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import pickle
 import sys
 import time
 import types
@@ -53,11 +54,10 @@ def start_rank(plan: dict, rank: int):
     from tests.sglang import deepep_standin
 
     deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
-    server_args = ServerArgs(
-        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="deepep",
-        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True, deepep_mode=plan["deepep_mode"],
-        deepep_dispatcher_output_dtype=plan.get("dispatch_dtype", "bf16"),
-        enable_two_batch_overlap=plan.get("two_batch_overlap", False), **plan.get("server_args", {}))
+    if plan.get("resolved_server_args"):  # resolved by a launcher (apply_launcher_program.py), as SGLang passes them
+        server_args = pickle.loads(Path(plan["resolved_server_args"]).read_bytes())
+    else:
+        server_args = deepep_server_args(ServerArgs, plan)
     publish_and_configure(server_args, rank, world)  # the plugin's start hook runs in it, with the GPU index
     moe_utils.initialize_moe_config()  # what the scheduler does once the config is published
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{plan['master_port']}", rank=rank,
@@ -67,6 +67,16 @@ def start_rank(plan: dict, rank: int):
     torch.cuda.get_device_properties = lambda *args, **kwargs: types.SimpleNamespace(multi_processor_count=132)
     deepep._is_mnnvl_fabric_supported = lambda: False
     return deepep, fused_moe_layer.create_moe_dispatcher
+
+
+def deepep_server_args(server_args_class, plan: dict):
+    """The plan's server: DeepEP's A2A over ``world`` DP-attention ranks on CPU."""
+    world = plan["world"]
+    return server_args_class(
+        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="deepep",
+        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True, deepep_mode=plan["deepep_mode"],
+        deepep_dispatcher_output_dtype=plan.get("dispatch_dtype", "bf16"),
+        enable_two_batch_overlap=plan.get("two_batch_overlap", False), **plan.get("server_args", {}))
 
 
 def build(create_moe_dispatcher, model: dict, world: int, layer_id: int):
@@ -102,6 +112,19 @@ def step(deepep, dispatcher, hidden_states, topk_ids, topk_weights, micro_batch:
     return combined, out.masked_m.clone()
 
 
+def _caps(obj, depth: int = 4) -> set[int]:
+    """The caps the dispatcher objects under ``obj`` were built with (``num_max_dispatch_tokens_per_rank``)."""
+    found = set()
+    if isinstance(getattr(obj, "num_max_dispatch_tokens_per_rank", None), int):
+        found.add(obj.num_max_dispatch_tokens_per_rank)
+    if depth:
+        for value in getattr(obj, "__dict__", {}).values():
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if hasattr(item, "__dict__") and type(item).__module__.startswith("sglang"):
+                    found |= _caps(item, depth - 1)
+    return found
+
+
 def main(run_dir: Path, rank: int) -> None:
     import torch
 
@@ -116,6 +139,7 @@ def main(run_dir: Path, rank: int) -> None:
     record = {"steps": [], "buffers": []}
 
     def save() -> None:
+        record["caps"] = sorted({cap for layer in layers for cap in _caps(layer)})
         record["buffers"] = [(buffer.num_nvl_bytes, buffer.num_rdma_bytes, buffer.low_latency_mode,
                               getattr(buffer, "nvshmem_qp_depth", None)) for buffer in Buffer.built]
         torch.save(record, run_dir / f"rank-{rank}.pt")

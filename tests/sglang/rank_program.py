@@ -22,6 +22,8 @@ import contextlib
 import inspect
 import json
 import logging
+import os
+import pickle
 import pkgutil
 import sys
 import time
@@ -154,6 +156,16 @@ def begin_scheduler_process(rank: int) -> None:
     logging.basicConfig(level=logging.INFO, format=f"[rank {rank}] %(name)s %(levelname)s: %(message)s", force=True)
 
 
+def flashinfer_server_args(server_args_class, plan: dict):
+    """The plan's server: FlashInfer's A2A over ``world`` DP-attention ranks on CPU, the tiny model."""
+    world = plan["world"]
+    return server_args_class(
+        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="flashinfer",
+        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True,
+        moe_runner_backend="flashinfer_cutlass", **plan.get("server_args", {}),
+    )
+
+
 def start_rank(plan: dict, rank: int) -> SGLangRank:
     world = plan["world"]
     begin_scheduler_process(rank)
@@ -169,11 +181,10 @@ def start_rank(plan: dict, rank: int) -> SGLangRank:
     from tests.sglang import standin
 
     standin.install(dispatcher_module)
-    server_args = ServerArgs(
-        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="flashinfer",
-        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True,
-        moe_runner_backend="flashinfer_cutlass", **plan.get("server_args", {}),
-    )
+    if plan.get("resolved_server_args"):  # resolved by a launcher (apply_launcher_program.py), as SGLang passes them
+        server_args = pickle.loads(Path(plan["resolved_server_args"]).read_bytes())
+    else:
+        server_args = flashinfer_server_args(ServerArgs, plan)
     if plan.get("hide_hook_target"):  # a release where the target moved: the plugin must stand aside
         owner, _, name = plan["hide_hook_target"].rpartition(".")
         delattr(pkgutil.resolve_name(owner), name)
@@ -211,7 +222,10 @@ def main(run_dir: Path, rank: int) -> None:
     model = plan["model"]
     generator = torch.Generator().manual_seed(1000 + rank)
     record = {"outputs": [], "topk_ids": [], "workspace_size": target[0].workspace_size,
-              "floor": sglang.floor, **what_plugins_did()}
+              "floor": sglang.floor, **what_plugins_did(),
+              "max_num_tokens": [layer.max_num_tokens for layer in target + sp_prefill + draft],
+              "cap_environment": {name: value for name, value in os.environ.items()
+                                  if name.startswith(("SGLANG_FLASHINFER_", "CAPWATCH_APPLIED_"))}}
 
     def run_layers(layers, local_tokens: int) -> None:
         for layer in layers:

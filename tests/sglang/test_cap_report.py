@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 from capwatch.sglang_plugin.apply.applied import record_applied
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import WORLD
