@@ -15,10 +15,11 @@ upsert_windows_sql``) and the Prometheus source's PromQL (``sources/prometheus/w
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from capwatch.telemetry.report import MAX_STORED_COUNT
 
@@ -90,18 +91,38 @@ def window_start(end_unix_s: float, window_s: float) -> float:
     return (end_unix_s // window_s) * window_s
 
 
+def window_sample(window_start_s: float, intervals: list) -> GroupSample:
+    """The window rule over one window's intervals that ran steps, in their order: each WINDOW_FIELDS value
+    combined as its rule says, and the ranks seen. ``intervals``: anything with ``ep_rank`` and the fields (a
+    ``RankInterval``, the history's rows)."""
+    columns = zip(*map(window_values, intervals))
+    values = [max(column) if rule.combine == "max" else functools.reduce(functools.partial(combined, "sum"), column)
+              for rule, column in zip(WINDOW_FIELDS, columns)]
+    return sample_of(window_start_s, values, {interval.ep_rank for interval in intervals})
+
+
 def group_samples(intervals: Iterable[RankInterval], window_s: float) -> list[GroupSample]:
     """One sample per window in which some interval ran steps, by the window rule, oldest first."""
-    samples: dict[float, GroupSample] = {}
+    windows: dict[float, list[RankInterval]] = {}
+    for interval in intervals:
+        if ran_steps(interval.forward_steps):
+            windows.setdefault(window_start(interval.end_unix_s, window_s), []).append(interval)
+    return [window_sample(start, windows[start]) for start in sorted(windows)]
+
+
+def samples_in_time_order(intervals: Iterable, window_s: float,
+                          end: Callable[[Any], float] = attrgetter("end_unix_s")) -> Iterator[GroupSample]:
+    """``group_samples`` of intervals given in time order (``end`` reads an interval's end), each window's sample
+    yielded as soon as an interval of a later window comes: a stream of rows holds one window's, not all."""
+    window, pending = None, []
     for interval in intervals:
         if not ran_steps(interval.forward_steps):
             continue
-        start = window_start(interval.end_unix_s, window_s)
-        sample = samples.get(start)
-        if sample is None:
-            samples[start] = sample_of(start, window_values(interval), {interval.ep_rank})
-            continue
-        for rule, value in zip(WINDOW_FIELDS, window_values(interval)):
-            setattr(sample, rule.name, combined(rule.combine, getattr(sample, rule.name), value))
-        sample.ranks.add(interval.ep_rank)
-    return [samples[start] for start in sorted(samples)]
+        start = window_start(end(interval), window_s)
+        if start != window:
+            if pending:
+                yield window_sample(window, pending)
+            window, pending = start, []
+        pending.append(interval)
+    if pending:
+        yield window_sample(window, pending)

@@ -1,5 +1,5 @@
 """FlashInfer's MoE A2A as a backend (``--moe-a2a-backend flashinfer``): its workspace priced by
-``capwatch.sizing.plan.plan_workspace`` (every layout), its parameters on the wire (``FlashInferParams``,
+``capwatch.sizing.flashinfer_plan.plan_workspace`` (every layout), its parameters on the wire (``FlashInferParams``,
 ``RankConfig.flashinfer``: the payload format, the release, the EPLB stats region; the wire's first backend, so
 the same fields at the config's top level are still read), exported on ``moe_a2a_info`` and
 ``moe_a2a_eplb_stats_experts`` as before."""
@@ -38,7 +38,7 @@ from capwatch.sizing.flashinfer_releases import (
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
-from capwatch.sizing.plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
+from capwatch.sizing.flashinfer_plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # Built from sizing's own tuple, so a format it gains is accepted on the wire too (an enum in the OpenAPI schema).

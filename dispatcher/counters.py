@@ -112,7 +112,10 @@ class DispatchCounters:
     captured step (every MoE layer of the role dispatches once per forward step; the session sets it from the
     role's layers, default 1). No per-call op takes an index: ``index_add_`` copies a strided index, an allocation
     per call. The maxes at or below the cap are the highest non-empty histogram bins; above it the exact value is
-    kept. The snapshot's token totals are the sums of the per-rank counts."""
+    kept. The snapshot's token totals are the sums of the per-rank counts.
+
+    A backend whose counts are per expert (DeepEP's routing, its layout range) adds them as they are into the
+    counters' :class:`ExpertTraffic` (:meth:`expert_traffic`): one op per call, folded per rank by the snapshot."""
 
     def __init__(self, cap: int, ep_size: int, device: torch.device | str | None = None, role: str = "target"):
         if isinstance(cap, bool) or not isinstance(cap, int) or isinstance(ep_size, bool) \
@@ -161,6 +164,7 @@ class DispatchCounters:
         # Snapshots: one host copy at a time; pause_snapshots() waits for it and holds new ones off.
         self.snapshot_poll_s = SNAPSHOT_POLL_S
         self._snapshot_lock = threading.Lock()
+        self._expert_traffic: ExpertTraffic | None = None  # made by expert_traffic(), before any capture
         self._snapshots_paused = 0
         self._last_snapshot = self._snapshot_from([0] * self._state.numel())  # the state starts at zero
         if self.device.type == "cuda":
@@ -289,10 +293,23 @@ class DispatchCounters:
             with self._snapshot_lock:
                 self._snapshots_paused -= 1
 
+    def expert_traffic(self, num_experts: int) -> "ExpertTraffic":
+        """The counters' per-expert traffic bins (:class:`ExpertTraffic`) for a model of ``num_experts`` routed
+        experts, made by the first call (make them at adoption, before any graph capture: this allocates) and the
+        same bins after it; each snapshot folds them into the per-rank counts."""
+        with self._snapshot_lock:
+            if self._expert_traffic is None:
+                self._expert_traffic = ExpertTraffic(self.ep_size, num_experts, self.device)
+            elif self._expert_traffic.num_experts != num_experts:
+                raise ValueError(f"these counters' expert bins are for {self._expert_traffic.num_experts} experts, "
+                                 f"not {num_experts}")
+            return self._expert_traffic
+
     def _counts(self) -> list[int]:
-        """The device state plus the host's, slot by slot; the maxes above the cap take the larger."""
+        """The device state plus the host's, slot by slot; the maxes above the cap take the larger; the expert
+        bins folded into the per-rank counts."""
         host = self._host_state[:]  # both only grow: a snapshot between two updates is caught up by the next
-        device = self._copy_to_host()
+        device, experts = self._copy_to_host()
         maxes = {field: max(int(device[field]), host[field])
                  for field in (Field.MAX_RUNTIME_TOKENS, Field.MAX_LOCAL_TOKENS)}
         captured_steps = int(device[self._histogram_offset : self._local_offset].sum())  # only captured steps are there
@@ -300,18 +317,27 @@ class DispatchCounters:
         for field, value in maxes.items():
             counts[field] = value
         counts[Field.DISPATCH_CALLS] += captured_steps * self.layers_per_step
+        if experts is not None:
+            sent, received = self._expert_traffic.per_rank(experts)
+            for rank in range(self.ep_size):
+                counts[len(Field) + rank] += sent[rank]
+                counts[len(Field) + self.ep_size + rank] += received[rank]
         return counts
 
-    def _copy_to_host(self) -> torch.Tensor:
-        """The device state, copied into host memory this snapshot owns until the next."""
+    def _copy_to_host(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The device state and the expert bins (None: none made), copied into host memory this snapshot owns
+        until the next."""
+        bins = self._expert_traffic.bins if self._expert_traffic is not None else None
         if self.device.type != "cuda":
-            return self._state.clone()
+            return self._state.clone(), None if bins is None else bins.clone()
         # Not .cpu(): that allocates, copies synchronously and may wait on the whole device.
         with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
             self._host_copy.copy_(self._state, non_blocking=True)
+            if bins is not None:
+                self._expert_traffic.host_copy.copy_(bins, non_blocking=True)
             self._copy_done.record(self._copy_stream)
         wait_without_the_gil(self._copy_done, self.snapshot_poll_s)  # this copy only
-        return self._host_copy
+        return self._host_copy, None if bins is None else self._expert_traffic.host_copy
 
     def _snapshot_from(self, state: list[int]) -> CounterSnapshot:
         values = state[: len(Field)]
@@ -376,10 +402,42 @@ class TrafficRecord:
     ``counts``, ``[2, ep_size]`` int64 like the counters: the tokens sent to each rank, then those received from
     each. Made once per counted object, before any graph capture; at every dispatch written in place: a ``copy_``
     from FlashInfer's int32 counter words on CPU (which converts as it copies; on CUDA the words are added as they
-    are, :meth:`DispatchCounters.record_counter_words`), DeepEP's ``scatter_add_`` and ``sum(out=)``."""
+    are, :meth:`DispatchCounters.record_counter_words`), or a backend's own counts (per-expert counts go into
+    :class:`ExpertTraffic` instead)."""
 
     def __init__(self, ep_size: int, device: torch.device):
         self.counts = torch.zeros(2, ep_size, dtype=torch.int64, device=device)
+
+
+class ExpertTraffic:
+    """A role's traffic counted per expert, as a backend that routes (token, expert) pairs sees it, in one int64
+    device tensor the snapshot copies beside the state and folds per rank (experts ``r x E/ranks`` to
+    ``(r + 1) x E/ranks - 1`` live on rank r):
+
+    - ``sent``, ``[num_experts + 1]``: the pairs sent to each expert; a pair without an expert (id -1) lands in the
+      last bin, where ``put_`` wraps index -1, and counts for no rank. One ``put_(topk_ids, ones,
+      accumulate=True)`` per call: the ids themselves are the index;
+    - ``received``, ``[local experts, ep_size]``: the pairs each of this rank's experts received from each rank
+      (DeepEP's layout range's count words, added as they are).
+
+    Made once per counters (:meth:`DispatchCounters.expert_traffic`), before any graph capture."""
+
+    def __init__(self, ep_size: int, num_experts: int, device: torch.device):
+        if num_experts < ep_size or num_experts % ep_size:
+            raise ValueError(f"{num_experts} experts do not divide among {ep_size} ranks")
+        self.num_experts = num_experts
+        self.experts_per_rank = num_experts // ep_size
+        self.bins = torch.zeros(num_experts + 1 + num_experts, dtype=torch.int64, device=device)
+        self.sent = self.bins[: num_experts + 1]
+        self.received = self.bins[num_experts + 1 :].view(self.experts_per_rank, ep_size)
+        self.host_copy = (torch.empty(self.bins.numel(), dtype=torch.int64, pin_memory=True)
+                          if self.bins.device.type == "cuda" else None)
+
+    def per_rank(self, bins: torch.Tensor) -> tuple[list[int], list[int]]:
+        """A host copy of ``bins`` folded per rank: (pairs sent to each rank, pairs received from each)."""
+        sent = bins[: self.num_experts].view(-1, self.experts_per_rank).sum(dim=1)
+        received = bins[self.num_experts + 1 :].view(self.experts_per_rank, -1).sum(dim=0)
+        return sent.tolist(), received.tolist()
 
 
 class _StepBins:

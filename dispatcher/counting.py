@@ -7,8 +7,11 @@ counted object. Its way into the counters is chosen at construction:
 - :class:`CounterWords`: the transport leaves the dispatch's counts in place, a ``[2, ep_size]`` view (the sent
   row, the received row) valid until the next dispatch: FlashInfer's int32 workspace words, a backend's own
   int64 counts (:meth:`DispatchCounters.record_counter_words`);
-- a :class:`~capwatch.dispatcher.counters.TrafficRecord`: the caller writes ``record.counts`` itself (DeepEP's
-  routing scatter, a backend with no such view) and the counters add it (:meth:`DispatchCounters.record_traffic`).
+- a :class:`~capwatch.dispatcher.counters.TrafficRecord`: the caller writes ``record.counts`` itself (a backend with
+  no such view) and the counters add it (:meth:`DispatchCounters.record_traffic`);
+- the counters' :class:`~capwatch.dispatcher.counters.ExpertTraffic`: the caller adds its per-expert counts into
+  the counters' expert bins itself, one op each (DeepEP's ``topk_ids`` and layout range), and the layer counts
+  the call (a host int eagerly).
 
 Which R: the value the backend bounds by its cap. FlashInfer (and any backend with a group-wide R) bounds SGLang's
 ``runtime_max_tokens_per_rank``, the largest local batch of the step over the group; a backend whose rules say
@@ -35,7 +38,7 @@ from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 
-from .counters import DispatchCounters, TrafficRecord
+from .counters import DispatchCounters, ExpertTraffic, TrafficRecord
 
 
 def suggested_cap(tokens_needed: int, alignment: int = CAP_ALIGNMENT) -> int:
@@ -91,7 +94,7 @@ class CapOverflowError(RuntimeError):
 OverflowCallback = Callable[[OverflowEvent], None]
 
 # The traffic sample: the step leader's layer and every this-many-th layer after it (FlashInfer: 4 of DeepSeek-V3's
-# 58 MoE layers). None: the leader's layer alone (DeepEP, whose traffic is eight ops a layer).
+# 58 MoE layers). None: the leader's layer alone (DeepEP, whose traffic is two ops a layer, one per hook call).
 TRAFFIC_SAMPLE_STRIDE = 16
 
 
@@ -105,7 +108,7 @@ class CounterWords:
         self.words = words
 
 
-TrafficWay = CounterWords | TrafficRecord
+TrafficWay = CounterWords | TrafficRecord | ExpertTraffic
 
 
 class LayerCounting:
@@ -127,8 +130,9 @@ class LayerCounting:
                  on_overflow: Iterable[OverflowCallback] = (), counts_traffic: bool = True):
         if counters.ep_size != ep_size:
             raise ValueError(f"counters are for ep_size {counters.ep_size}, this layer's group has {ep_size}")
-        if not isinstance(traffic, (CounterWords, TrafficRecord)):
-            raise TypeError(f"traffic must be CounterWords or a TrafficRecord, got {type(traffic).__name__}")
+        if not isinstance(traffic, (CounterWords, TrafficRecord, ExpertTraffic)):
+            raise TypeError(f"traffic must be CounterWords, a TrafficRecord or ExpertTraffic, got "
+                            f"{type(traffic).__name__}")
         self.counters = counters
         self.cap = counters.cap
         self.ep_rank, self.ep_size = ep_rank, ep_size
@@ -139,6 +143,8 @@ class LayerCounting:
         if isinstance(traffic, CounterWords):  # copied into this record where an add_ of the words cannot take them
             self.record_traffic: Callable[[], None] = functools.partial(
                 counters.record_counter_words, counters.traffic_record(), traffic.words)
+        elif isinstance(traffic, ExpertTraffic):  # the caller adds the counts; the call is a host int
+            self.record_traffic = counters.record_call
         else:
             self.record_traffic = functools.partial(counters.record_traffic, traffic)
         self.counts_traffic = counts_traffic
@@ -146,11 +152,13 @@ class LayerCounting:
     @property
     def counts_traffic(self) -> bool:
         """Whether this layer is in the traffic sample: its dispatch adds its per-rank counts (one op), or only its
-        call (a host int eagerly, nothing captured)."""
-        return self.count_dispatch == self.record_traffic
+        call (a host int eagerly, nothing captured). A hook reads it once, when it builds its counted calls (after
+        the election), not per call."""
+        return self._counts_traffic
 
     @counts_traffic.setter
     def counts_traffic(self, sampled: bool) -> None:
+        self._counts_traffic = bool(sampled)
         self.count_dispatch: Callable[[], None] = self.record_traffic if sampled else self.counters.record_call
 
     # --- the guard past the cap --------------------------------------------------------------------

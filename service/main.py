@@ -16,6 +16,7 @@ from pydantic.json_schema import models_json_schema
 
 from capwatch.backends import SPECS
 from capwatch.service.api.guard import RequestGuard
+from capwatch.service.api.history_stream import HistoryWorkers
 from capwatch.service.api.report_rules import BodyGate
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
 from capwatch.service.config import Settings
@@ -108,6 +109,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.state.body_gate = BodyGate(settings)
+    app.state.history_workers = HistoryWorkers()
     app.add_middleware(reports.ReportFastPath)  # answers POST /v1/reports before routing (routes/__init__.py)
 
     @app.exception_handler(SourceUnavailable)

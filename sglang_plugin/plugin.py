@@ -69,6 +69,9 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
     if reason is None and backend is None:
         reason = (f"--moe-a2a-backend is {server_args.moe_a2a_backend!r}; capwatch instruments "
                   f"{', '.join(repr(name) for name in BACKENDS)}: nothing to instrument")
+    if reason is None and choice.adapter not in backend.ADAPTERS:
+        reason = (f"capwatch's {backend.NAME} hooks are verified on sglang {', '.join(backend.ADAPTERS)}, not "
+                  f"{choice.adapter}")
     if reason is None:
         adapter, floor = backend.ADAPTERS[choice.adapter], FLOORS[backend.NAME]
         reason = backend.problem(adapter, found["flashinfer"], choice.newer) \

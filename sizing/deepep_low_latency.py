@@ -64,8 +64,7 @@ def check_low_latency_hidden_size(hidden_size: int) -> int:
     if hidden_size not in LOW_LATENCY_HIDDEN_SIZES:
         raise SizingError(
             f"DeepEP's low-latency kernels do not run hidden size {hidden_size}: sgl-deep-ep is compiled for "
-            f"{', '.join(map(str, LOW_LATENCY_HIDDEN_SIZES))} only (another backend, e.g. --moe-a2a-backend "
-            "flashinfer, serves this model)")
+            f"{', '.join(map(str, LOW_LATENCY_HIDDEN_SIZES))} only (another --moe-a2a-backend serves this model)")
     return hidden_size
 
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from functools import partial
+from operator import itemgetter
+from typing import NamedTuple, Protocol
 
 from capwatch.advisor.history import SampleHistory
 from capwatch.backends import DEFAULT_BACKEND, SPECS
@@ -88,9 +90,9 @@ def overflow_key(kind: str, outcome: str) -> str:
     return f"{kind}/{outcome}"
 
 
-@dataclass(frozen=True)
-class IntervalRow:
-    """One rank's interval (a report's, or a window's from Prometheus) for the history view."""
+class IntervalRow(NamedTuple):
+    """One rank's interval (a report's, or a window's from Prometheus) for the history view. A tuple: the history
+    streams up to 100,000 of them per answer, and a tuple is built from a database row in C (``interval_rows_of``)."""
 
     ep_rank: int
     interval_end_unix_s: float
@@ -99,6 +101,16 @@ class IntervalRow:
     forward_steps: int
     overflow_events: int
     max_local_tokens: int | None = None  # the rank's own largest local batch (None: not reported)
+
+
+def interval_rows_of(rows: list[tuple]) -> list[IntervalRow]:
+    """Database rows whose first columns are ``IntervalRow``'s fields (in its order; more may follow) as rows,
+    without a Python call per row."""
+    return list(map(_as_interval_row, map(_interval_fields, rows)))
+
+
+_as_interval_row = partial(tuple.__new__, IntervalRow)
+_interval_fields = itemgetter(slice(0, len(IntervalRow._fields)))
 
 
 # What ``interval_pages`` gives: whether ``limit`` left rows out, and an iterator of pages per order asked for.

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from capwatch.advisor.folding import history_of
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.service.sources.contract import IntervalPages, IntervalRow
+from capwatch.service.sources.contract import IntervalPages, IntervalRow, interval_rows_of
 from capwatch.service.store.windows import FoldedHistories, read_windows
 
 
@@ -33,7 +33,8 @@ def interval_rows(connection: sqlite3.Connection, cluster: str, role: str, since
         "max_local_tokens FROM reports WHERE cluster = ? AND role = ? AND interval_end_unix_s >= ? "
         "AND interval_end_unix_s <= ? ORDER BY interval_end_unix_s DESC LIMIT ?",
         (cluster, role, since_unix_s, until_unix_s, limit)).fetchall()
-    return [IntervalRow(*row) for row in reversed(rows)]
+    rows.reverse()
+    return interval_rows_of(rows)
 
 
 _ROW = ("ep_rank, interval_end_unix_s, peak_runtime_tokens, cap, forward_steps, overflow_events, max_local_tokens, "
@@ -63,16 +64,24 @@ def interval_pages(reader: Callable[[], sqlite3.Connection], cluster: str, role:
     def pages(order: str) -> Iterator[list[IntervalRow]]:
         after, columns = _NEXT[order]
         last: tuple = ()
+        lowest_end = since_unix_s if oldest_kept is None else max(since_unix_s, oldest_kept[0])
         while True:
             query = (f"SELECT {_ROW} FROM reports WHERE {_IN_RANGE}{kept}" + (f" AND {after}" if last else "") +
                      f" ORDER BY {columns} LIMIT ?")
-            rows = reader().execute(query, (*bounds, *kept_parameters, *last, page_rows)).fetchall()
-            if rows:
-                yield [IntervalRow(*row[:-1]) for row in rows]
-            if len(rows) < page_rows:
+            # By time, the page's lowest end is the index range's start (SQLite does not take it from the row
+            # values): each page is then a seek, not a scan from since_s (a 100,000-row answer's pages took O(n^2)).
+            low = max(lowest_end, last[0]) if order == "time" and last else lowest_end
+            rows = reader().execute(query, (cluster, role, low, *bounds[3:], *kept_parameters, *last,
+                                            page_rows)).fetchall()
+            if not rows:
                 return
-            end = rows[-1]
+            more, end = len(rows) == page_rows, rows[-1]
             last = (end[0], end[1], end[-1]) if order == "rank" else (end[1], end[-1])
+            page = [interval_rows_of(rows)]
+            del rows
+            yield page.pop()  # held by the consumer alone while this waits (a slow client holds one page)
+            if not more:
+                return
 
     return oldest_kept is not None, [pages(order) for order in orders]
 

@@ -10,12 +10,13 @@ are shadowed by instance attributes that count; SGLang's class is left alone. Th
 - ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
   (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
   leader (both micro-batches of the lowest layer) the step (the batch's bin: on the host eagerly, one ``add_``
-  under graph capture); the (token, expert) pairs sent to each rank from the ``topk_ids`` SGLang dispatches
-  (into scratch made at adoption: a ``clamp``, a ``div_``, a ``ge``, a ``zero_`` and a ``scatter_add_``; no
-  host read, nothing allocated per call);
-- ``dispatch_b``, after DeepEP's receive (its hook or event): the pairs received from each rank, from DeepEP's
-  ``packed_recv_layout_range`` in the handle (``>> 32`` and a sum, into scratch), and one ``add_`` of the
-  call and the ``[2, ranks]`` counts (the layer's ``TrafficRecord``);
+  under graph capture) and the (token, expert) pairs it sends to each expert: **one** ``put_`` of the
+  ``topk_ids`` SGLang dispatches into the role's per-expert bins (``ExpertTraffic``: the ids are the index, -1
+  lands in a bin of its own; no host read, nothing allocated per call);
+- ``dispatch_b``, after DeepEP's receive (its hook or event): on the step leader the pairs each local expert
+  received from each rank: **one** ``add_`` of the count words of DeepEP's ``packed_recv_layout_range`` in the
+  handle (an int32 view of its high words, cast as the kernel reads it on CUDA; on CPU a ``copy_`` into scratch
+  first), and the call (a host int eagerly). The snapshot folds the bins per rank;
 - a batch above the cap is counted, announced and the final report shipped (bounded wait:
   ``CAPWATCH_FINAL_REPORT_TIMEOUT_S``) *before* the call reaches DeepEP, whose assertion then ends the rank as it
   would without capwatch (``x.size(0) <= num_max_dispatch_tokens_per_rank``);
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 
 import torch
 from capwatch.backends.deepep import DeepEPBuffer
-from capwatch.dispatcher.counters import TrafficRecord
+from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
@@ -134,7 +135,8 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
                     num_experts=dispatcher.num_experts)
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
-                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
+                                traffic=lambda counters: counters.expert_traffic(dispatcher.num_experts),
+                                traffic_stride=None,
                                 lead_per_micro_batch=True)
     overflows.watch(layer, DEEPEP.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
@@ -142,30 +144,27 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
 
 @dataclass(frozen=True)
 class Traffic:
-    """A dispatch's (token, expert) pairs sent to (``counts[0]``) and received from (``counts[1]``) each rank, and
-    the scratch that computes them: all made at adoption, before any graph capture, so no call allocates."""
+    """Where a dispatch's (token, expert) pairs go: the role's per-expert bins (``ExpertTraffic``: sent per expert,
+    received per local expert and rank), and what adds into them without allocating, all made at adoption,
+    before any graph capture."""
 
-    record: TrafficRecord  # the layer's way into the counters: the counts ([2, ranks]: ``counts``) it adds
-    destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
-    sent: torch.Tensor  # [cap x top_k]: ... with weight 0 here)
-    received_per_expert: torch.Tensor  # [local experts, ranks]: the layout range's high words
-    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
-
-    @property
-    def counts(self) -> torch.Tensor:
-        return self.record.counts
+    bins: ExpertTraffic  # the layer's way into the counters
+    ones: torch.Tensor  # [cap x top_k]: one per pair, the put_'s source
+    received_words: torch.Tensor | None  # [local experts, ranks] int64 scratch where an add_ cannot cast (CPU)
 
     @classmethod
     def made(cls, dispatcher, layer: LayerCounting) -> "Traffic":
-        """Scratch for ``layer``, whose way into the counters is a record (``layer.traffic``) this fills."""
+        """Scratch for ``layer``, whose way into the counters is the role's expert bins (``layer.traffic``)."""
+        bins, device = layer.traffic, layer.counters.device
         pairs = dispatcher.num_max_dispatch_tokens_per_rank * dispatcher.router_topk
-        counters = layer.counters
-        local_experts, device = dispatcher.num_experts // counters.ep_size, counters.device
-        return cls(layer.traffic,
-                   torch.empty(pairs, dtype=torch.int64, device=device),
-                   torch.empty(pairs, dtype=torch.int64, device=device),
-                   torch.empty(local_experts, counters.ep_size, dtype=torch.int64, device=device),
-                   torch.tensor(local_experts, dtype=torch.int64, device=device))
+        return cls(bins, torch.ones(pairs, dtype=torch.int64, device=device),
+                   None if device.type == "cuda" else torch.empty_like(bins.received))
+
+
+def count_words(layout_range: torch.Tensor) -> torch.Tensor:
+    """The count words of DeepEP's ``packed_recv_layout_range`` (int64 ``count << 32 | begin`` per local expert and
+    source rank): an int32 view of their high halves (little-endian, as every GPU host is), nothing copied."""
+    return layout_range.view(torch.int32)[:, 1::2]
 
 
 def unadopt(dispatcher) -> None:
@@ -212,49 +211,64 @@ def _first_dispatch(session, dispatcher, layer, traffic):
     return first
 
 
-def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic):
+def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Traffic):
     """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted by the layer's ``LayerCounting``:
-    the guard (R is the rank's own batch: ``rules.local_batch_cap``), the step on the leader, what it sends."""
+    the guard (R is the rank's own batch: ``rules.local_batch_cap``), the step on the leader, what it sends (the
+    traffic sample, read once here: the leader's layer)."""
     record_step, cap = layer.counters.record_step, layer.cap
-    sent, experts_per_rank = traffic.counts[0], traffic.experts_per_rank
+    sent, ones = traffic.bins.sent, traffic.ones
 
-    def counted(hidden_states, topk_output):
+    def guarded(hidden_states, topk_output):
         local_tokens = hidden_states.shape[0]
         if local_tokens > cap:
             count_overflow(layer, local_tokens)
-            return dispatch_a(hidden_states=hidden_states, topk_output=topk_output)  # DeepEP's assertion ends it
-        state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
+            return None, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)  # DeepEP's assertion
+        return local_tokens, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
+
+    if not layer.counts_traffic:  # outside the traffic sample: dispatch_b counts the call alone
+        def counted(hidden_states, topk_output):
+            local_tokens, state = guarded(hidden_states, topk_output)
+            if local_tokens is not None and layer.step_leader:
+                record_step(local_tokens, local_tokens)
+            return state
+        return counted
+
+    def counted_sampled(hidden_states, topk_output):
+        local_tokens, state = guarded(hidden_states, topk_output)
+        if local_tokens is None:
+            return state
         if layer.step_leader:
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what DeepEP checks
-        if not layer.counts_traffic:  # outside the traffic sample: dispatch_b counts the call alone
-            return state
-        pairs = state[1].flatten()  # topk_ids, int64; -1: no expert (DeepEP sends nothing for it)
-        destination, weight = traffic.destination[:pairs.numel()], traffic.sent[:pairs.numel()]
-        torch.clamp(pairs, min=0, out=destination).div_(experts_per_rank, rounding_mode="floor")
-        torch.ge(pairs, 0, out=weight)
-        sent.zero_()
-        sent.scatter_add_(0, destination, weight)
+        pairs = state[1]  # topk_ids, int64; -1: no expert (DeepEP sends nothing for it; its own bin)
+        sent.put_(pairs, ones[: pairs.numel()], accumulate=True)
         return state
 
-    return counted
+    return counted_sampled
 
 
-def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic):
-    """``dispatch_b`` counted: after DeepEP's receive, the pairs from each rank (its layout range's high words)
-    into the layer's record, then its traffic (the record's one ``add_``)."""
-    record_traffic, record_call, received = layer.record_traffic, layer.counters.record_call, traffic.counts[1]
+def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic: Traffic):
+    """``dispatch_b`` counted: the call, and on the leader's layer, after DeepEP's receive, the pairs each local
+    expert got from each rank (its layout range's count words) into the role's bins."""
+    record_call, received, scratch = layer.counters.record_call, traffic.bins.received, traffic.received_words
 
-    def counted(*state):
-        output = dispatch_b(*state)
-        if not layer.counts_traffic:
+    if not layer.counts_traffic:
+        def counted(*state):
+            output = dispatch_b(*state)
             record_call()  # a host int eagerly, nothing captured
             return output
-        torch.bitwise_right_shift(dispatcher.handle[1], 32, out=traffic.received_per_expert)
-        torch.sum(traffic.received_per_expert, dim=0, out=received)
-        record_traffic()
+        return counted
+
+    def counted_sampled(*state):
+        output = dispatch_b(*state)
+        record_call()
+        words = count_words(dispatcher.handle[1])
+        if scratch is None:
+            received.add_(words)  # CUDA: one kernel, cast as it reads
+        else:
+            received.add_(scratch.copy_(words))
         return output
 
-    return counted
+    return counted_sampled
 
 
 def count_overflow(layer: LayerCounting, local_tokens: int) -> None:

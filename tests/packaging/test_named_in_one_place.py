@@ -28,7 +28,6 @@ STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": {
         "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
-        "sizing/deepep_low_latency.py", "sizing/plan.py",
     },
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
@@ -36,7 +35,7 @@ STILL_NAMING: dict[str, set[str]] = {
         "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py",
         "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/deepep_low_latency.py", "sizing/deepep_plan.py",
-        "sizing/deepep_v2.py", "sizing/plan.py", "telemetry/catalogue.py", "telemetry/collector.py",
+        "sizing/deepep_v2.py", "sizing/flashinfer_plan.py", "telemetry/catalogue.py", "telemetry/collector.py",
         "telemetry/report.py",
     },
 }

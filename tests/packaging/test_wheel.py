@@ -73,7 +73,7 @@ def test_every_product_module_and_run_time_file_ships(wheel_names):
             if name.startswith(("dashboards/grafana/", "dashboards/provisioning/", "dashboards/rules/",
                                 "service/web/")) or name == "dashboards/prometheus.yml"}
     assert "capwatch/dashboards/grafana/ep-group-overview.json" in data, "no data files found: proves nothing"
-    assert "capwatch/sizing/plan.py" in modules
+    assert "capwatch/sizing/flashinfer_plan.py" in modules
     missing = sorted((modules | data) - wheel_names)
     assert not missing, f"the wheel lacks product files (list the package in pyproject's packages?): {missing}"
     shipped_modules = {name for name in wheel_names if name.endswith(".py")}

@@ -4,7 +4,7 @@ from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import MODEL_PRESETS, custom_geometry, model_geometry
 from capwatch.sizing.payloads import dispatch_bytes_per_token
-from capwatch.sizing.plan import largest_plan_within, plan_workspace
+from capwatch.sizing.flashinfer_plan import largest_plan_within, plan_workspace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
-from capwatch.service.api.history_stream import history_json
+from capwatch.service.api.history_stream import HistoryWorkers, history_json
 from capwatch.service.api.streaming import json_array
 from capwatch.service.cluster_view import ClusterView
 from capwatch.service.digests import ClusterSummary
 from capwatch.service.queries import cluster_view, role_states
 from capwatch.telemetry.report import NAME_PATTERN, not_a_relative_path
-from fastapi import APIRouter, HTTPException, Path, Query, Response, status
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from pydantic import AfterValidator, BaseModel
 
@@ -82,20 +82,23 @@ def get_cluster(cluster: ClusterName, source: SourceDep, settings: SettingsDep, 
 @router.get("/{cluster}/history", response_model=ClusterHistory,
             summary="Per-rank interval peaks and the group's peak per window (raw reports kept for the retention)",
             responses={404: {"description": "Unknown cluster or role"}})
-def get_history(
-    cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep, role: RoleQuery = "target",
+async def get_history(
+    request: Request, cluster: ClusterName, source: SourceDep, settings: SettingsDep, clock: ClockDep,
+    role: RoleQuery = "target",
     since_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: one hour before until")] = 0.0,
     until_s: Annotated[float, Query(ge=0, le=1e11, description="Unix seconds; default: now")] = 0.0,
     limit: Annotated[int, Query(ge=1, le=100_000, description="Most rank intervals returned (newest kept)")] = 20_000,
 ) -> Response:
+    workers: HistoryWorkers = request.app.state.history_workers
     try:
-        role_states(source, cluster, role)  # the group exists
+        await workers.call(role_states, source, cluster, role)  # the group exists
     except LookupError as error:
         raise not_found(error) from None
     until = until_s or clock()
     since = since_s or until - 3600.0
     if since > until:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, "since_s must not be after until_s")
-    # Streamed a page of rows at a time (history_stream.py): a request holds a page, never the whole range.
-    return StreamingResponse(history_json(source, cluster, role, since, until, limit, settings.window_s),
-                             media_type="application/json")
+    pieces = await workers.call(history_json, source, cluster, role, since, until, limit, settings.window_s)
+    # Streamed a page of rows at a time (history_stream.py), each piece made in the history's own workers: a
+    # request holds a page, never the whole range, and a crowd of slow readers cannot starve the other routes.
+    return StreamingResponse(workers.pieces(pieces), media_type="application/json")
