@@ -57,6 +57,7 @@ FLASHINFER = bind(FLASHINFER_RULES)  # with SGLang's variable and default for it
 logger = logging.getLogger("capwatch.sglang")
 
 NAME = "flashinfer"  # --moe-a2a-backend
+PACKAGE = "flashinfer-python"  # its library's distribution: the release problem() checks and the plugin info reports
 MODULE = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 DISPATCHER = f"{MODULE}.FlashinferDispatcher"
 INIT = f"{DISPATCHER}.__init__"

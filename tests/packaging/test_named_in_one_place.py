@@ -26,9 +26,7 @@ ENGINE_REGISTRIES = {"capwatch/engines.py"}
 
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
-    "flashinfer": {
-        "capwatch/commands/demo.py", "capwatch/demo/trace.py", "sglang_logs/line_shapes.py", "sglang_plugin/plugin.py",
-    },
+    "flashinfer": set(),
     ENGINE: {
         "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
         "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
