@@ -13,7 +13,7 @@ import time
 import urllib.request
 
 import pytest
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
