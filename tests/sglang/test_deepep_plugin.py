@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 
 import pytest
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
