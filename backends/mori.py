@@ -153,8 +153,8 @@ def _plan_table(plans: list[MoriOpPlan], geometry: ModelGeometry, budget: int | 
 
 PLANNER = Planner(
     description=f"""\
---backend mori prices {MORI.cap_env_var} (default {MORI.default_cap}) in the MoRI EPv1
-dispatch/combine op built for --moe-a2a-backend mori (AMD): IntraNode on up to 8 ranks, InterNodeV1(LL)
+--backend mori prices the per-rank cap of --moe-a2a-backend mori (AMD) in the MoRI EPv1
+dispatch/combine op built for it: IntraNode on up to 8 ranks, InterNodeV1(LL)
 beyond, AsyncLL with --mori-low-latency; MoRI v{MORI_VERSION}'s allocations, bf16.""",
     options=(PlanOption("--mori-low-latency", "mori_low_latency", "the server's low-latency mode: MoRI's AsyncLL "
                                                                   "kernel"),),

@@ -36,30 +36,29 @@ from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError, check_integer, check_positive
 
-SGLANG_MORI_DEFAULT_CAP = 4096  # envs.SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK's default
-# The engine's variable that shrinks the receive side (max_total_recv_tokens; 0, its default: every rank's T).
-PREALLOC_RECV_VARIABLE = "SGLANG_MORI_PREALLOC_MAX_RECV_TOKENS"
+# The engine's setting that shrinks the receive side (max_total_recv_tokens; 0, its default: every rank's T).
+PREALLOC_RECV_VARIABLE = "the receive-token prealloc (max_total_recv_tokens)"
 MORI_VERSION = "1.2.2"  # the MoRI source the allocations are transcribed from
-KERNEL_TYPES: tuple[str, ...] = ("IntraNode", "InterNodeV1", "InterNodeV1LL", "AsyncLL")  # what SGLang builds
+KERNEL_TYPES: tuple[str, ...] = ("IntraNode", "InterNodeV1", "InterNodeV1LL", "AsyncLL")  # what the server builds
 COMBINE_QUANTS: tuple[str, ...] = ("none", "fp8_direct_cast", "fp8_blockwise", "fp4_blockwise")
 BLOCKWISE_COMBINE_QUANTS = ("fp8_blockwise", "fp4_blockwise")
 BLOCKWISE_COMBINE_SCALE_DIM = 56  # kDefaultFp8BlockwiseScaleDim (MORI_FP8_COMBINE_SCALE_DIM overrides it)
 INDEX_BYTES = 4  # index_t = int32_t
 FLOAT_BYTES = 4
 SIGNAL_BYTES = 8  # int64_t / uint64_t
-QPS_PER_PE = 2  # SGLang's num_qp_per_pe
-GPUS_PER_NODE = 8  # SGLang: gpu_per_node = 8 if ep_size >= 8 else ep_size
-# SGLang picks InterNodeV1LL up to this cap on more than 8 ranks (SGLANG_MORI_DISPATCH_INTER_KERNEL_SWITCH_THRESHOLD).
+QPS_PER_PE = 2  # the server's num_qp_per_pe
+GPUS_PER_NODE = 8  # the server's gpu_per_node: 8 if ep_size >= 8 else ep_size
+# The server picks InterNodeV1LL up to this cap on more than 8 ranks (its inter-kernel switch threshold).
 INTER_KERNEL_SWITCH_THRESHOLD = 256
 
 MORI = BackendCapRules(
-    "mori", "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=SGLANG_MORI_DEFAULT_CAP,
+    "mori",
     below_floor=("below it a batch writes past MoRI's buffers and corrupts memory silently (ROCm/mori#356; the "
                  "server checks only the prefill chunk at start-up, not the decode batch: #37964)"),
     eager_prefill_dispatched=True, local_batch_cap=True,
     overflow_outcome=("MoRI would write past its buffers and corrupt memory silently (ROCm/mori#356), so capwatch "
                       "refuses the dispatch and the rank ends"),
-    memory="buffers", sized_by=f"MoRI v{MORI_VERSION}'s allocations as SGLang configures them",
+    memory="buffers", sized_by=f"MoRI v{MORI_VERSION}'s allocations as the server configures them",
     mismatch_hint=f"check the MoRI release (capwatch transcribes v{MORI_VERSION}), {PREALLOC_RECV_VARIABLE} and "
                   "MORI_FP8_COMBINE_SCALE_DIM")
 

@@ -18,8 +18,11 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import VERIFIED, Target
-from capwatch.sizing.mori import MORI
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.sizing.mori import MORI as MORI_RULES
+
+MORI = bind(MORI_RULES)  # with SGLang's variable and default for its cap
 
 NAME = MORI.name
 FLOOR_RULES = {release: "capwatch" for release in VERIFIED}

@@ -41,7 +41,12 @@ from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_engine.caps import reported_backend
-from capwatch.sizing.mori import MORI, mori_op_plan
+from capwatch.sglang_plugin.apply import overflows
+from capwatch.sglang_engine.caps import bind
+from capwatch.sizing.mori import MORI as MORI_RULES
+from capwatch.sizing.mori import mori_op_plan
+
+MORI = bind(MORI_RULES)  # with SGLang's variable and default for its cap
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -130,6 +135,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None, ep_rank: int, ep
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, MORI,
                                 traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
                                 lead_per_micro_batch=True)
+    overflows.watch(layer, MORI.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
     return layer
 

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from capwatch.backends import spec_of
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.mori import MORI, MoriOpConfig, MoriPricing, kernel_type, mori_op_plan
 
@@ -69,4 +70,6 @@ def test_largest_cap_within_a_budget_and_refusals():
         MoriOpConfig(8, 7168, 8, 16, "Mystery")
     with pytest.raises(SizingError):
         pricing.bytes_per_rank(MORI.max_cap_tokens + 1)
-    assert MORI.default_cap == 4096 and MORI.local_batch_cap and MORI.eager_prefill_dispatched
+    rules = spec_of("mori").rules  # with the engine's variable and default
+    assert rules.cap_env_var == "SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK" and rules.default_cap == 4096
+    assert rules.local_batch_cap and rules.eager_prefill_dispatched
