@@ -32,6 +32,7 @@ STILL_NAMING: dict[str, set[str]] = {
         "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py", "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
         "service/sources/prometheus/source.py", "sizing/backends.py", "sizing/deepep_low_latency.py",
         "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py", "sizing/flashinfer_releases.py",
+        "sizing/mooncake.py",
         "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
