@@ -21,6 +21,7 @@ from capwatch.backends.spec import (
     PlanTable,
     RankSizes,
 )
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
@@ -72,6 +73,8 @@ class FlashInferParams(BaseModel):
 
 
 DEFAULT_PARAMS = FlashInferParams()
+
+RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=FLASHINFER, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
+    rules=RULES, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
     # On moe_a2a_info and their own gauge, as before the registry (dashboards and alerts read them).
