@@ -52,8 +52,11 @@ def _after_configure(result, server_args, gpu_id, *args, **kwargs):
 
 
 def versions() -> dict[str, str | None]:
+    """SGLang's release and the release of each backend's own library (a hook module's ``PACKAGE``), by name: what
+    a backend's ``problem`` checks and the plugin info's ``<name>_version`` labels."""
     return {"sglang": releases.installed_version("sglang"),
-            "flashinfer": releases.installed_version("flashinfer-python")}
+            **{name: releases.installed_version(module.PACKAGE) for name, module in BACKENDS.items()
+               if getattr(module, "PACKAGE", None)}}
 
 
 def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
@@ -75,7 +78,7 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
                   f"{choice.adapter}")
     if reason is None:
         adapter, floor = backend.ADAPTERS[choice.adapter], FLOORS[backend.NAME]
-        reason = backend.problem(adapter, found["flashinfer"], choice.newer) \
+        reason = backend.problem(adapter, found.get(backend.NAME), choice.newer) \
             or releases.first_problem(floor.targets(choice.adapter))
     if reason is not None:
         where = _serve_status(settings, found, local_gpu_index, reason)

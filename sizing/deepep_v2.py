@@ -17,8 +17,7 @@ from capwatch.sizing.checks import SizingError, check_positive
 SCALE_BLOCK_CHANNELS = 128  # one fp32 scale per 128 channels with FP8 dispatch; the hidden size must divide
 
 DEEPEP_V2 = BackendCapRules(
-    "deepep_v2", "SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
-    eager_prefill_dispatched=True, local_batch_cap=True,
+    "deepep_v2", eager_prefill_dispatched=True, local_batch_cap=True,
     overflow_outcome="SGLang raises a ValueError ('DeepEP v2 dispatch input exceeds the per-rank buffer "
                      "capacity') and the rank dies",
     memory="ElasticBuffer", sized_by="the bytes its ElasticBuffer reported (num_bytes)",

@@ -201,8 +201,9 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     from capwatch.sglang_plugin.floors import FLOORS
 
     backend = str(view.moe_a2a_backend)
-    if backend not in FLOORS:
-        return f"--moe-a2a-backend is {backend!r}; capwatch applies the caps of {', '.join(map(repr, FLOORS))}"
+    applies = [name for name, module in FLOORS.items() if hasattr(module, "cap_params")]  # a floor module's opt-in
+    if backend not in applies:
+        return f"--moe-a2a-backend is {backend!r}; capwatch applies the caps of {', '.join(map(repr, applies))}"
     spec, floor_module = SPECS[backend], FLOORS[backend]
     params = floor_module.cap_params(view)
     if isinstance(params, str):

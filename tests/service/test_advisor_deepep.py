@@ -9,7 +9,7 @@ import pytest
 from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.recommend import recommend, whatif
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_RESERVE_BYTES, DeepEPPricing, plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry

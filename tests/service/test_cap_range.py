@@ -11,7 +11,7 @@ import pytest
 from capwatch.advisor.floor import deployment_floor
 from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.recommend import recommend
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from capwatch.sizing.caps import MAX_CAP_TOKENS, align_down, align_up
 from capwatch.sizing.checks import INT32_MAX, SizingError
 from capwatch.sizing.model_presets import model_geometry

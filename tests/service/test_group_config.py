@@ -10,8 +10,8 @@ from capwatch.advisor.group import group_config
 from capwatch.backends import spec_of
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.backends.flashinfer import WorkspacePricing
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 
 from tests.support.checkout import PRODUCT_FOLDERS, REPO_ROOT

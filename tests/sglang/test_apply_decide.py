@@ -15,8 +15,8 @@ from capwatch.sglang_plugin.apply import advice as advice_source
 from capwatch.sglang_plugin.apply import state
 from capwatch.sglang_plugin.apply.decide import Shape, decide
 from capwatch.sglang_plugin.apply.settings import ApplySettings, ApplySettingsError, load_apply
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -11,7 +11,7 @@ import urllib.error
 
 import pytest
 import torch
-from capwatch.sizing.deepep_v2 import DEEPEP_V2
+from capwatch.backends.deepep_v2 import RULES as DEEPEP_V2
 
 from tests.sglang.deepep_v2_standin import standin_num_bytes
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun
