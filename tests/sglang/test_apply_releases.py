@@ -148,6 +148,9 @@ def test_apply_sets_the_advised_cap_in_the_launcher_and_every_rank_builds_with_i
         assert record["max_num_tokens"] == [expected, expected], (release, record["max_num_tokens"])
         assert read_applied(VARIABLE, record["cap_environment"]) == applied
         assert "capwatch: apply" not in ranks.log(rank)  # nothing is resolved, or set, in a scheduler
+        # Each scheduler reports what its dispatchers were built with, and who set it (issue #32 item 4).
+        assert f"; its cap: applied by capwatch at start (revision {applied.revision})" in ranks.log(rank), \
+            ranks.log(rank)[-3000:]
 
 
 def test_apply_dry_run_says_what_it_would_set_and_changes_nothing(tmp_path, applied_run):
