@@ -48,6 +48,12 @@ class Deployment(BaseModel):
     cap_variable: str = DEFAULT_BACKEND.rules.cap_env_var  # the variable that sets it
     current_cap: int  # where cap_known is false, an assumed value: nothing is priced or decided against it
     ep_size: int
+    # The MoE geometry that prices the cap (the ranks' dispatchers: experts and top-k counting fused shared and
+    # redundant experts; a log's model: its config's): what a tool applying the advice at start checks it is for
+    # this model. None where not known (advice from before these fields, ranks that did not report them).
+    hidden_size: int | None = None
+    num_experts: int | None = None
+    top_k: int | None = None
     workspace_bytes_per_rank_current: int | None  # None where the cap in use is unknown
     workspace_bytes_group_current: int | None
     floor_cap: int | None

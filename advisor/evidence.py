@@ -51,6 +51,10 @@ class GroupConfig:
     # where they disagree) and the advice revision capwatch applied; None where no rank says (no SGLang plugin).
     cap_set_by: str | None = None
     cap_advice_revision: int | None = None
+    # The MoE geometry the cap is priced for (the ranks' reports, or a log's model); None where not known.
+    hidden_size: int | None = None
+    num_experts: int | None = None
+    top_k: int | None = None
 
 
 @dataclass(frozen=True, eq=False)

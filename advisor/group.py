@@ -19,12 +19,14 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
                  engine_limits: Iterable = (), cuda_graph_max_batch_sizes: Iterable[int | None] = (),
                  speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None,
                  cap_source: CapSource = "reported", cap_at_least: int | None = None,
-                 mem_fraction_static: float | None = None) -> GroupConfig:
+                 mem_fraction_static: float | None = None, hidden_size: int | None = None,
+                 num_experts: int | None = None, top_k: int | None = None) -> GroupConfig:
     """The group's configuration: ``cap`` its current cap (the largest the ranks run; where ``cap_source`` is
     "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``prefill_dispatched``
     whether its prefill batches go through the cap (``BackendSpec.prefill_dispatched``: DeepEP's only in
     --deepep-mode low_latency); the ranks' engine limits (capwatch.engines), CUDA-graph batches and draft
-    tokens per step, each merged to its largest (None where not known)."""
+    tokens per step, each merged to its largest (None where not known); ``hidden_size``, ``num_experts`` and
+    ``top_k`` the MoE geometry its cap is priced for (None where not known)."""
     graph_batches = [batch for batch in cuda_graph_max_batch_sizes if batch is not None]
     engine_limits = [as_limits(limits) for limits in engine_limits if limits]
     origins = {(limits.cap_source, limits.advice_revision) for limits in engine_limits}
@@ -37,4 +39,5 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
         speculative_tokens=max(speculative_tokens, default=0),
         engine_limits=merged_limits(engine_limits), kv_bytes_per_token=kv_bytes_per_token,
         cap_known=cap_source != "assumed", cap_source=cap_source, cap_at_least=cap_at_least,
-        mem_fraction_static=mem_fraction_static, cap_set_by=set_by, cap_advice_revision=revision)
+        mem_fraction_static=mem_fraction_static, cap_set_by=set_by, cap_advice_revision=revision,
+        hidden_size=hidden_size, num_experts=num_experts, top_k=top_k)

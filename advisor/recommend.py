@@ -95,7 +95,8 @@ def deployment_of(given: Evidence) -> Deployment:
     pricing, current_bytes = group.pricing, given.current_bytes_per_rank if group.cap_known else None
     return Deployment(
         a2a_backend=given.rules.name, cap_variable=given.rules.cap_env_var,
-        current_cap=given.current_cap, ep_size=pricing.ep_size, workspace_bytes_per_rank_current=current_bytes,
+        current_cap=given.current_cap, ep_size=pricing.ep_size, hidden_size=group.hidden_size,
+        num_experts=group.num_experts, top_k=group.top_k, workspace_bytes_per_rank_current=current_bytes,
         workspace_bytes_group_current=None if current_bytes is None else current_bytes * pricing.ep_size,
         floor_cap=given.floor_cap, floor_binds=None if given.floor is None else given.floor.binds,
         budget_cap=given.budget_cap, kv_bytes_per_token=group.kv_bytes_per_token,

@@ -71,7 +71,8 @@ def group_config_of_ranks(states: list[RankState], now_s: float, settings: Setti
         cuda_graph_max_batch_sizes=[state.config.cuda_graph_max_batch_size for state in live],
         speculative_tokens=[state.config.speculative_tokens for state in live],
         # A config rebuilt from Prometheus may lack the geometry (an UnpricedConfig's are None): then no KV price.
-        kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
+        kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts),
+        hidden_size=config.hidden_size, num_experts=config.num_experts, top_k=config.top_k)
 
 
 def cluster_advice(source: ClusterSource, cluster: str, role: str, now_s: float, settings: Settings,

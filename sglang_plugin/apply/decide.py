@@ -21,6 +21,30 @@ APPLIED_ACTIONS = ("raise", "lower", "hold")  # "set" is advice for a cap in use
 
 
 @dataclass(frozen=True)
+class ModelShape:
+    """This server's MoE model as SGLang's ``ModelConfig`` reads it: what the advice's ``hidden_size``,
+    ``num_experts`` and ``top_k`` (the geometry that priced its cap) must match. The ranks report their dispatchers'
+    numbers, which may exceed the config's: shared experts SGLang fuses count in both the experts and the top-k,
+    EPLB's redundant experts in the experts, and an mxfp4 MoE pads the hidden size to a multiple of 256."""
+
+    hidden_size: int
+    num_experts: int  # routed experts
+    top_k: int
+    shared_experts: int = 0  # that SGLang may fuse into the dispatch
+    redundant_experts: int = 0  # --ep-num-redundant-experts
+
+    def mismatches(self, advice: ClusterAdvice) -> list[str]:
+        """The advice's geometry that this model's dispatchers cannot have, in words (empty: it matches)."""
+        allowed = (("hidden_size", advice.hidden_size, {self.hidden_size, -(-self.hidden_size // 256) * 256}),
+                   ("num_experts", advice.num_experts, range(self.num_experts, self.num_experts + self.shared_experts
+                                                             + self.redundant_experts + 1)),
+                   ("top_k", advice.top_k, range(self.top_k, self.top_k + self.shared_experts + 1)))
+        return [f"model {what} {theirs!r} (this server's model: {min(ours)}"
+                f"{'' if len(ours) == 1 else f' up to {max(ours)}'})" for what, theirs, ours in allowed
+                if theirs not in ours]
+
+
+@dataclass(frozen=True)
 class Shape:
     """The server as SGLang resolved it: what the advice must have been made for."""
 
@@ -29,6 +53,7 @@ class Shape:
     floor: Floor | None  # the start-up floor from the resolved settings (advisor/floor.py deployment_floor)
     mem_fraction_static: float | None = None  # the resolved --mem-fraction-static
     gpu_memory_bytes: int | None = None  # the GPU's memory, for the fraction a DeepEP buffer's excess takes
+    model: ModelShape | None = None  # the model's MoE geometry (None: not known, and no advice applies)
 
 
 @dataclass(frozen=True)
@@ -65,6 +90,14 @@ def _check_advice(settings: ApplySettings, advice: ClusterAdvice, shape: Shape, 
         ("backend", advice.a2a_backend, rules.name), ("cap variable", advice.cap_variable, rules.cap_env_var),
         ("EP size", advice.ep_size, shape.ep_size),
         ("floor", advice.floor_cap, None if shape.floor is None else shape.floor.tokens)) if theirs != ours]
+    if advice.hidden_size is None or advice.num_experts is None or advice.top_k is None:
+        raise Refused("the advice does not name the model it was made for (its hidden_size, num_experts, top_k: "
+                      "advice from an older capwatch, or from ranks that did not report them): make it again with "
+                      "this capwatch")
+    if shape.model is None:
+        raise Refused("this server's model geometry (hidden size, experts, top-k) could not be read from its "
+                      "config: whether the advice is for this model is not known")
+    mismatched += shape.model.mismatches(advice)
     if mismatched:
         raise Refused(f"the advice is for another deployment shape: {', '.join(mismatched)}")
 

@@ -24,7 +24,7 @@ from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.apply import advice as advice_source
 from capwatch.sglang_plugin.apply import state
 from capwatch.sglang_plugin.apply.applied import clear_applied, read_applied, record_applied
-from capwatch.sglang_plugin.apply.decide import Outcome, Shape, decide, int_or_none
+from capwatch.sglang_plugin.apply.decide import ModelShape, Outcome, Shape, decide, int_or_none
 from capwatch.sglang_plugin.apply.settings import ApplySettings, ApplySettingsError, load_apply
 
 logger = logging.getLogger("capwatch.sglang")
@@ -222,7 +222,37 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     limits = floor_module.limits(server_args, version, choice.adapter)
     floor = deployment_floor(limits, None, rules=spec.rules, prefill_dispatched=spec.prefill_dispatched(params))
     return Shape(spec.rules, int(view.ep_size), floor, mem_fraction_static=view.mem_fraction_static,
-                 gpu_memory_bytes=_gpu_memory_bytes(view) if settings.lower_mem_fraction else None)
+                 gpu_memory_bytes=_gpu_memory_bytes(view) if settings.lower_mem_fraction else None,
+                 model=_model_shape(server_args, view))
+
+
+# config.json's names for the routed experts and the experts per token, by model family (the first present counts).
+ROUTED_EXPERTS = ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts")
+EXPERTS_PER_TOKEN = ("num_experts_per_tok", "moe_topk", "num_experts_per_token")
+
+
+def _model_shape(server_args, view) -> ModelShape | None:
+    """The model's MoE geometry from SGLang's own ``ModelConfig`` (``model_config_of``: built once per record and
+    kept, as SGLang's resolution builds it); None where the config does not say."""
+    from sglang.srt.arg_groups.model_override_base import model_config_of
+
+    try:
+        model_config = model_config_of(server_args)
+    except Exception as error:  # noqa: BLE001 - a config SGLang cannot read: no model shape (the refusal says so)
+        logger.debug("capwatch: apply: the model's config (%s)", error)
+        return None
+    config = model_config.hf_text_config
+
+    def first(names: tuple[str, ...]) -> int | None:
+        found = [getattr(config, name, None) for name in names]
+        return next((int(value) for value in found if isinstance(value, int) and value > 0), None)
+
+    hidden_size, experts, top_k = getattr(model_config, "hidden_size", None), first(ROUTED_EXPERTS), \
+        first(EXPERTS_PER_TOKEN)
+    if not isinstance(hidden_size, int) or experts is None or top_k is None:
+        return None
+    return ModelShape(hidden_size, experts, top_k, shared_experts=int(getattr(config, "n_shared_experts", 0) or 0),
+                      redundant_experts=int(getattr(view, "ep_num_redundant_experts", 0) or 0))
 
 
 def _gpu_memory_bytes(view) -> int | None:

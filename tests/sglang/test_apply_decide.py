@@ -13,7 +13,7 @@ from capwatch.advisor.advice import ClusterAdvice
 from capwatch.advisor.floor import Floor
 from capwatch.sglang_plugin.apply import advice as advice_source
 from capwatch.sglang_plugin.apply import state
-from capwatch.sglang_plugin.apply.decide import Shape, decide
+from capwatch.sglang_plugin.apply.decide import ModelShape, Shape, decide
 from capwatch.sglang_plugin.apply.settings import ApplySettings, ApplySettingsError, load_apply
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.backends.flashinfer import RULES as FLASHINFER
@@ -28,7 +28,7 @@ FLOOR = Floor(512, "the prefill chunk (max prefill buffer) of 512 tokens", "SGLa
 
 
 def advice_json(**changes) -> dict:
-    """Advice for the shape below (FlashInfer, EP 2, floor 512): raise 1024 -> 1280, trusted, an hour old."""
+    """Advice for the shape below (FlashInfer, EP 2, floor 512, DeepSeek-V3's geometry): raise 1024 -> 1280, trusted, an hour old."""
     base = {
         "cluster": "prod-a", "role": "target", "generated_unix_s": NOW - 3600, "action": "raise",
         "recommended_cap": 1280, "target_cap": 1200, "lower_bound": 1100, "upper_bound": 1500, "confidence": 0.9,
@@ -38,7 +38,8 @@ def advice_json(**changes) -> dict:
         "overflow_windows": 3, "history_s": 90000.0, "covered_history_s": 90000.0, "max_peak_runtime_tokens": 1100,
         "predicted_overflow_rate_current": 0.01, "predicted_overflow_rate_recommended": 0.0,
         "workspace_bytes_per_rank_recommended": 5 << 18, "workspace_bytes_group_recommended": 5 << 19,
-        "workspace_bytes_group_delta": 1 << 19, "reasons": ["p99.9 of the group's peaks is 1100 tokens"]}
+        "workspace_bytes_group_delta": 1 << 19, "reasons": ["p99.9 of the group's peaks is 1100 tokens"],
+        "hidden_size": 7168, "num_experts": 256, "top_k": 8}
     return {**base, **changes}
 
 
@@ -46,7 +47,8 @@ def advice(**changes) -> ClusterAdvice:
     return ClusterAdvice.model_validate(advice_json(**changes))
 
 
-SHAPE = Shape(FLASHINFER, ep_size=2, floor=FLOOR)
+MODEL = ModelShape(hidden_size=7168, num_experts=256, top_k=8, shared_experts=1)  # DeepSeek-V3's config
+SHAPE = Shape(FLASHINFER, ep_size=2, floor=FLOOR, model=MODEL)
 ON = ApplySettings(mode="on")
 
 
@@ -110,13 +112,13 @@ def test_dry_run_says_what_it_would_set_and_sets_nothing():
 
 def test_the_advised_cap_is_clamped_to_the_floor():
     floor = Floor(1536, "the decode CUDA-graph batch 512 x 3 tokens per request", "SGLang refuses to start below it")
-    outcome = run(shape=Shape(FLASHINFER, 2, floor), given_advice=advice(floor_cap=1536))
+    outcome = run(shape=Shape(FLASHINFER, 2, floor, model=MODEL), given_advice=advice(floor_cap=1536))
     assert outcome.cap == 1536 and "raised to the floor 1536: the decode CUDA-graph batch 512 x 3" in outcome.line
 
 
 @given(advised=st.integers(1, 1024), floor=st.integers(1, 1024))
 def test_a_deepep_cap_is_at_least_the_floor_a_multiple_of_128_and_at_most_1024(advised, floor):
-    shape = Shape(DEEPEP, 2, Floor(floor, "the decode CUDA-graph batch", "DeepEP asserts"))
+    shape = Shape(DEEPEP, 2, Floor(floor, "the decode CUDA-graph batch", "DeepEP asserts"), model=MODEL)
     given_advice = advice(a2a_backend="deepep", cap_variable=DEEPEP.cap_env_var, recommended_cap=advised,
                           floor_cap=floor, over_sglang_reserve_bytes_recommended=0)
     outcome = run(shape=shape, given_advice=given_advice)
@@ -127,7 +129,7 @@ def test_a_deepep_cap_is_at_least_the_floor_a_multiple_of_128_and_at_most_1024(a
 
 
 def test_a_deepep_floor_above_1024_applies_nothing():
-    shape = Shape(DEEPEP, 2, Floor(1100, "the prefill chunk of 1100 tokens", "DeepEP asserts"))
+    shape = Shape(DEEPEP, 2, Floor(1100, "the prefill chunk of 1100 tokens", "DeepEP asserts"), model=MODEL)
     outcome = run(shape=shape, given_advice=advice(a2a_backend="deepep", cap_variable=DEEPEP.cap_env_var,
                                                    recommended_cap=1024, floor_cap=1100))
     assert outcome.cap is None and "is 1152, above 1024 (SGLang asserts the cap <= 1024 at start-up)" in outcome.line
@@ -162,6 +164,33 @@ def test_advice_that_does_not_fit_is_not_applied(changes, why):
     assert "not applied" in outcome.line and f"{VARIABLE} stays unset (SGLang's default)" in outcome.line
 
 
+@pytest.mark.parametrize("changes, why", [
+    ({"num_experts": 384}, "model num_experts 384 (this server's model: 256 up to 257)"),  # Kimi K2: same H, top-k
+    ({"hidden_size": 4096}, "model hidden_size 4096 (this server's model: 7168)"),
+    ({"top_k": 4}, "model top_k 4 (this server's model: 8 up to 9)"),
+])
+def test_advice_for_another_model_is_not_applied(changes, why):
+    outcome = run(given_advice=advice(**changes))
+    assert outcome.cap is None and f"the advice is for another deployment shape: {why}" in outcome.line, outcome.line
+
+
+def test_advice_that_does_not_name_its_model_is_not_applied():
+    """Advice from before the geometry was in it still parses, and is refused: it could be for any model."""
+    older = {name: value for name, value in advice_json().items() if name not in ("hidden_size", "num_experts", "top_k")}
+    outcome = run(given_advice=ClusterAdvice.model_validate(older))
+    assert outcome.cap is None and "does not name the model it was made for" in outcome.line, outcome.line
+    unread = run(shape=Shape(FLASHINFER, 2, FLOOR))  # this server's model could not be read
+    assert unread.cap is None and "this server's model geometry" in unread.line, unread.line
+
+
+def test_the_ranks_dispatcher_geometry_matches_the_models_config():
+    """The ranks report their dispatchers' numbers: fused shared and redundant experts, an mxfp4-padded hidden size."""
+    shape = Shape(FLASHINFER, 2, FLOOR, model=ModelShape(2880, 128, 4, shared_experts=1, redundant_experts=32))
+    assert run(shape=shape, given_advice=advice(hidden_size=3072, num_experts=128 + 1 + 32, top_k=5)).cap == 1280
+    assert run(shape=shape, given_advice=advice(hidden_size=2880, num_experts=128, top_k=4)).cap == 1280
+    assert run(shape=shape, given_advice=advice(hidden_size=2880, num_experts=128 + 34, top_k=4)).cap is None
+
+
 def test_the_age_and_confidence_limits_are_the_settings():
     old = advice(generated_unix_s=NOW - 7200, confidence=0.6)
     assert run(ApplySettings(mode="on", max_age_s=3600), given_advice=old).cap is None
@@ -191,7 +220,7 @@ def deepep_advice(**changes) -> ClusterAdvice:
 
 
 DEEPEP_SHAPE = Shape(DEEPEP, 2, Floor(128, "the decode CUDA-graph batch 128 x 1 token per request", "DeepEP asserts"),
-                     mem_fraction_static=0.8, gpu_memory_bytes=80 << 30)
+                     mem_fraction_static=0.8, gpu_memory_bytes=80 << 30, model=MODEL)
 
 
 def test_a_deepep_raise_past_sglangs_reserve_is_not_applied_and_says_the_delta():
@@ -208,7 +237,7 @@ def test_with_its_opt_in_the_raise_lowers_mem_fraction_static_by_the_delta():
     assert "--mem-fraction-static 0.8 -> 0.7" in outcome.line
     within = run(shape=DEEPEP_SHAPE, given_advice=deepep_advice(over_sglang_reserve_bytes_recommended=0))
     assert within.cap == 512 and within.mem_fraction_static is None
-    unknown = run(opted, shape=Shape(DEEPEP, 2, DEEPEP_SHAPE.floor),
+    unknown = run(opted, shape=Shape(DEEPEP, 2, DEEPEP_SHAPE.floor, model=MODEL),
                   given_advice=deepep_advice(over_sglang_reserve_bytes_recommended=1 << 30))
     assert unknown.cap is None and "not known to lower it" in unknown.line
 
@@ -291,6 +320,9 @@ def test_advice_from_a_real_capwatch_serve_is_its_advice_endpoints_answer(tmp_pa
         with pytest.raises(advice_source.AdviceUnavailable, match="answered 404"):
             advice_source.from_service(server.url, "nobody", None, 2.0)
     assert (fetched.action, fetched.recommended_cap, fetched.ep_size) == (answered["action"], 512, 2)
+    # the model the ranks reported, for the launcher's check that the advice is for its model
+    assert (fetched.hidden_size, fetched.num_experts, fetched.top_k) == (answered["hidden_size"], 256, 8)
+    assert answered["hidden_size"] == ranks[0].hidden_size == 7168
     assert int(before) <= advice_source.revision(fetched) <= int(answered["generated_unix_s"])
 
 

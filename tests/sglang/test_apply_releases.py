@@ -164,6 +164,22 @@ def test_apply_dry_run_says_what_it_would_set_and_changes_nothing(tmp_path, appl
     assert VARIABLE not in launched.environment and read_applied(VARIABLE, launched.environment) is None
 
 
+def test_apply_refuses_advice_for_another_model_read_from_sglangs_model_config(tmp_path, applied_run):
+    """The service's advice names the model its ranks reported; the launcher reads its own from SGLang's
+    ``ModelConfig`` on every release: advice for a model with twice the experts is not applied."""
+    release, answer, _, _, _ = applied_run
+    assert (answer["hidden_size"], answer["num_experts"], answer["top_k"]) == tuple(MODEL[name] for name in (
+        "hidden_size", "num_experts", "top_k"))
+    advice_file = tmp_path / "advice.json"
+    advice_file.write_text(json.dumps(trusted_raise(answer, num_experts=2 * MODEL["num_experts"])))
+    launched = launch(tmp_path / "launcher", release, base_env(CAPWATCH_APPLY="on",
+                                                              CAPWATCH_ADVICE_FILE=str(advice_file)))
+    [line] = launched.lines()
+    assert (f"not applied: the advice is for another deployment shape: model num_experts {2 * MODEL['num_experts']} "
+            f"(this server's model: {MODEL['num_experts']})") in line, line
+    assert VARIABLE not in launched.environment and "error" not in launched.outcome
+
+
 @pytest.mark.parametrize("release", [NEWEST], ids=release_id)
 def test_apply_on_keeps_the_operators_value_and_override_replaces_it_before_sglangs_check(tmp_path, service, release):
     """The operator's 16 is below SGLang's floor: with ``on`` it is kept (and SGLang's own check refuses the server,
@@ -229,7 +245,8 @@ def test_apply_deepep_raise_past_sglangs_reserve_lowers_mem_fraction_static_on_i
         "overflow_windows": 2, "history_s": 9e4, "covered_history_s": 9e4, "max_peak_runtime_tokens": 450,
         "predicted_overflow_rate_current": 0.01, "predicted_overflow_rate_recommended": 0.0,
         "workspace_bytes_per_rank_recommended": OVER_RESERVE_BYTES + (2 << 30), "workspace_bytes_group_recommended": None,
-        "workspace_bytes_group_delta": None, "over_sglang_reserve_bytes_recommended": OVER_RESERVE_BYTES}
+        "workspace_bytes_group_delta": None, "over_sglang_reserve_bytes_recommended": OVER_RESERVE_BYTES,
+        **MODEL}  # the model the launcher's config.json describes
     advice_file = tmp_path / "advice.json"
     advice_file.write_text(json.dumps(trusted_raise(answer, cap=512)))
     env = base_env(CAPWATCH_APPLY="on", CAPWATCH_ADVICE_FILE=str(advice_file), CAPWATCH_APPLY_LOWER_MEM_FRACTION="1")

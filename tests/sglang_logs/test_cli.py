@@ -37,6 +37,7 @@ def test_cli_json_is_the_services_advice_object(tmp_path):
     assert advice["cluster"] == "server" and advice["current_cap"] == 8192  # chunked 8192: SGLang's default
     assert advice["floor_cap"] == 8192 and "prefill chunk" in advice["floor_binds"]
     assert advice["kv_bytes_per_token"] == (512 + 64) * 61 * 2  # DeepSeek-V3, MLA, bf16 KV
+    assert (advice["hidden_size"], advice["num_experts"], advice["top_k"]) == (7168, 256, 8)  # the model it is for
     assert advice["env"].startswith("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK=")
     table = run_cli("--sglang-log", path, "--cap", "16384")
     assert table.returncode == 0 and "capwatch advice" in table.stdout and "lower" in table.stdout
