@@ -284,7 +284,7 @@ def test_apply_after_an_overflow_at_the_applied_cap_a_later_start_waits_for_newe
         "overflow_windows": 0, "history_s": 9e4, "covered_history_s": 9e4, "max_peak_runtime_tokens": 20,
         "predicted_overflow_rate_current": 0.0, "predicted_overflow_rate_recommended": 0.0,
         "workspace_bytes_per_rank_recommended": None, "workspace_bytes_group_recommended": None,
-        "workspace_bytes_group_delta": None}
+        "workspace_bytes_group_delta": None, **MODEL}
     advice_file, state_file = tmp_path / "advice.json", tmp_path / "state" / "apply-state.json"
     advice_file.write_text(json.dumps(trusted_raise(answer, cap=floor, action="lower")))
     env = base_env(CAPWATCH_APPLY="on", CAPWATCH_ADVICE_FILE=str(advice_file), CAPWATCH_APPLY_STATE_FILE=str(state_file))
