@@ -14,9 +14,8 @@ from capwatch.sizing.backends import BackendCapRules
 MAX_DISPATCH_TOKENS_PER_RANK = 1024  # Mooncake EP counts tokens below its FINISHED_SUM_TAG, as DeepEP does
 
 MOONCAKE = BackendCapRules(
-    "mooncake", "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
+    "mooncake", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
     why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} (Mooncake EP's FINISHED_SUM_TAG)",
-    default_cap=128,
     below_floor="Mooncake EP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full "
                 "batch; SGLang has no start-up check)",
     eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="Mooncake EP's assertion ends the rank",

@@ -32,6 +32,7 @@ STILL_NAMING: dict[str, set[str]] = {
         "capwatch/commands/advise.py", "dashboards/kubernetes.py", "service/sources/contract.py",
         "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
         "sizing/deepep_low_latency.py", "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py",
+        "sizing/mooncake.py",
         "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
