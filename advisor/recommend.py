@@ -153,7 +153,7 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
               else kv_trade("hold", recommended_bytes, recommended_bytes, given.group.kv_bytes_per_token))
     if traded:
         reasons.append(traded)
-    reserve = rules.sglang_reserve_bytes
+    reserve = rules.engine_reserve_bytes
     over = None if reserve is None else max(0, recommended_bytes - reserve)
     if over:
         reasons.append(

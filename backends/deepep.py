@@ -18,6 +18,7 @@ from capwatch.backends.spec import (
     RankSizes,
     SettingsReader,
 )
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes, format_gib
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size, low_latency_layout
@@ -35,6 +36,8 @@ from capwatch.sizing.deepep_plan import (
 )
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+RULES = ENGINE.bind_rules(DEEPEP)  # with the engine's variable for the cap
 
 DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
 
@@ -141,7 +144,7 @@ def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: 
         plan = min(over, key=lambda plan: plan.cap)
         warnings = (f"warning: from cap {plan.cap} the buffer ({format_gib(plan.buffer_bytes_per_rank)} per rank) "
                     f"outgrows the {format_gib(plan.sglang_reserve_bytes)} SGLang's automatic --mem-fraction-static "
-                    f"reserves for DeepEP whatever {DEEPEP.cap_env_var} is: set --mem-fraction-static lower by the "
+                    f"reserves for DeepEP whatever {RULES.cap_env_var} is: set --mem-fraction-static lower by the "
                     "difference or expect the KV pool or CUDA-graph capture to run out of memory",)
     return PlanTable(title, tuple(headers), rows, caption, notes, warnings)
 
@@ -192,7 +195,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=DEEPEP, params=DeepEPBuffer, refusal=_refusal, group_refusal=_group_refusal,
+    rules=RULES, params=DeepEPBuffer, refusal=_refusal, group_refusal=_group_refusal,
     pricing=DeepEPPricing.of_config, sizes=_sizes,
     # Only in --deepep-mode low_latency: auto sends prefill to normal mode, which has no cap.
     prefill_dispatched=lambda buffer: buffer is None or prefill_dispatched(buffer.mode),

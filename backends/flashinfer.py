@@ -21,6 +21,7 @@ from capwatch.backends.spec import (
     PlanTable,
     RankSizes,
 )
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
@@ -72,6 +73,8 @@ class FlashInferParams(BaseModel):
 
 
 DEFAULT_PARAMS = FlashInferParams()
+
+RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap
 
 
 @dataclass(frozen=True)
@@ -260,7 +263,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=FLASHINFER, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
+    rules=RULES, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
     prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
     # On moe_a2a_info and their own gauge, as before the registry (dashboards and alerts read them).
@@ -273,6 +276,8 @@ SPEC = BackendSpec(
     params_formerly_top_level=True,
     max_top_k=max(release.max_top_k for release in _RELEASES),  # kMaxTopK
     max_ep_size=max(release.max_ep_size for release in _RELEASES),
+    default_max_ep_size=FlashInferVersion.parse(None).max_ep_size,  # the default release's
     traffic_sample="the step leader's layer and every 16th after it (FlashInfer)",
     example_server_args=("--moe-runner-backend", "flashinfer_cutlass"),
+    overflow_assertion_prefix="FlashInfer A2A runtime token geometry exceeds its fixed workspace: ",
 )

@@ -153,6 +153,9 @@ class BackendSpec:
     # largest over the registry.
     max_top_k: int | None = None
     max_ep_size: int | None = None
+    # The largest EP group a rank of its default configuration runs (a config that names nothing more: the demo's
+    # ranks); None: max_ep_size.
+    default_max_ep_size: int | None = None
     # What its traffic counters count, for their help text: the copies (None: one per distinct target rank per
     # token) and the sample of layers that count them in SGLang, each naming the backend.
     traffic_copies: str | None = None
@@ -160,6 +163,9 @@ class BackendSpec:
     # The server flags an example deployment runs it with beyond ``--moe-a2a-backend <name>`` (the Kubernetes
     # example's SGLang server).
     example_server_args: tuple[str, ...] = ()
+    # The words an engine's dispatcher puts before its overflow assertion (``runtime_max_tokens_per_rank...``), as
+    # its log shows them: the log reader recognises the line with them.
+    overflow_assertion_prefix: str | None = None
     # Where its bytes come from: "exact", capwatch sizes them offline byte for byte from the library's own
     # arithmetic; "reported", the buffer's own count at run time, exact at the rank's cap and priced in proportion
     # elsewhere (backends/reported.py).

@@ -1,8 +1,44 @@
-"""SGLang's side of each A2A backend's per-rank cap: how a rank names its backend in its reports."""
+"""SGLang's side of each A2A backend's per-rank cap: the variable SGLang reads it from, its default when unset,
+what SGLang's automatic ``--mem-fraction-static`` sets aside for the backend whatever the cap, and how a plugin
+rank names its backend. A backend's own rules (range, alignment, what happens past them) are its sizing module's
+``BackendCapRules``; ``bind`` fills SGLang's facts into them, and the registry's specs carry the result."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from capwatch.sizing.backends import BackendCapRules
+from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_RESERVE_BYTES
+
+# The default rule of a backend without a fixed default (FlashInfer's): max(the prefill, 4096)
+# (overrides.py flashinfer_a2a_max_dispatch_tokens_per_rank).
+DEFAULT_MIN_CAP = 4096
+
+
+@dataclass(frozen=True)
+class SGLangCap:
+    variable: str  # envs.<variable>: where SGLang reads the per-rank cap from
+    default_cap: int | None = None  # its default when unset (None: DEFAULT_MIN_CAP's rule)
+    reserve_bytes: int | None = None  # set aside for the backend's buffers whatever the cap (None: nothing)
+
+
+CAPS: dict[str, SGLangCap] = {
+    "flashinfer": SGLangCap("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK"),
+    # reserve_for_deepep_a2a_mb: 2 * 1024 MB, priced in the DeepEP plan (sizing/deepep_plan.py)
+    "deepep": SGLangCap("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
+                        reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES),
+    "deepep_v2": SGLangCap("SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
+    "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
+}
+
+
+def bind(rules: BackendCapRules) -> BackendCapRules:
+    """``rules`` with SGLang's variable, default and reserve for that backend's cap (a backend not in ``CAPS``
+    keeps what its rules say)."""
+    cap = CAPS.get(rules.name)
+    if cap is None:
+        return rules
+    return replace(rules, cap_env_var=cap.variable, default_cap=cap.default_cap, engine_reserve_bytes=cap.reserve_bytes)
 
 
 def reported_backend(rules: BackendCapRules) -> str:

@@ -56,6 +56,9 @@ class SGLangLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
+    # The engine these limits are of (RankConfig carries each engine's under its name). Accepted on input, left
+    # out of the JSON a rank sends, so a service of an older release (which refuses unknown keys) still takes it.
+    engine: Literal["sglang"] = Field("sglang", exclude=True)
     sglang_version: Annotated[str, Field(min_length=1, max_length=32)] | None = None
     disaggregation_mode: Literal["null", "prefill", "decode"] = "null"
     max_prefill_buffer_tokens: Annotated[int, Field(ge=0, le=MAX_CAP_TOKENS)] = 0

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
+from capwatch.backends import SPECS
 from capwatch.sglang_logs.server_args import ARGS_MARK
 from capwatch.sglang_logs.stamps import STAMP, nearest_day, stamp_unix_s
 
@@ -38,8 +39,11 @@ _DOCKER_TIME = re.compile(r'"time":"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)')
 _DP = re.compile(r"(?<![A-Za-z_])DP(\d{1,6})(?!\w)")
 _MAX_TEMPLATE_CHARS = 256  # a prefix longer than this is no log formatter's
 
+# SGLang's overflow assertion, after the words a backend's dispatcher puts before it (its spec's).
+_PREFIXES = "|".join(re.escape(spec.overflow_assertion_prefix) for spec in SPECS.values()
+                     if spec.overflow_assertion_prefix)
 _OVERFLOW = re.compile(
-    r"AssertionError: (?:FlashInfer A2A runtime token geometry exceeds its fixed workspace: )?"
+    r"AssertionError: " + (f"(?:{_PREFIXES})?" if _PREFIXES else "") +
     r"runtime_max_tokens_per_rank(?:=(\d{1,10}) > max_num_tokens=(\d{1,10})(?!\d)| exceeds max_num_tokens"
     r"|=(\d{1,10}) < x\.shape\[0\]=(\d{1,10})(?!\d))")
 

@@ -45,10 +45,10 @@ from typing import Any
 
 from capwatch.backends import SPECS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
+from capwatch.sglang_engine.caps import DEFAULT_MIN_CAP
 from capwatch.sglang_engine.floor_terms import decode_graph_term, floor_limits, prefill_graph_term
 from capwatch.sglang_engine.limits import MAX_TOKENS_PER_REQUEST, SGLangLimits
 
-SGLANG_DEFAULT_MIN_CAP = 4096  # overrides.py flashinfer_a2a_max_dispatch_tokens_per_rank
 DEFAULT_DECODE_LOG_INTERVAL = 40  # fields/observability.py decode_log_interval
 ARGS_MARK = "server_args="
 # SGLang's args line is tens of KiB (0.5.23: about 20 KiB for 542 fields); beyond this it is not one.
@@ -86,13 +86,13 @@ class DefaultCapRule:
         rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return rules.default_cap
-        return max(self.prefill_tokens, SGLANG_DEFAULT_MIN_CAP)
+        return max(self.prefill_tokens, DEFAULT_MIN_CAP)
 
     def words(self, backend: str | None) -> str:
         rules = SPECS[backend].rules if backend in SPECS else None
         if rules is not None and rules.default_cap is not None:
             return f"SGLang's default {rules.default_cap} for {rules.name}"
-        return f"SGLang's default max({self.prefill_name} {self.prefill_tokens}, {SGLANG_DEFAULT_MIN_CAP})"
+        return f"SGLang's default max({self.prefill_name} {self.prefill_tokens}, {DEFAULT_MIN_CAP})"
 
 
 @dataclass(frozen=True)

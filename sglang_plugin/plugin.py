@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 
 from capwatch.agent.session import RankSession
@@ -51,8 +52,11 @@ def _after_configure(result, server_args, gpu_id, *args, **kwargs):
 
 
 def versions() -> dict[str, str | None]:
+    """SGLang's release and the release of each backend's own library (a hook module's ``PACKAGE``), by name: what
+    a backend's ``problem`` checks and the plugin info's ``<name>_version`` labels."""
     return {"sglang": releases.installed_version("sglang"),
-            "flashinfer": releases.installed_version("flashinfer-python")}
+            **{name: releases.installed_version(module.PACKAGE) for name, module in BACKENDS.items()
+               if getattr(module, "PACKAGE", None)}}
 
 
 def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
@@ -69,9 +73,12 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
     if reason is None and backend is None:
         reason = (f"--moe-a2a-backend is {server_args.moe_a2a_backend!r}; capwatch instruments "
                   f"{', '.join(repr(name) for name in BACKENDS)}: nothing to instrument")
+    if reason is None and choice.adapter not in backend.ADAPTERS:
+        reason = (f"capwatch's {backend.NAME} hooks are verified on sglang {', '.join(backend.ADAPTERS)}, not "
+                  f"{choice.adapter}")
     if reason is None:
         adapter, floor = backend.ADAPTERS[choice.adapter], FLOORS[backend.NAME]
-        reason = backend.problem(adapter, found["flashinfer"], choice.newer) \
+        reason = backend.problem(adapter, found.get(backend.NAME), choice.newer) \
             or releases.first_problem(floor.targets(choice.adapter))
     if reason is not None:
         where = _serve_status(settings, found, local_gpu_index, reason)
@@ -102,7 +109,11 @@ def _check_cap_at_start(session: RankSession, limits, rules) -> None:
 
     if rules.below_floor is None:
         return
-    collector = check_cap_at_start(getattr(envs, rules.cap_env_var).get(), limits, rules)
+    if hasattr(envs, rules.cap_env_var):
+        cap = getattr(envs, rules.cap_env_var).get()
+    else:  # read raw by its dispatcher (Mooncake EP: get_int_env_var(variable, default))
+        cap = int(os.environ.get(rules.cap_env_var, rules.default_cap))
+    collector = check_cap_at_start(cap, limits, rules)
     if collector is not None:
         session.exporter.registry.register(collector)
 

@@ -16,7 +16,11 @@ from capwatch.sizing.checks import SizingError
 @dataclass(frozen=True)
 class BackendCapRules:
     name: str  # as SGLang's --moe-a2a-backend spells it
-    cap_env_var: str  # where SGLang reads the per-rank cap from
+    # Where the engine reads the per-rank cap from, its default when unset (None: a rule, not a number) and what
+    # it sets aside for the backend's buffers whatever the cap (None: nothing of its own). The engine's facts,
+    # not the backend's: its home fills them in (sglang_engine/caps.py, through capwatch.engines) and the
+    # registry's specs (capwatch.backends) carry them; a backend's sizing module leaves them unset.
+    cap_env_var: str = ""
     alignment: int = CAP_ALIGNMENT  # caps capwatch suggests are multiples of this
     max_cap_tokens: int = MAX_CAP_TOKENS  # the largest cap the backend accepts
     # Caps must be multiples of this or the backend misbehaves (1: any cap works); the advice's alignment
@@ -24,7 +28,7 @@ class BackendCapRules:
     required_alignment: int = 1
     why_aligned: str = ""  # what a cap off that alignment breaks
     why_max: str = ""  # who refuses a cap above max_cap_tokens
-    default_cap: int | None = None  # SGLang's default when the variable is unset (None: a rule, not a number)
+    default_cap: int | None = None
     # What happens below SGLang's floor terms (None: SGLang's own start-up check where the release has one,
     # sglang_engine/floor.py sglang_floor_why).
     below_floor: str | None = None
@@ -41,9 +45,7 @@ class BackendCapRules:
     # A known bug sized this backend's memory for cap x ep_size tokens per rank (sglang PR #25907, FlashInfer's
     # max_num_tokens): the service's findings name it when a rank's reported size matches that.
     sized_for_group_bug: bool = False
-    # What SGLang's automatic --mem-fraction-static sets aside for this backend's buffers, whatever the cap
-    # (None: nothing of its own: the buffer comes out of what the KV pool would get).
-    sglang_reserve_bytes: int | None = None
+    engine_reserve_bytes: int | None = None
 
     def check_cap(self, cap: int) -> None:
         """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""

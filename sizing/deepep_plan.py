@@ -41,19 +41,16 @@ NVSHMEM_QP_DEPTH_DEFAULT = 1024  # sglang _NVSHMEM_QP_DEPTH_DEFAULT, DeepEP's ow
 DEEPEP_WORKSPACE_BYTES = 32 << 20  # LEGACY_NUM_WORKSPACE_BYTES, cudaMalloc'd beside the buffer
 NVSHMEM_HEAP_STEP_BYTES = 1 << 29  # NVSHMEM_CUMEM_GRANULARITY = 2**29, set by deep_ep.Buffer
 SGLANG_DEEPEP_RESERVE_BYTES = 2048 << 20  # reserve_for_deepep_a2a_mb: 2 * 1024 MB (SGLang's MB are MiB)
-SGLANG_DEEPEP_DEFAULT_CAP = 128  # envs.SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK's default
 
 DEEPEP = BackendCapRules(
-    "deepep", "SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
+    "deepep", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
     required_alignment=128,
     why_aligned="a cap off a multiple of 128 corrupts DeepEP's FP8 scales (sglang#28994)",
     why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
-    default_cap=SGLANG_DEEPEP_DEFAULT_CAP,
     below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
     eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="DeepEP's dispatch assertion ends the rank",
     memory="buffer", sized_by="DeepEP's size hints as SGLang adds them",
-    mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
-    sglang_reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES)
+    mismatch_hint="check --deepep-config, the redundant and the fused shared experts")
 
 
 class NoDeepEPCapFits(SizingError):

@@ -143,6 +143,5 @@ def check_routing(top_k: int, num_experts: int, ep_size: int, version: FlashInfe
 
 
 # FlashInfer's cap: any cap within capwatch's range; a known bug sized its workspace for cap x ep_size.
-FLASHINFER = BackendCapRules("flashinfer", "SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK",
-                             sized_by="FlashInfer's formula",
+FLASHINFER = BackendCapRules("flashinfer", sized_by="FlashInfer's formula",
                              mismatch_hint="check flashinfer_version and the payload sizes", sized_for_group_bug=True)

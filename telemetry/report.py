@@ -11,6 +11,7 @@ import functools
 from typing import Annotated, Literal
 
 from capwatch.backends import BACKEND_NAMES, DEFAULT_BACKEND, MAX_EP_SIZE, MAX_TOP_K, SPECS, nest_params, spec_of
+from capwatch.engines import ENGINES
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
 from capwatch.sglang_engine.limits import FloorRule, SGLangLimits  # the wire's SGLang limits, re-exported
@@ -92,8 +93,6 @@ class _RankConfigFields(_Strict):
     # Floor inputs for the advisor: the largest CUDA-graph decode batch and draft tokens per step.
     cuda_graph_max_batch_size: Annotated[int, Field(ge=1, le=MAX_CAP_TOKENS)] | None = None
     speculative_tokens: Annotated[int, Field(ge=0, le=64)] = 0
-    # Set by the SGLang plugin: the inputs of SGLang's own start-up floor for the cap.
-    sglang: SGLangLimits | None = None
     # The A2A backend whose cap this is (SGLang's --moe-a2a-backend name): its variable, bounds and pricing.
     a2a_backend: A2ABackend = DEFAULT_BACKEND.name
 
@@ -118,9 +117,11 @@ class _RankConfigFields(_Strict):
         return self
 
 
-# The wire's config: the shared fields, then each backend's parameters under its name (None on other ranks).
+# The wire's config: the shared fields, then each engine's limits under its name (set by that engine's plugin: the
+# inputs of its start-up floor for the cap), then each backend's parameters under its name (None on other ranks).
 RankConfig = create_model(
     "RankConfig", __base__=_RankConfigFields, __module__=__name__,
+    **{engine.NAME: (engine.LIMITS | None, None) for engine in ENGINES.values()},
     **{spec.name: (spec.params | None, None) for spec in SPECS.values() if spec.params is not None})
 
 

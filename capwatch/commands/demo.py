@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
+from capwatch.engines import ENGINE
 from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import OVERFLOW_POLICIES
 
@@ -36,7 +37,7 @@ def register(subparsers) -> None:
                              f"(t optional: without it, one step every {STEP_INTERVAL_S * 1000:g} ms, on the replay's "
                              f"own clock); the number of ranks follows the trace ({LIMITS_HELP})")
     parser.add_argument("--cap", type=positive_int, default=DEFAULT_CAP,
-                        help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
+                        help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, {ENGINE.TITLE}'s default)")
     parser.add_argument("--ranks", type=positive_int,
                         help=f"EP ranks to launch (default: {DEFAULT_RANKS}, or the trace's)")
     parser.add_argument("--steps", type=step_count,
@@ -71,13 +72,16 @@ def run(args: argparse.Namespace) -> int:
     from capwatch.extras import require_extra
 
     require_extra("demo", "demo")  # before the state folder is created or anything starts
+    from capwatch.backends import DEFAULT_BACKEND
     from capwatch.demo.session import DemoOptions, run_demo
+    from capwatch.demo.trace import MAX_DEMO_RANKS
     from capwatch.telemetry.report import MAX_CAP_TOKENS, RankIdentity
 
     if args.cap > MAX_CAP_TOKENS:
         raise CommandError(f"--cap {args.cap} exceeds {MAX_CAP_TOKENS} tokens per rank")
-    if args.ranks is not None and args.ranks > 64:
-        raise CommandError(f"--ranks {args.ranks}: FlashInfer's A2A supports at most 64 ranks")
+    if args.ranks is not None and args.ranks > MAX_DEMO_RANKS:
+        raise CommandError(f"--ranks {args.ranks}: the {DEFAULT_BACKEND.name} A2A the demo runs supports at most "
+                           f"{MAX_DEMO_RANKS} ranks")
     if args.service_url and args.port is not None:
         raise CommandError("--port starts a service; --service-url reports to a running one: pass only one")
     if args.service_url and not args.service_url.startswith(("http://", "https://")):

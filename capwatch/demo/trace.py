@@ -18,10 +18,12 @@ from pathlib import Path
 from typing import IO
 
 from capwatch.demo.workload import Workload
-from capwatch.sizing.flashinfer_releases import MAX_EP_SIZE
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.usage_errors import CommandError
 
 MAX_TOKENS_PER_RANK = 1 << 20
+# The demo's ranks run the default backend's default configuration: its largest EP group.
+MAX_DEMO_RANKS = DEFAULT_BACKEND.default_max_ep_size or DEFAULT_BACKEND.max_ep_size
 # A demo replays a trace in real time (25 ms a step when it has no "t"): 100,000 steps is 40 minutes.
 MAX_TRACE_STEPS = 100_000
 MAX_TRACE_SECONDS = 3_600.0  # the largest "t": an hour of replay
@@ -101,8 +103,8 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> Workload:
                 raise fail(line_number, f'"tokens"[{rank}] must be an integer, got {json.dumps(count)}')
             if not 0 <= count <= MAX_TOKENS_PER_RANK:
                 raise fail(line_number, f'"tokens"[{rank}] = {count} is outside 0..{MAX_TOKENS_PER_RANK}')
-        if len(tokens) > MAX_EP_SIZE:
-            raise fail(line_number, f'"tokens" lists {len(tokens)} ranks; at most {MAX_EP_SIZE} are supported')
+        if len(tokens) > MAX_DEMO_RANKS:
+            raise fail(line_number, f'"tokens" lists {len(tokens)} ranks; at most {MAX_DEMO_RANKS} are supported')
         if token_counts and len(tokens) != len(token_counts[0]):
             raise fail(line_number, f'"tokens" lists {len(tokens)} ranks but the first step lists '
                                     f"{len(token_counts[0])}; every step needs one count per rank")

@@ -88,7 +88,7 @@ def _clamp(advised: int, shape: Shape) -> tuple[int, str]:
 def _memory(settings: ApplySettings, advice: ClusterAdvice, cap: int, shape: Shape) -> float | None:
     """DeepEP's buffer past SGLang's flat reserve: Refused (the delta in words) unless the opt-in lowers
     --mem-fraction-static by it; returns the fraction to declare, or None where nothing changes."""
-    if shape.rules.sglang_reserve_bytes is None:
+    if shape.rules.engine_reserve_bytes is None:
         return None
     if cap != advice.recommended_cap:
         raise Refused(f"the cap {cap} differs from the advised {advice.recommended_cap}, whose buffer the advice "
@@ -101,7 +101,7 @@ def _memory(settings: ApplySettings, advice: ClusterAdvice, cap: int, shape: Sha
     over_gib = over / 2**30
     if not settings.lower_mem_fraction:
         raise Refused(f"at {cap} the {shape.rules.memory} takes {over_gib:.2f} GiB per rank more than SGLang's "
-                      f"{shape.rules.sglang_reserve_bytes / 2**30:.0f} GiB reserve; set {LOWER_MEM_FRACTION}=1 to "
+                      f"{shape.rules.engine_reserve_bytes / 2**30:.0f} GiB reserve; set {LOWER_MEM_FRACTION}=1 to "
                       f"apply it with --mem-fraction-static lowered by {over_gib:.2f} GiB / the GPU's memory")
     if shape.mem_fraction_static is None or not shape.gpu_memory_bytes:
         raise Refused(f"at {cap} the {shape.rules.memory} outgrows SGLang's reserve by {over_gib:.2f} GiB per rank "

@@ -94,8 +94,10 @@ def in_resolution(server_args, previous) -> None:
     changed = None
     try:
         changed = apply_at_start(server_args)
-    except Exception:  # capwatch never stops a server from starting
-        logger.exception("capwatch: apply: failed; SGLang starts with the cap as it was set")
+    except Exception as error:  # capwatch never stops a server from starting: one line (the traceback at debug)
+        logger.error("capwatch: apply: failed (%s: %s); SGLang starts with the cap as it was set",
+                     type(error).__name__, str(error).splitlines()[0][:300] if str(error) else "")
+        logger.debug("capwatch: apply: the failure", exc_info=True)
     if changed is None:
         previous(server_args)
         return
@@ -199,8 +201,9 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     from capwatch.sglang_plugin.floors import FLOORS
 
     backend = str(view.moe_a2a_backend)
-    if backend not in FLOORS:
-        return f"--moe-a2a-backend is {backend!r}; capwatch applies the caps of {', '.join(map(repr, FLOORS))}"
+    applies = [name for name, module in FLOORS.items() if hasattr(module, "cap_params")]  # a floor module's opt-in
+    if backend not in applies:
+        return f"--moe-a2a-backend is {backend!r}; capwatch applies the caps of {', '.join(map(repr, applies))}"
     spec, floor_module = SPECS[backend], FLOORS[backend]
     params = floor_module.cap_params(view)
     if isinstance(params, str):

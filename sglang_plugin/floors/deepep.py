@@ -11,6 +11,8 @@ the advisor decides that from the rank's reported mode (``advisor/floor.py``).
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
+from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sglang_plugin.floors.graph_terms import (
     CAPWATCH_RULE,
     COMMON,
@@ -18,8 +20,9 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import VERIFIED, Target
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
+
+DEEPEP = bind(DEEPEP_RULES)  # with SGLang's variable and default for its cap
 
 NAME = DEEPEP.name
 FLOOR_RULES = {release: "capwatch" for release in VERIFIED}

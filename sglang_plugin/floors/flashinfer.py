@@ -12,6 +12,8 @@ prefill chunk out of the floor (``advisor/floor.py``).
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
+from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sglang_plugin.floors.graph_terms import (
     CAPWATCH_RULE,
     COMMON,
@@ -19,8 +21,9 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import Target
-from capwatch.sizing.flashinfer_releases import FLASHINFER
-from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.sizing.flashinfer_releases import FLASHINFER as FLASHINFER_RULES
+
+FLASHINFER = bind(FLASHINFER_RULES)  # with SGLang's variable and default for its cap
 
 NAME = "flashinfer"
 FLOOR_RULES = {"0.5.19": "capwatch", "0.5.20": "capwatch", "0.5.21": "capwatch",

@@ -1,13 +1,15 @@
 """One module per A2A backend (``--moe-a2a-backend``): what the plugin hooks in SGLang, per release.
 
-A backend module provides ``NAME``, ``ADAPTERS`` (verified SGLang release -> its adapter),
-``problem(adapter, backend_version, newer)`` (why it cannot be instrumented, checked before any hook)
+A backend module provides ``NAME``, ``ADAPTERS`` (verified SGLang release -> its adapter), optionally ``PACKAGE``
+(its library's distribution, whose release the plugin reads and reports as ``<NAME>_version``),
+``problem(adapter, backend_version, newer)`` (why it cannot be instrumented, checked before any hook; the
+version is None without a ``PACKAGE``)
 and ``register(session, adapter, source)``; its floor lives in ``floors/<backend>.py``. A backend is one
 module here, one in ``floors/`` and one entry below (docs/sglang.md, "Adding a backend").
 """
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import deepep, flashinfer
+from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, mooncake, mori
 
-BACKENDS = {module.NAME: module for module in (flashinfer, deepep)}
+BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori)}

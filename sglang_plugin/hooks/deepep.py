@@ -42,10 +42,12 @@ import torch
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
+
+DEEPEP = bind(DEEPEP_RULES)  # with SGLang's variable and default for its cap
 
 logger = logging.getLogger("capwatch.sglang")
 

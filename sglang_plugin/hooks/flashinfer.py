@@ -47,14 +47,17 @@ from dataclasses import dataclass
 
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
-from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.sizing.flashinfer_releases import FLASHINFER as FLASHINFER_RULES
+
+FLASHINFER = bind(FLASHINFER_RULES)  # with SGLang's variable and default for its cap
 
 logger = logging.getLogger("capwatch.sglang")
 
 NAME = "flashinfer"  # --moe-a2a-backend
+PACKAGE = "flashinfer-python"  # its library's distribution: the release problem() checks and the plugin info reports
 MODULE = "sglang.srt.layers.moe.token_dispatcher.flashinfer"
 DISPATCHER = f"{MODULE}.FlashinferDispatcher"
 INIT = f"{DISPATCHER}.__init__"

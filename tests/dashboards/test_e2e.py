@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from capwatch.dashboards import service_metrics
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import custom_geometry

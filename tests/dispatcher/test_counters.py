@@ -379,3 +379,35 @@ def test_a_librarys_layers_on_one_counters_count_every_call_eagerly_and_captured
             layer.run(experts, [torch.ones(4, 2), experts], 4, lambda received: received[0])
     snapshot = counters.snapshot()
     assert (snapshot.forward_steps, snapshot.dispatch_calls) == (5, 15)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([(1, 4), (2, 8), (4, 16), (8, 256)]),
+       st.lists(st.lists(st.integers(-1, 255), min_size=1, max_size=8), min_size=1, max_size=20),
+       st.lists(st.integers(0, 1 << 20), min_size=1, max_size=64))
+def test_expert_bins_fold_into_exact_per_rank_traffic_and_pairs_without_an_expert_count_for_no_rank(
+        geometry, calls, received_counts):
+    """What DeepEP's hook adds into the expert bins (one ``put_`` of the routing, one ``add_`` of the count words
+    per call) reads back per rank as a plain count of the same pairs; a -1 expert counts nowhere."""
+    ep_size, experts = geometry
+    counters = DispatchCounters(cap=8, ep_size=ep_size)
+    bins = counters.expert_traffic(experts)
+    assert counters.expert_traffic(experts) is bins  # made once
+    with pytest.raises(ValueError, match="experts"):
+        counters.expert_traffic(experts * 2)
+    local = experts // ep_size
+    words = torch.tensor([received_counts[i % len(received_counts)] for i in range(local * ep_size)],
+                         dtype=torch.int64).view(local, ep_size)
+    sent, received = [0] * ep_size, [0] * ep_size
+    for ids in calls:
+        topk_ids = torch.tensor([min(expert, experts - 1) for expert in ids], dtype=torch.int64)
+        bins.sent.put_(topk_ids, torch.ones(topk_ids.numel(), dtype=torch.int64), accumulate=True)
+        bins.received.add_(words)
+        for expert in topk_ids.tolist():
+            if expert >= 0:
+                sent[expert // local] += 1
+        for rank in range(ep_size):
+            received[rank] += int(words[:, rank].sum())
+    snapshot = counters.snapshot()
+    assert list(snapshot.tokens_sent_per_rank) == sent and snapshot.tokens_sent == sum(sent)
+    assert list(snapshot.tokens_received_per_rank) == received and snapshot.tokens_received == sum(received)

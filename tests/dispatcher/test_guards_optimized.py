@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 
 from tests.support import launcher
 

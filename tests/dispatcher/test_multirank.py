@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 
 from capwatch.demo.ranks import spawn_ranks
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.dispatcher.instrumented import CapOverflowError, InstrumentedDispatcher
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from hypothesis import given
 from hypothesis import strategies as st
 

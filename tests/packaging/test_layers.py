@@ -23,6 +23,7 @@ from tests.support.checkout import REPO_ROOT
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
     ("capwatch.sglang_engine",),  # what SGLang defines (its limits, its floor), torch-free: one home for the engine
+    ("capwatch.engines",),  # the engines' registry every layer above reads an engine's facts from
     ("capwatch.backends",),  # one spec per A2A backend over its sizing, and the registry every layer above loops over
     ("capwatch.dispatcher",),
     ("capwatch.telemetry",),

@@ -14,7 +14,7 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.advisor.sample import RankInterval, group_samples
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 

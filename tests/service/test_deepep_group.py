@@ -11,7 +11,7 @@ import urllib.request
 
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.rank import rank_config

@@ -15,8 +15,8 @@ from capwatch.sglang_plugin.apply import advice as advice_source
 from capwatch.sglang_plugin.apply import state
 from capwatch.sglang_plugin.apply.decide import Shape, decide
 from capwatch.sglang_plugin.apply.settings import ApplySettings, ApplySettingsError, load_apply
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -339,3 +339,18 @@ def test_should_sglangs_check_refuse_the_applied_cap_the_operators_value_is_rest
     [line] = [record.getMessage() for record in caplog.records]
     assert f"SGLang refused the applied cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK must cover 2048 " \
            f"tokens); {VARIABLE} restored to 4096" == line.removeprefix("capwatch: apply: ")
+
+
+def test_a_failure_while_applying_is_one_line_and_sglangs_step_still_runs(monkeypatch, caplog):
+    from capwatch.sglang_plugin.apply import launcher
+
+    def broken(server_args):
+        raise ValueError("no hidden_size\nsecond line")
+
+    monkeypatch.setattr(launcher, "apply_at_start", broken)
+    ran = []
+    with caplog.at_level("INFO", logger="capwatch.sglang"):
+        launcher.in_resolution(object(), ran.append)
+    assert len(ran) == 1
+    [line] = [record.getMessage() for record in caplog.records]
+    assert line == "capwatch: apply: failed (ValueError: no hidden_size); SGLang starts with the cap as it was set"

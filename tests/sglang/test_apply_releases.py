@@ -148,6 +148,9 @@ def test_apply_sets_the_advised_cap_in_the_launcher_and_every_rank_builds_with_i
         assert record["max_num_tokens"] == [expected, expected], (release, record["max_num_tokens"])
         assert read_applied(VARIABLE, record["cap_environment"]) == applied
         assert "capwatch: apply" not in ranks.log(rank)  # nothing is resolved, or set, in a scheduler
+        # Each scheduler reports what its dispatchers were built with, and who set it (issue #32 item 4).
+        assert f"; its cap: applied by capwatch at start (revision {applied.revision})" in ranks.log(rank), \
+            ranks.log(rank)[-3000:]
 
 
 def test_apply_dry_run_says_what_it_would_set_and_changes_nothing(tmp_path, applied_run):
@@ -284,3 +287,20 @@ def test_apply_after_an_overflow_at_the_applied_cap_a_later_start_waits_for_newe
     advice_file.write_text(json.dumps(trusted_raise(answer, cap=floor, action="lower", generated_unix_s=time.time() + 2)))
     newer = launch(tmp_path / "newer", release, env, server_args=server)
     assert newer.environment[VARIABLE] == str(floor), newer.lines()
+
+
+@pytest.mark.parametrize("release", [NEWEST], ids=release_id)
+def test_apply_asks_the_running_service_for_its_clusters_advice(tmp_path, service, release):
+    """Without an advice file the launcher asks ``capwatch serve`` for its cluster's advice: seconds of two ranks'
+    reports are not advice to apply, and the line says which guardrail held it back."""
+    service_advice(tmp_path / "reporting", release, service)  # the service now knows cluster apply-0-5-23
+    cluster = f"apply-{release.replace('.', '-')}"
+    answer = json.loads(urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        f"{service.url}/v1/clusters/{cluster}/advice", timeout=10).read())
+    launched = launch(tmp_path / "launcher", release, base_env(CAPWATCH_APPLY="on", CAPWATCH_SERVICE_URL=service.url,
+                                                              CAPWATCH_CLUSTER=cluster))
+    [line] = launched.lines()
+    trusted_action = answer["action"] in ("raise", "lower", "hold")
+    why = "says low confidence" if trusted_action else f"the advice's action is {answer['action']!r}"
+    assert "not applied: " in line and why in line, (line, answer["action"], answer["low_confidence"])
+    assert "error" not in launched.outcome and VARIABLE not in launched.environment

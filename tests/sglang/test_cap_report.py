@@ -11,9 +11,11 @@ by ``configure_scheduler_process``, reporting to a real ``capwatch serve``.
 
 from __future__ import annotations
 
+import urllib.error
+
 import pytest
 from capwatch.sglang_plugin.apply.applied import record_applied
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import WORLD
@@ -61,7 +63,11 @@ def _run(tmp_path, service, release: str, cluster: str, cap: int, applied: bool)
 
 
 def _view_with_both_ranks(service, cluster: str) -> dict:
-    view = get_json(f"{service.url}/v1/clusters/{cluster}")
+    try:
+        view = get_json(f"{service.url}/v1/clusters/{cluster}")
+    except urllib.error.HTTPError as error:  # 404 until the first report arrives (later under load): wait on
+        assert error.code != 404, f"{cluster} not reported yet"
+        raise
     assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1], view
     return view
 

@@ -10,8 +10,8 @@ import pytest
 from capwatch.sglang_plugin.apply.applied import record_applied
 from capwatch.sglang_plugin.cap_origin import cap_origin
 from capwatch.sglang_plugin.start_check import CAP_SHORTFALL, check_cap_at_start
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 from capwatch.telemetry.report import SGLangLimits
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 
 import pytest
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.deepep_plan import plan_deepep_buffer
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
@@ -43,12 +44,14 @@ def value(metrics: dict, name: str, **labels) -> float:
 
 
 def wait_for(check, timeout_s: float = 60.0):
+    """``check()`` once it passes: retried while it fails an assertion, or while the service does not know the
+    cluster yet (404: no rank's first report has arrived, which under load comes after the ranks are ready)."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return check()
-        except AssertionError:
-            if time.monotonic() > deadline:
+        except (AssertionError, urllib.error.HTTPError) as error:
+            if isinstance(error, urllib.error.HTTPError) and error.code != 404 or time.monotonic() > deadline:
                 raise
             time.sleep(0.3)
 

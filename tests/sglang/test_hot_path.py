@@ -30,7 +30,7 @@ import pytest
 import torch
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CounterWords, LayerCounting, elect
-from capwatch.sizing.deepep_plan import DEEPEP
+from capwatch.backends.deepep import RULES as DEEPEP
 from torch.profiler import ProfilerActivity, profile
 
 from tests.support.host_reads import forbid_host_reads

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from capwatch.sglang_logs.advise import ServerFlags, advise_from_sglang_logs
-from capwatch.sizing.deepep_plan import DEEPEP
-from capwatch.sizing.flashinfer_releases import FLASHINFER
+from capwatch.backends.deepep import RULES as DEEPEP
+from capwatch.backends.flashinfer import RULES as FLASHINFER
 
 from tests.sglang_logs.logs import T0, advise, decode_lines, traffic, write
 from tests.support import sglang_logs as sg

@@ -229,7 +229,7 @@ def test_advice_from_logs_loads_nothing_of_the_service(tmp_path):
 def test_a_deepep_server_is_advised_deepeps_variable_within_its_rules(tmp_path, mode, binds, floor):
     """A DeepEP server's log (issue #19): its default cap (128), its variable, DeepEP's buffer as SGLang sizes it
     (the mode, redundant experts), multiples of 128 up to 1024, and the floor term its mode lets through."""
-    from capwatch.sizing.deepep_plan import DEEPEP
+    from capwatch.backends.deepep import RULES as DEEPEP
     from capwatch.sizing.deepep_plan import plan_deepep_buffer
     from capwatch.sizing.model_presets import model_geometry
 

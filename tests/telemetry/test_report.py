@@ -119,3 +119,39 @@ def test_a_deepep_buffer_must_fit_its_mode_and_divide_among_the_group():
     odd = config.model_validate({**config.model_dump(), "deepep": {"mode": "low_latency", "buffer_experts": 260}})
     with pytest.raises(ValueError, match="260 experts do not divide among 8 ranks"):
         check_priceable(odd, 8)
+
+
+# A FlashInfer rank's config as the SGLang plugin sent it before engines were named on the wire (its JSON, verbatim).
+TODAYS_CONFIG_JSON = (
+    '{"cap":1024,"hidden_size":7168,"top_k":8,"num_experts":256,"payload_format":"bf16",'
+    '"backend":"sglang-flashinfer","flashinfer_version":null,"overflow_policy":"raise","eplb_stats_num_experts":0,'
+    '"dispatch_bytes_per_token":14400,"combine_bytes_per_token":14336,"workspace_bytes_per_rank":123456789,'
+    '"allocated_workspace_bytes":null,"cuda_graph_max_batch_size":256,"speculative_tokens":0,'
+    '"sglang":{"sglang_version":"0.5.23","disaggregation_mode":"null","max_prefill_buffer_tokens":8192,'
+    '"prefill_cuda_graph_max_batch_size":0,"decode_cuda_graph_max_batch_size":256,"tokens_per_request":1,'
+    '"cap_source":"env","floor_rule":"sglang"},"a2a_backend":"flashinfer"}')
+
+
+def test_an_engines_limits_ride_under_its_name_and_say_which_engine_they_are():
+    """Issue #30: engine-specific limits on the wire are discriminated by engine — RankConfig carries each
+    registered engine's limits under its name, and the limits name their engine; today's JSON still reads, and
+    what a rank sends stays today's JSON (a service of an older release refuses unknown keys)."""
+    import json
+
+    from capwatch.engines import ENGINES
+    from capwatch.telemetry.report import RankConfig, SGLangLimits
+
+    for name, engine in ENGINES.items():
+        assert RankConfig.model_fields[name].annotation == engine.LIMITS | None
+        assert engine.LIMITS.model_fields["engine"].default == name
+    config = RankConfig.model_validate_json(TODAYS_CONFIG_JSON)
+    assert config.sglang.engine == "sglang" and config.sglang.max_prefill_buffer_tokens == 8192
+    sent = config.model_dump_json()  # the engine stays implied by the field: no key a service never saw
+    assert "engine" not in json.loads(sent)["sglang"] and RankConfig.model_validate_json(sent) == config
+    said = json.loads(TODAYS_CONFIG_JSON)
+    said["sglang"]["engine"] = "sglang"
+    assert RankConfig.model_validate(said).sglang == config.sglang
+    said["sglang"]["engine"] = "vllm"
+    with pytest.raises(ValidationError, match=r"sglang\.engine"):
+        RankConfig.model_validate(said)
+    assert SGLangLimits.model_validate({"engine": "sglang"}) == SGLangLimits()

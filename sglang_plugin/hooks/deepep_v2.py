@@ -1,0 +1,78 @@
+"""DeepEP v2 in SGLang (``--moe-a2a-backend deepep_v2``): what the plugin hooks, on 0.5.23.
+
+SGLang builds one ``DeepEPv2Dispatcher`` per MoE layer (``create_moe_dispatcher``); every dispatch, prefill and
+decode, goes through ``DeepEPv2Dispatcher.dispatch(hidden_states, topk_output)``, whose ``_DeepEPv2Impl`` raises
+a ``ValueError`` naming ``SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` when the rank's own batch is above
+the cap (``_validate_common``), before the buffer is asked for. After SGLang constructs a dispatcher (a
+``HookRegistry`` hook on ``__init__``; the layer id from ``create_moe_dispatcher``) the plugin counts its
+``dispatch`` (``hooks/local_batch.py``): the overflow is counted and reported before SGLang's check raises. The
+process-wide ``ElasticBuffer`` (``DeepEPv2Buffer.get_buffer``, lazy: built at the first dispatch or
+``prebuild``) reports its ``num_bytes``: the bytes capwatch prices (``backends/reported.py``).
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from dataclasses import dataclass
+
+from capwatch.backends.reported import ReportedBuffer
+from capwatch.sglang_plugin.hooks import local_batch
+from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sizing.deepep_v2 import DEEPEP_V2
+
+NAME = DEEPEP_V2.name  # --moe-a2a-backend
+MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep_v2"
+DISPATCHER = f"{MODULE}.DeepEPv2Dispatcher"
+INIT = Target(f"{DISPATCHER}.__init__", ("group", "router_topk", "num_experts", "num_local_experts", "hidden_size",
+                                          "params_dtype", "use_fp8_dispatch"))
+DISPATCH = Target(f"{DISPATCHER}.dispatch", ("hidden_states", "topk_output"))
+GET_BUFFER = Target(f"{MODULE}._DeepEPv2Impl._get_buffer")
+VALIDATE = Target(f"{MODULE}._DeepEPv2Impl._validate_common", ("hidden_states", "topk_ids"))
+
+
+@dataclass(frozen=True)
+class Adapter:
+    releases: tuple[str, ...]
+
+    def targets(self) -> tuple[Target, ...]:
+        return (INIT, DISPATCH, GET_BUFFER, VALIDATE, *local_batch.COMMON_TARGETS)
+
+
+ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_deepep_v2_plugin.py)
+ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+
+
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+    """Why DeepEP v2 cannot be instrumented, or None: deep_ep's ElasticBuffer imported (SGLang defers its import
+    error to the first dispatch), then every target and signature."""
+    module = pkgutil.resolve_name(MODULE)
+    if not getattr(module, "use_deepep_v2", False):
+        return f"{MODULE} could not import deep_ep.ElasticBuffer (use_deepep_v2 is False): DeepEP v2 is not installed"
+    return first_problem(adapter.targets())
+
+
+def register(session, adapter: Adapter, source) -> None:
+    """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
+    local_batch.register(session, source, INIT, adopt, "DeepEP v2")
+
+
+def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
+    """Count one dispatcher's ``dispatch`` (the buffer is SGLang's: nothing allocated but the counters)."""
+    impl = dispatcher._impl
+    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=impl.group.rank(),
+                                  ep_size=impl.group.size(), hidden_size=impl.hidden_size, top_k=impl.router_topk,
+                                  num_experts=impl.num_experts)
+    local_batch.adopt(session, dispatcher, "dispatch", counted, DEEPEP_V2, role, layer_id,
+                      describe=lambda: describe_buffer(session, dispatcher, role))
+
+
+def describe_buffer(session, dispatcher, role: str) -> dict:
+    """The process-wide ``ElasticBuffer`` (built now if no dispatch or prebuild has yet), counted once per process:
+    its ``num_bytes`` at the cap, and the dispatch format."""
+    buffer = dispatcher._impl._get_buffer()
+    buffer_bytes = int(buffer.num_bytes)
+    session.count_buffer(role, id(buffer), buffer_bytes)
+    return dict(backend=reported_backend(DEEPEP_V2), a2a_backend=NAME,
+                **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes,
+                                        dispatch_format="fp8" if dispatcher.use_fp8_dispatch else "bf16")})

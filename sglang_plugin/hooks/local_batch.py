@@ -1,0 +1,172 @@
+"""Counting a dispatcher whose cap bounds each rank's own batch, the way every such backend shares (DeepEP v2,
+pplx, NIXL EP, Mooncake EP): its dispatch method (``hidden_states, topk_output``) shadowed on the instance by one
+that counts through the one counting primitive (``dispatcher.counting.LayerCounting``); SGLang's class is left
+alone.
+
+- the guard: the rank's own batch (``hidden_states.shape[0]``, a host int) against the cap; a batch above it is
+  counted, announced and the final report shipped (bounded wait) *before* the call reaches SGLang's own check
+  (an assert, a ``ValueError``), which then ends the rank as it would without capwatch;
+- the step on the role's step leader; the (token, expert) pairs this rank sends to each rank, from the
+  ``topk_ids`` it dispatches (scratch made at adoption: a ``clamp``, a ``div_``, a ``ge``, a ``zero_``, a
+  ``scatter_add_``; no host read), on the traffic sample. These libraries keep no per-source receive counts
+  SGLang hands back, so the received row stays 0 (the group's sent rows say the same traffic);
+- the buffer's bytes once per process, at the role's first dispatch (``describe``: the backend's hook asks the
+  process-wide buffer, which that dispatch builds anyway).
+"""
+
+from __future__ import annotations
+
+import logging
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from capwatch.dispatcher.counters import TrafficRecord
+from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
+from capwatch.sizing.backends import BackendCapRules
+
+logger = logging.getLogger("capwatch.sglang")
+
+CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
+                           ("moe_runner_config",))
+GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
+COMMON_TARGETS = (CREATE_DISPATCHER, GET_FLAGS, *CAPTURE_TARGETS)
+
+
+def register(session, source, init: Target, adopt_one: Callable, what: str) -> None:
+    """Hook the construction of ``init``'s class (``adopt_one(session, dispatcher, role, layer_id)`` after SGLang's
+    own ``__init__``), ``create_moe_dispatcher`` (the layer id it is building) and the graph captures (snapshots
+    paused). ``what`` names the dispatcher in the line an adoption failure logs."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
+    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
+
+    def around_create(original, moe_runner_config, *args, **kwargs):
+        creating.append(getattr(moe_runner_config, "layer_id", None))
+        try:
+            return original(moe_runner_config, *args, **kwargs)
+        finally:
+            creating.pop()
+
+    def around_init(original, dispatcher, *args, **kwargs):
+        original(dispatcher, *args, **kwargs)
+        try:
+            role = "draft" if get_flags().moe.speculative_context else "target"
+            adopt_one(session, dispatcher, role, creating[-1] if creating else None)
+        except Exception:
+            logger.exception("capwatch: this %s dispatcher is not instrumented (adoption failed); it runs as "
+                             "SGLang's", what)
+
+    def around_capture(original, *args, **kwargs):
+        with session.capturing():
+            return original(*args, **kwargs)
+
+    HookRegistry.register(init.name, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
+    for target in CAPTURE_TARGETS:
+        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+
+
+@dataclass(frozen=True)
+class SentPairs:
+    """A dispatch's (token, expert) pairs sent to each rank (``counts[0]``), and the scratch that computes them:
+    all made at adoption, before any graph capture, so no call allocates."""
+
+    record: TrafficRecord  # the layer's way into the counters
+    destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
+    weight: torch.Tensor  # [cap x top_k]: ... with weight 0 here
+    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
+
+    @classmethod
+    def made(cls, layer: LayerCounting, cap: int, top_k: int, num_experts: int) -> "SentPairs":
+        counters = layer.counters
+        device = counters.device
+        return cls(layer.traffic, torch.empty(cap * top_k, dtype=torch.int64, device=device),
+                   torch.empty(cap * top_k, dtype=torch.int64, device=device),
+                   torch.tensor(max(1, num_experts // counters.ep_size), dtype=torch.int64, device=device))
+
+    def count(self, topk_ids: torch.Tensor) -> None:
+        pairs = topk_ids.flatten()
+        destination, weight = self.destination[:pairs.numel()], self.weight[:pairs.numel()]
+        torch.clamp(pairs, min=0, out=destination).div_(self.experts_per_rank, rounding_mode="floor")
+        torch.ge(pairs, 0, out=weight)
+        sent = self.record.counts[0]
+        sent.zero_()
+        sent.scatter_add_(0, destination, weight)
+
+
+@dataclass(frozen=True)
+class Counted:
+    """What a backend's hook adopts: the dispatcher's geometry and how to describe its buffer."""
+
+    cap: int
+    ep_rank: int
+    ep_size: int
+    hidden_size: int
+    top_k: int
+    num_experts: int
+
+    def geometry(self) -> dict:
+        return dict(cap=self.cap, ep_rank=self.ep_rank, ep_size=self.ep_size, hidden_size=self.hidden_size,
+                    top_k=self.top_k, num_experts=self.num_experts)
+
+
+def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapRules, role: str,
+          layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False) -> LayerCounting:
+    """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
+    reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, counted.geometry(), device, rules,
+                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
+                                lead_per_micro_batch=lead_per_micro_batch)
+    sent = SentPairs.made(layer, counted.cap, counted.top_k, counted.num_experts)
+    counting = counted_dispatch(getattr(type(dispatcher), method).__get__(dispatcher), layer, sent)
+
+    def first(hidden_states, topk_output, *args, **kwargs):
+        watch = session.roles[role]
+        if not watch.reported:
+            watch.reported = describe()
+        session.start_role_once(role)
+        setattr(dispatcher, method, counting)
+        return counting(hidden_states, topk_output, *args, **kwargs)
+
+    setattr(dispatcher, method, first)
+    return layer
+
+
+def unadopt(dispatcher, method: str) -> None:
+    """SGLang's dispatcher exactly as shipped again."""
+    vars(dispatcher).pop(method, None)
+
+
+def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
+    """``dispatch(hidden_states, topk_output, ...)`` counted by the layer: the guard (R is the rank's own batch:
+    ``rules.local_batch_cap``), the call, the step on the leader, the pairs sent on the traffic sample."""
+    record_step, cap = layer.counters.record_step, layer.cap
+
+    def counted(hidden_states, topk_output, *args, **kwargs):
+        local_tokens = hidden_states.shape[0]
+        if local_tokens > cap:
+            count_overflow(layer, local_tokens)
+            return dispatch(hidden_states, topk_output, *args, **kwargs)  # SGLang's own check ends it
+        output = dispatch(hidden_states, topk_output, *args, **kwargs)
+        if layer.step_leader:
+            record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what the cap bounds
+        if layer.counts_traffic:
+            sent.count(topk_output.topk_ids)
+        layer.count_dispatch()
+        return output
+
+    return counted
+
+
+def count_overflow(layer: LayerCounting, local_tokens: int) -> None:
+    """A batch the backend will refuse: counted, reported (bounded wait) and logged, never raised; the backend's own
+    check then ends the rank as it would without capwatch."""
+    try:
+        layer.guard(local_tokens, local_tokens)
+    except CapOverflowError as overflow:
+        logger.error("capwatch: %s (counted and reported; %s)", overflow, layer.rules.overflow_outcome)
