@@ -23,7 +23,7 @@ from capwatch.advisor.tail import TailModel, tail_model
 from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
 from capwatch.backends import DEFAULT_BACKEND
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.telemetry.report import SGLangLimits
+from pydantic import BaseModel
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ class GroupConfig:
     pricing: Pricing
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
-    sglang: SGLangLimits | None = None  # SGLang's start-up floor inputs (merged_sglang_limits over the ranks)
+    # The engine's start-up floor inputs (an engine's LIMITS, capwatch.engines: merged_limits over the ranks).
+    engine_limits: BaseModel | None = None
     kv_bytes_per_token: int | None = None  # the model's KV cache per token per rank (sizing/model_presets.py)
     backend: BackendCapRules = DEFAULT_BACKEND.rules  # whose cap: its variable, bounds and floor wording
     # Whether prefill batches go through this cap: SGLang's FlashInfer rule counts them; DeepEP dispatches
@@ -77,7 +78,7 @@ class Evidence:
     @cached_property
     def floor(self) -> Floor | None:
         group = self.group
-        return deployment_floor(group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens,
+        return deployment_floor(group.engine_limits, group.cuda_graph_max_batch_size, group.speculative_tokens,
                                 group.backend, group.prefill_dispatched)
 
     @property

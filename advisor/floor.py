@@ -12,14 +12,11 @@ from typing import TYPE_CHECKING
 
 from capwatch.advisor.stage import Step
 from capwatch.backends import DEFAULT_BACKEND
-from capwatch.sglang_engine.floor import merged_sglang_limits, sglang_floor_terms, sglang_floor_why
-from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.engines import engine_of
 from capwatch.sizing.backends import BackendCapRules
 
 if TYPE_CHECKING:  # evidence.py measures with deployment_floor() below
     from capwatch.advisor.evidence import Evidence
-
-__all__ = ["Floor", "deployment_floor", "merged_sglang_limits", "raise_to_floor"]
 
 
 @dataclass(frozen=True)
@@ -29,13 +26,14 @@ class Floor:
     why: str  # what happens below it
 
 
-def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int | None,
+def deployment_floor(engine_limits, cuda_graph_max_batch_size: int | None,
                      speculative_tokens: int = 0, rules: BackendCapRules = DEFAULT_BACKEND.rules,
                      prefill_dispatched: bool = True) -> Floor | None:
     terms = []
-    if sglang is not None:
-        why = sglang_floor_why(sglang, rules)
-        terms = [(tokens, what, why) for tokens, what in sglang_floor_terms(sglang, rules, prefill_dispatched)]
+    if engine_limits is not None:  # the engine's start-up floor (capwatch.engines)
+        engine = engine_of(engine_limits)
+        why = engine.floor_why(engine_limits, rules)
+        terms = [(tokens, what, why) for tokens, what in engine.floor_terms(engine_limits, rules, prefill_dispatched)]
     if cuda_graph_max_batch_size is not None:
         terms.append((cuda_graph_max_batch_size * (1 + speculative_tokens),
                       f"the largest CUDA-graph decode batch {cuda_graph_max_batch_size} x "
@@ -43,7 +41,7 @@ def deployment_floor(sglang: SGLangLimits | None, cuda_graph_max_batch_size: int
     terms = [term for term in terms if term[0] > 0]
     if not terms:
         return None
-    tokens, binds, why = max(terms, key=lambda term: term[0])  # ties: SGLang's own rule, listed first
+    tokens, binds, why = max(terms, key=lambda term: term[0])  # ties: the engine's own rule, listed first
     return Floor(tokens, binds, why)
 
 

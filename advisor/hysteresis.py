@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from capwatch.advisor.advice import Decision
 from capwatch.advisor.stage import Step, duration, pct
+from capwatch.engines import ENGINE
 from capwatch.sizing.caps import align_down, align_up
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ def _unknown_cap(given: Evidence, target: int, lower: int, upper: int) -> str:
     """The reason of a "set": the cap in use is unknown; what bounds it; what to set."""
     group, rules = given.group, given.rules
     text = (f"the cap in use is unknown: nothing read shows {rules.cap_env_var} (an environment variable) and no "
-            f"overflow assertion gives it; {group.cap} is assumed (SGLang's default), not known")
+            f"overflow assertion gives it; {group.cap} is assumed ({ENGINE.TITLE}'s default), not known")
     at_least = group.cap_at_least
     if at_least is not None and at_least > group.cap:
         text += (f", and cannot be it: batches reached {at_least} tokens without an overflow assertion, and the "

@@ -136,7 +136,7 @@ def capwatch_cap(suite: Suite, train: list[int], policy: AdvisorPolicy) -> tuple
     for index, peak in enumerate(train):
         history.add(GroupSample(T0 + index * WINDOW_S, peak, current, int(peak > current)),
                     policy.bump_factor, policy.bump_min_tokens)
-    advice = recommend(history, GroupConfig(cap=current, pricing=PRICING, sglang=suite.limits,
+    advice = recommend(history, GroupConfig(cap=current, pricing=PRICING, engine_limits=suite.limits,
                                             kv_bytes_per_token=KV_BYTES_PER_TOKEN), policy)
     return advice.recommended_cap or current, advice.action
 

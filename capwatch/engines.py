@@ -15,9 +15,25 @@ ENGINE = next(iter(ENGINES.values()))  # the engine of a rank that reports no li
 
 
 def limits_of(config):
-    """(engine, its limits) of a rank's config, or None where the config carries no engine's limits."""
-    for engine in ENGINES.values():
-        limits = getattr(config, engine.NAME, None)
-        if limits is not None:
-            return engine, limits
-    return None
+    """The engine limits a rank's config carries (one engine's ``LIMITS``), or None."""
+    return next((limits for engine in ENGINES.values() if (limits := getattr(config, engine.NAME, None)) is not None),
+                None)
+
+
+def engine_of(limits):
+    """The engine whose ``LIMITS`` ``limits`` are."""
+    return ENGINES[limits.engine]
+
+
+def as_limits(item):
+    """An engine's limits as given: its model, or a dict of one (``engine`` naming it; without: ``ENGINE``'s)."""
+    if isinstance(item, dict):
+        return ENGINES.get(item.get("engine"), ENGINE).LIMITS.model_validate(item, strict=False)
+    return item
+
+
+def merged_limits(items):
+    """One group's engine limits from its ranks' (``as_limits`` each; None where a rank has none): each term's
+    largest value, by the engine's own rule; None when no rank reports any."""
+    found = [as_limits(item) for item in items if item]
+    return engine_of(found[0]).merged_limits(found) if found else None

@@ -12,9 +12,8 @@ from collections import Counter
 from typing import TYPE_CHECKING, Literal
 
 from capwatch.backends import pricing_of, spec_of
+from capwatch.engines import ENGINE, engine_of, limits_of
 from capwatch.service.sources.contract import RankState
-from capwatch.sglang_engine.floor import shortfall_text, unchecked_shortfall
-from capwatch.sglang_engine.limits import cap_source_text
 from capwatch.sizing.byte_units import format_gib
 from pydantic import BaseModel
 
@@ -95,7 +94,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
             message=(f"rank {state.ep_rank} holds {format_gib(reported)} of A2A workspace, the size for "
                      f"cap x ep_size = {state.cap * state.ep_size} tokens per rank; its cap of {state.cap} needs only "
                      f"{format_gib(expected)} — the per-rank cap was multiplied by ep_size twice "
-                     f"(as in sglang PR #25907); size the workspace with the per-rank cap")))
+                     f"(as in {ENGINE.SIZED_FOR_GROUP_BUG}); size the workspace with the per-rank cap")))
     if mismatched:
         state, reported, expected = mismatched[0]
         rules = spec_of(state.config.a2a_backend).rules
@@ -122,10 +121,10 @@ def _cap_source_findings(live: list[RankState]) -> list[Finding]:
     capwatch applied (two nodes started from different advice), and ranks whose cap is below the decode CUDA-graph
     batch their backend never checks at start (``sglang_engine.floor.unchecked_shortfall``)."""
     findings = []
-    told = [state for state in live if state.config.sglang is not None]
-    origins = {state.ep_rank: cap_source_text(state.config.sglang.cap_source, state.config.sglang.advice_revision,
-                                              spec_of(state.config.a2a_backend).rules.cap_env_var)
-               for state in told}
+    told = [(state, limits) for state in live if (limits := limits_of(state.config)) is not None]
+    origins = {state.ep_rank: engine_of(limits).cap_source_text(limits.cap_source, limits.advice_revision,
+                                                                spec_of(state.config.a2a_backend).rules.cap_env_var)
+               for state, limits in told}
     counts = Counter(origins.values())
     if len(counts) > 1:
         majority = counts.most_common(1)[0][0]
@@ -137,14 +136,14 @@ def _cap_source_findings(live: list[RankState]) -> list[Finding]:
             message=(f"ranks disagree on who set the cap or on the advice revision — {by_origin}; one group must start "
                      f"from one decision: restart rank(s) {_ranks_text(odd)} with the group's ({majority})")))
     short = {}
-    for state in told:
-        shortfall = unchecked_shortfall(state.cap, state.config.sglang, spec_of(state.config.a2a_backend).rules)
+    for state, limits in told:
+        shortfall = engine_of(limits).unchecked_shortfall(state.cap, limits, spec_of(state.config.a2a_backend).rules)
         if shortfall is not None:
-            short[state.ep_rank] = (state, shortfall)
+            short[state.ep_rank] = (state, shortfall, engine_of(limits))
     if short:
-        state, shortfall = short[min(short)]
+        state, shortfall, engine = short[min(short)]
         findings.append(Finding(
             kind="cap_below_decode_graph", severity="warning", ranks=sorted(short),
-            message=f"rank {state.ep_rank}'s " + shortfall_text(state.cap, shortfall,
-                                                                spec_of(state.config.a2a_backend).rules)))
+            message=f"rank {state.ep_rank}'s " + engine.shortfall_text(state.cap, shortfall,
+                                                                       spec_of(state.config.a2a_backend).rules)))
     return findings

@@ -9,6 +9,7 @@ from capwatch.advisor.evidence import GroupConfig
 from capwatch.advisor.group import group_config
 from capwatch.advisor.kv import kv_bytes_per_token_of
 from capwatch.backends import pricing_of, spec_of
+from capwatch.engines import limits_of
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.service.cluster_view import ClusterView, rank_status, summarize_cluster
 from capwatch.service.config import Settings
@@ -66,7 +67,7 @@ def group_config_of_ranks(states: list[RankState], now_s: float, settings: Setti
     return group_config(
         cap=widest.cap, pricing=pricing_of(config, max(state.ep_size for state in live)),
         a2a_backend=spec.rules, prefill_dispatched=spec.prefill_dispatched(spec.params_of(config)),
-        sglang=[state.config.sglang for state in live],
+        engine_limits=[limits_of(state.config) for state in live],
         cuda_graph_max_batch_sizes=[state.config.cuda_graph_max_batch_size for state in live],
         speculative_tokens=[state.config.speculative_tokens for state in live],
         # A config rebuilt from Prometheus may lack the geometry (an UnpricedConfig's are None): then no KV price.

@@ -4,8 +4,14 @@ its limits and what the advisor does with them, so no shared part names SGLang."
 from __future__ import annotations
 
 from capwatch.sglang_engine.caps import bind
-from capwatch.sglang_engine.floor import merged_sglang_limits, sglang_floor_terms, sglang_floor_why
-from capwatch.sglang_engine.limits import SGLangLimits, report_fields
+from capwatch.sglang_engine.floor import (
+    merged_sglang_limits,
+    shortfall_text,
+    sglang_floor_terms,
+    sglang_floor_why,
+    unchecked_shortfall,
+)
+from capwatch.sglang_engine.limits import SGLangLimits, cap_source_text, report_fields
 
 NAME = "sglang"  # RankConfig.<NAME> carries a rank's limits; SGLangLimits.engine says the same
 TITLE = "SGLang"  # the engine in messages
@@ -15,6 +21,11 @@ floor_terms = sglang_floor_terms  # (limits, rules, prefill_dispatched) -> [(tok
 floor_why = sglang_floor_why  # (limits, rules) -> what happens below the floor
 limits_report_fields = report_fields  # (limits or None) -> rank_config keywords
 bind_rules = bind  # a backend's cap rules -> the same with the engine's variable, default and reserve
+cap_source_text = cap_source_text  # (cap_source, advice_revision, cap variable) -> who set the cap, in words
+unchecked_shortfall = unchecked_shortfall  # (cap, limits, rules) -> the decode graph term a cap misses, unchecked
+shortfall_text = shortfall_text  # (cap, shortfall, rules) -> that, in words
+# The engine's bug that sized a backend's workspace for cap x ep_size (BackendCapRules.sized_for_group_bug).
+SIZED_FOR_GROUP_BUG = "sglang PR #25907"
 
-__all__ = ["LIMITS", "NAME", "TITLE", "bind_rules", "floor_terms", "floor_why", "limits_report_fields",
-           "merged_limits"]
+__all__ = ["LIMITS", "NAME", "SIZED_FOR_GROUP_BUG", "TITLE", "bind_rules", "cap_source_text", "floor_terms",
+           "floor_why", "limits_report_fields", "merged_limits", "shortfall_text", "unchecked_shortfall"]

@@ -141,7 +141,7 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
     kv = geometry.kv_cache.bytes_per_token(config.kv_cache_dtype) if geometry.kv_cache else None
     cap_source = "flag" if flags.cap is not None else "assertion" if segment.cap_seen is not None else "assumed"
     group = group_config(cap=current, pricing=pricing, a2a_backend=backend, prefill_dispatched=prefill_through_cap,
-                         sglang=[limits],
+                         engine_limits=[limits],
                          kv_bytes_per_token=kv, cap_source=cap_source,
                          cap_at_least=segment.peak_without_assertion or None,
                          mem_fraction_static=config.mem_fraction_static, cap_set_by_known=False)

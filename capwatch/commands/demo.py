@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from capwatch.arguments import checked, hold_seconds, port_or_zero, positive_int
+from capwatch.engines import ENGINE
 from capwatch.usage_errors import CommandError
 from capwatch.vocabulary import OVERFLOW_POLICIES
 
@@ -36,7 +37,7 @@ def register(subparsers) -> None:
                              f"(t optional: without it, one step every {STEP_INTERVAL_S * 1000:g} ms, on the replay's "
                              f"own clock); the number of ranks follows the trace ({LIMITS_HELP})")
     parser.add_argument("--cap", type=positive_int, default=DEFAULT_CAP,
-                        help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, SGLang's default)")
+                        help=f"per-rank token cap the ranks run with (default: {DEFAULT_CAP}, {ENGINE.TITLE}'s default)")
     parser.add_argument("--ranks", type=positive_int,
                         help=f"EP ranks to launch (default: {DEFAULT_RANKS}, or the trace's)")
     parser.add_argument("--steps", type=step_count,

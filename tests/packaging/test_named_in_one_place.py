@@ -28,13 +28,11 @@ STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": set(),
     ENGINE: {
-        "advisor/advice.py", "advisor/evidence.py", "advisor/floor.py", "advisor/group.py", "advisor/hysteresis.py",
-        "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py", "capwatch/commands/advise.py",
-        "capwatch/commands/demo.py", "dashboards/kubernetes.py", "service/findings.py", "service/queries.py",
-        "service/sources/contract.py", "service/sources/prometheus/rank_config.py",
-        "service/sources/prometheus/source.py", "sizing/deepep_low_latency.py", "sizing/deepep_plan.py",
-        "sizing/deepep_v2.py", "sizing/flashinfer_plan.py", "telemetry/catalogue.py", "telemetry/collector.py",
-        "telemetry/report.py",
+        "advisor/advice.py", "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py",
+        "capwatch/commands/advise.py", "dashboards/kubernetes.py", "service/sources/contract.py",
+        "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
+        "sizing/deepep_low_latency.py", "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py",
+        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
 

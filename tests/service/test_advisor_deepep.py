@@ -55,7 +55,7 @@ def test_peaks_past_1024_are_capped_there_and_the_reason_says_so():
 
 def test_the_decode_graph_floor_binds_and_is_named():
     limits = SGLangLimits(decode_cuda_graph_max_batch_size=160, tokens_per_request=2, max_prefill_buffer_tokens=8192)
-    advice = recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", sglang=limits), POLICY)
+    advice = recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", engine_limits=limits), POLICY)
     # auto mode: prefill goes to normal mode (no cap), so the 8192-token prefill chunk is no term
     assert advice.floor_cap == 320 and advice.recommended_cap == 384
     assert "verify CUDA-graph batch 160 x 2 tokens per request" in advice.floor_binds
@@ -66,7 +66,7 @@ def test_the_decode_graph_floor_binds_and_is_named():
 
 def test_low_latency_mode_dispatches_prefill_too_so_its_chunk_binds():
     limits = SGLangLimits(decode_cuda_graph_max_batch_size=64, max_prefill_buffer_tokens=512)
-    advice = recommend(peaks(20, 60, 1024), deepep_group(1024, "low_latency", sglang=limits), POLICY)
+    advice = recommend(peaks(20, 60, 1024), deepep_group(1024, "low_latency", engine_limits=limits), POLICY)
     assert advice.floor_cap == 512 and advice.recommended_cap == 512 and "prefill chunk" in advice.floor_binds
 
 
@@ -75,7 +75,7 @@ def test_a_floor_above_1024_cannot_be_met_and_the_advice_says_what_to_change():
     one error that says what to change (the service answers it as a 409 for this group alone)."""
     limits = SGLangLimits(decode_cuda_graph_max_batch_size=512, tokens_per_request=4)
     with pytest.raises(SizingError, match=r"the floor is 2048 tokens .*above 1024.*lower --cuda-graph-max-bs"):
-        recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", sglang=limits), POLICY)
+        recommend(peaks(20, 60, 1024), deepep_group(1024, "auto", engine_limits=limits), POLICY)
 
 
 def test_a_buffer_past_sglangs_reserve_is_warned_about():
@@ -116,9 +116,9 @@ def test_advice_stays_within_deepeps_rules(low, spread, cap, decode_graph, per_r
     floor = decode_graph * per_request
     if floor > 1024:  # no cap both starts and holds the graph's batch: said, never advised
         with pytest.raises(SizingError, match="no cap both starts these ranks and fits"):
-            recommend(history, deepep_group(cap, mode, sglang=limits), POLICY)
+            recommend(history, deepep_group(cap, mode, engine_limits=limits), POLICY)
         return
-    advice = recommend(history, deepep_group(cap, mode, sglang=limits), POLICY)
+    advice = recommend(history, deepep_group(cap, mode, engine_limits=limits), POLICY)
     if advice.recommended_cap is None:
         return
     assert advice.recommended_cap % 128 == 0 and advice.recommended_cap <= 1024

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from capwatch.advisor.floor import deployment_floor, merged_sglang_limits
+from capwatch.advisor.floor import deployment_floor
+from capwatch.sglang_engine.floor import merged_sglang_limits
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.telemetry.report import SGLangLimits
 from tests.service.test_advisor import POLICY, PRICING, day_of, group, history_from
@@ -25,7 +26,7 @@ def required_by_sglang(mode: str, buffer: int, prefill_graph: int, decode_graph:
 
 def test_unified_server_is_floored_at_the_prefill_chunk():
     limits = SGLangLimits(max_prefill_buffer_tokens=8192, decode_cuda_graph_max_batch_size=256)
-    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    advice = recommend(QUIET, group(16384, engine_limits=limits), POLICY)
     assert advice.floor_cap == 8192 and advice.recommended_cap == 8192 and advice.action == "lower"
     assert "prefill chunk" in advice.floor_binds
     assert any("raised to the floor 8192" in reason and "prefill chunk" in reason for reason in advice.reasons)
@@ -34,17 +35,17 @@ def test_unified_server_is_floored_at_the_prefill_chunk():
 def test_pd_decode_server_ignores_the_prefill_chunk_and_binds_on_the_verify_graph():
     limits = SGLangLimits(disaggregation_mode="decode", max_prefill_buffer_tokens=16384,
                           decode_cuda_graph_max_batch_size=128, tokens_per_request=4)
-    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    advice = recommend(QUIET, group(16384, engine_limits=limits), POLICY)
     assert advice.floor_cap == 512 and advice.recommended_cap == 512
     assert "verify CUDA-graph batch 128 x 4 tokens per request" in advice.floor_binds
 
 
 def test_a_cap_below_the_floor_is_raised_even_on_quiet_traffic():
     limits = SGLangLimits(max_prefill_buffer_tokens=4096, prefill_cuda_graph_max_batch_size=6144)
-    advice = recommend(QUIET, group(2048, sglang=limits), POLICY)
+    advice = recommend(QUIET, group(2048, engine_limits=limits), POLICY)
     assert advice.action == "raise" and advice.recommended_cap == 6144
     assert "prefill CUDA-graph batch" in advice.floor_binds
-    rows = whatif(QUIET, group(2048, sglang=limits), [4096, 6144], POLICY)
+    rows = whatif(QUIET, group(2048, engine_limits=limits), [4096, 6144], POLICY)
     assert [row.below_floor for row in rows] == [True, False]
 
 
@@ -66,7 +67,7 @@ def test_on_sglang_0_5_21_capwatchs_rule_leaves_the_prefill_chunk_out_and_says_w
     floor = deployment_floor(limits, None)
     assert floor.tokens == 256 and "decode CUDA-graph batch 256" in floor.binds
     assert "sglang 0.5.21 has no start-up check" in floor.why and "fails at run time" in floor.why
-    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    advice = recommend(QUIET, group(16384, engine_limits=limits), POLICY)
     assert advice.floor_cap == 256 and advice.recommended_cap < 8192  # the chunk no longer holds the cap up
     assert deployment_floor(limits.model_copy(update={"floor_rule": "sglang"}), None).tokens == 8192
 
@@ -89,7 +90,7 @@ def test_before_sglang_0_5_19_the_prefill_chunk_binds_but_nothing_checks_it_at_s
     floor = deployment_floor(limits, None)
     assert floor.tokens == 8192 and "prefill chunk" in floor.binds
     assert "this SGLang release has no start-up check" in floor.why and "fails at run time" in floor.why
-    advice = recommend(QUIET, group(16384, sglang=limits), POLICY)
+    advice = recommend(QUIET, group(16384, engine_limits=limits), POLICY)
     assert advice.floor_cap == 8192 and advice.recommended_cap >= 8192
 
 
@@ -105,7 +106,7 @@ def test_advice_is_never_below_sglangs_rule(mode, buffer, prefill_graph, decode_
     floor = deployment_floor(limits, None)
     assert (floor.tokens if floor else 0) == required
     history = history_from([[peak] * 40], cap=cap)
-    advice = recommend(history, group(cap, sglang=limits), POLICY)
+    advice = recommend(history, group(cap, engine_limits=limits), POLICY)
     if advice.recommended_cap is not None:
         assert advice.recommended_cap >= required
 
@@ -122,7 +123,7 @@ def test_neither_the_budget_nor_max_cap_pushes_advice_below_sglangs_rule(buffer,
     required = required_by_sglang("null", buffer, 0, decode_graph, per_request)
     budget = None if budget_tokens is None else PRICING.bytes_per_rank(budget_tokens)
     policy = POLICY.model_copy(update={"budget_bytes_per_rank": budget, "max_cap": max_cap})
-    advice = recommend(history_from([[peak] * 40], cap=cap), group(cap, sglang=limits), policy)
+    advice = recommend(history_from([[peak] * 40], cap=cap), group(cap, engine_limits=limits), policy)
     if advice.recommended_cap is not None:
         assert advice.recommended_cap >= required
         if budget_tokens is not None and advice.budget_cap is not None and advice.budget_cap < required:
@@ -132,6 +133,6 @@ def test_neither_the_budget_nor_max_cap_pushes_advice_below_sglangs_rule(buffer,
 def test_a_budget_below_the_floor_is_reported_and_the_floor_wins():
     limits = SGLangLimits(max_prefill_buffer_tokens=2048)
     policy = POLICY.model_copy(update={"budget_bytes_per_rank": PRICING.bytes_per_rank(1024)})
-    advice = recommend(QUIET, group(4096, sglang=limits), policy)
+    advice = recommend(QUIET, group(4096, engine_limits=limits), policy)
     assert advice.budget_cap == 1024 and advice.recommended_cap == 2048 and advice.action == "lower"
     assert any("below the floor 2048" in reason and "the floor wins" in reason for reason in advice.reasons)

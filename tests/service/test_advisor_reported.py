@@ -43,7 +43,7 @@ def test_quiet_decode_lowers_on_its_own_variable_priced_from_the_reported_bytes(
 def test_never_below_sglangs_floor_nor_above_the_backends_limit(name):
     spec = SPECS[name]
     limits = SGLangLimits(decode_cuda_graph_max_batch_size=160, tokens_per_request=2, max_prefill_buffer_tokens=256)
-    config, _ = group(name, 1024, sglang=limits)
+    config, _ = group(name, 1024, engine_limits=limits)
     advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 60)), cap=1024), config, POLICY)
     assert advice.floor_cap == 320 and advice.recommended_cap == 384
     busy, _ = group(name, spec.rules.max_cap_tokens)

@@ -41,7 +41,7 @@ def history_of(samples: int, level: int, spread: float, growth: float, seed: int
 evidences = st.builds(
     lambda samples, level, spread, growth, seed, cap, buffer, graph, budget_tokens, alignment, max_cap: Evidence(
         history_of(samples, level, spread, growth, seed, cap),
-        group(cap, sglang=SGLangLimits(max_prefill_buffer_tokens=buffer, decode_cuda_graph_max_batch_size=graph)),
+        group(cap, engine_limits=SGLangLimits(max_prefill_buffer_tokens=buffer, decode_cuda_graph_max_batch_size=graph)),
         AdvisorPolicy(budget_bytes_per_rank=None if budget_tokens is None else PRICING.bytes_per_rank(budget_tokens),
                       alignment=alignment, min_cap=alignment, max_cap=max_cap)),
     samples=st.integers(1, 6 * 1440), level=st.integers(20, 8000), spread=st.floats(0.0, 1.0),

@@ -41,7 +41,7 @@ limits = st.builds(
                         bump_min_tokens=st.integers(0, MAX_CAP_TOKENS)))
 def test_the_advisor_never_produces_a_cap_outside_the_range(peaks, cap, sglang, graph, spec, policy):
     history = history_from([peaks], cap=cap, policy=policy)
-    config = group(cap, sglang=sglang, cuda_graph_max_batch_size=graph, speculative_tokens=spec)
+    config = group(cap, engine_limits=sglang, cuda_graph_max_batch_size=graph, speculative_tokens=spec)
     floor = deployment_floor(sglang, graph, spec)
     alignment = policy.for_backend(FLASHINFER).alignment
     # No cap both starts the ranks and fits: the floor, aligned up, above the largest cap, aligned down (with an

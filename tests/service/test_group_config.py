@@ -22,19 +22,19 @@ PRICING = WorkspacePricing(8, 7168, 14336)
 def test_each_term_is_the_largest_over_the_ranks():
     small = SGLangLimits(max_prefill_buffer_tokens=4096, decode_cuda_graph_max_batch_size=64, tokens_per_request=2)
     large = SGLangLimits(max_prefill_buffer_tokens=8192, decode_cuda_graph_max_batch_size=32, tokens_per_request=1)
-    group = group_config(cap=1024, pricing=PRICING, a2a_backend=FLASHINFER.name, sglang=[small, None, large],
+    group = group_config(cap=1024, pricing=PRICING, a2a_backend=FLASHINFER.name, engine_limits=[small, None, large],
                          cuda_graph_max_batch_sizes=[None, 160, 96], speculative_tokens=[0, 3, 1],
                          kv_bytes_per_token=70_272)
     assert (group.cap, group.pricing, group.backend, group.kv_bytes_per_token) == (1024, PRICING, FLASHINFER, 70_272)
     assert (group.cuda_graph_max_batch_size, group.speculative_tokens) == (160, 3)
-    assert (group.sglang.max_prefill_buffer_tokens, group.sglang.decode_cuda_graph_max_batch_size,
-            group.sglang.tokens_per_request) == (8192, 64, 2)
+    assert (group.engine_limits.max_prefill_buffer_tokens, group.engine_limits.decode_cuda_graph_max_batch_size,
+            group.engine_limits.tokens_per_request) == (8192, 64, 2)
 
 
 def test_nothing_known_of_the_ranks_leaves_the_terms_unknown():
-    group = group_config(cap=512, pricing=PRICING, a2a_backend=FLASHINFER, sglang=[None],
+    group = group_config(cap=512, pricing=PRICING, a2a_backend=FLASHINFER, engine_limits=[None],
                          cuda_graph_max_batch_sizes=[None])
-    assert (group.sglang, group.cuda_graph_max_batch_size, group.speculative_tokens) == (None, None, 0)
+    assert (group.engine_limits, group.cuda_graph_max_batch_size, group.speculative_tokens) == (None, None, 0)
 
 
 @pytest.mark.parametrize("backend, mode, through_cap", [

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.advisor.evidence import GroupConfig
-from capwatch.advisor.floor import merged_sglang_limits
+from capwatch.sglang_engine.floor import merged_sglang_limits
 from capwatch.advisor.kv import kv_bytes_per_token_of
 from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.advisor.recommend import recommend
@@ -176,7 +176,7 @@ def test_reports_and_prometheus_give_the_same_advice_and_the_floor_binds(setting
                 config = states[0].config  # the geometry prices the workspace and the KV-cache tokens
                 group = GroupConfig(
                     cap=CAP, pricing=WorkspacePricing.of_config(states[0].config, EP_SIZE),
-                    sglang=merged_sglang_limits(state.config.sglang for state in states),
+                    engine_limits=merged_sglang_limits(state.config.sglang for state in states),
                     kv_bytes_per_token=kv_bytes_per_token_of(config.hidden_size, config.top_k, config.num_experts))
                 assert group.kv_bytes_per_token and group.pricing.geometry is not None
                 advice = recommend(history, group, prometheus_settings.advisor)
