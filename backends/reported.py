@@ -8,7 +8,6 @@ logged); the log reader has no bytes to price from and says so."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from capwatch.backends.spec import (
@@ -25,6 +24,7 @@ from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.model_presets import ModelGeometry
+from capwatch.sizing.payloads import combine_bytes_per_token, hidden_bytes_per_token
 from capwatch.sizing.reported import (
     MAX_BUFFER_BYTES,
     ReportedPlan,
@@ -47,20 +47,15 @@ class ReportedBuffer(BaseModel):
     dispatch_format: DispatchFormat = "bf16"
 
 
-@dataclass(frozen=True)
-class Payload:
-    """A backend's bytes per token, and what it refuses of a model (SizingError)."""
-
-    dispatch_bytes_per_token: Callable[[int, str], int]  # (hidden size, dispatch format)
-    combine_bytes_per_token: Callable[[int], int]  # (hidden size)
-    check_hidden_size: Callable[[int], int] = lambda hidden_size: hidden_size
+# The dispatch formats as the payload table names them (fp8: e4m3 with one fp32 scale per 128 channels).
+PAYLOAD_OF_FORMAT = {"bf16": "bf16", "fp8": "deepseek-fp8"}
 
 
-def reported_spec(rules: BackendCapRules, payload: Payload, description: str,
-                  prefill_dispatched: bool = True) -> BackendSpec:
+def reported_spec(rules: BackendCapRules, description: str, prefill_dispatched: bool = True,
+                  check_hidden_size: Callable[[int], int] = lambda hidden_size: hidden_size) -> BackendSpec:
     """The spec of a backend whose buffer a rank reports. ``description``: its paragraph of ``capwatch plan
     --help`` (what the buffer is, where its bytes come from); ``prefill_dispatched``: whether prefill batches
-    go through its cap."""
+    go through its cap; ``check_hidden_size``: SizingError for a model the backend refuses."""
     name = rules.name
     flag = name.replace("_", "-")
 
@@ -78,7 +73,7 @@ def reported_spec(rules: BackendCapRules, payload: Payload, description: str,
             return f"a {name} rank's config needs its {name} buffer (buffer_bytes, dispatch_format)"
         try:
             rules.check_cap(config.cap)
-            payload.check_hidden_size(config.hidden_size)
+            check_hidden_size(config.hidden_size)
         except SizingError as error:
             return str(error)
         return None
@@ -87,9 +82,9 @@ def reported_spec(rules: BackendCapRules, payload: Payload, description: str,
         if buffer is None:
             raise SizingError(f"a {name} rank's config needs its {name} buffer (buffer_bytes, dispatch_format)")
         rules.check_cap(cap)
-        hidden = payload.check_hidden_size(geometry.hidden_size)
-        return RankSizes(payload.dispatch_bytes_per_token(hidden, buffer.dispatch_format),
-                         payload.combine_bytes_per_token(hidden), buffer.buffer_bytes)
+        hidden = check_hidden_size(geometry.hidden_size)
+        return RankSizes(hidden_bytes_per_token(hidden, PAYLOAD_OF_FORMAT[buffer.dispatch_format]),
+                         combine_bytes_per_token(hidden), buffer.buffer_bytes)
 
     def prepare(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
         given = {key: values[f"{name}_{key}"] for key in ("buffer_bytes", "buffer_cap")}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import sys
 
 from capwatch.agent.session import RankSession
@@ -108,7 +109,11 @@ def _check_cap_at_start(session: RankSession, limits, rules) -> None:
 
     if rules.below_floor is None:
         return
-    collector = check_cap_at_start(getattr(envs, rules.cap_env_var).get(), limits, rules)
+    if hasattr(envs, rules.cap_env_var):
+        cap = getattr(envs, rules.cap_env_var).get()
+    else:  # read raw by its dispatcher (Mooncake EP: get_int_env_var(variable, default))
+        cap = int(os.environ.get(rules.cap_env_var, rules.default_cap))
+    collector = check_cap_at_start(cap, limits, rules)
     if collector is not None:
         session.exporter.registry.register(collector)
 

@@ -15,7 +15,6 @@ from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.checks import SizingError, check_positive
 
 SCALE_BLOCK_CHANNELS = 128  # one fp32 scale per 128 channels with FP8 dispatch; the hidden size must divide
-BF16_BYTES, FP8_BYTES, FLOAT_BYTES = 2, 1, 4
 
 DEEPEP_V2 = BackendCapRules(
     "deepep_v2", eager_prefill_dispatched=True, local_batch_cap=True,
@@ -33,14 +32,3 @@ def check_hidden_size(hidden_size: int) -> int:
                           f"{hidden_size}")
     return hidden_size
 
-
-def dispatch_bytes_per_token(hidden_size: int, dispatch_format: str) -> int:
-    """A token's activations as dispatched: bf16, or fp8 with one fp32 scale per 128 channels."""
-    if dispatch_format == "fp8":
-        return hidden_size * FP8_BYTES + hidden_size // SCALE_BLOCK_CHANNELS * FLOAT_BYTES
-    return hidden_size * BF16_BYTES
-
-
-def combine_bytes_per_token(hidden_size: int) -> int:
-    """A token's expert output as combined: bf16."""
-    return hidden_size * BF16_BYTES

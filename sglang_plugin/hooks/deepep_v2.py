@@ -12,17 +12,14 @@ process-wide ``ElasticBuffer`` (``DeepEPv2Buffer.get_buffer``, lazy: built at th
 
 from __future__ import annotations
 
-import logging
 import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_plugin.hooks import local_batch
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.releases import Target, first_problem
 from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sizing.deepep_v2 import DEEPEP_V2
-
-logger = logging.getLogger("capwatch.sglang")
 
 NAME = DEEPEP_V2.name  # --moe-a2a-backend
 MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep_v2"
@@ -32,9 +29,6 @@ INIT = Target(f"{DISPATCHER}.__init__", ("group", "router_topk", "num_experts", 
 DISPATCH = Target(f"{DISPATCHER}.dispatch", ("hidden_states", "topk_output"))
 GET_BUFFER = Target(f"{MODULE}._DeepEPv2Impl._get_buffer")
 VALIDATE = Target(f"{MODULE}._DeepEPv2Impl._validate_common", ("hidden_states", "topk_ids"))
-CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
-                           ("moe_runner_config",))
-GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
 
 
 @dataclass(frozen=True)
@@ -42,7 +36,7 @@ class Adapter:
     releases: tuple[str, ...]
 
     def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH, GET_BUFFER, VALIDATE, CREATE_DISPATCHER, GET_FLAGS, *CAPTURE_TARGETS)
+        return (INIT, DISPATCH, GET_BUFFER, VALIDATE, *local_batch.COMMON_TARGETS)
 
 
 ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_deepep_v2_plugin.py)
@@ -60,35 +54,7 @@ def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str |
 
 def register(session, adapter: Adapter, source) -> None:
     """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
-    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
-
-    def around_create(original, moe_runner_config, *args, **kwargs):
-        creating.append(getattr(moe_runner_config, "layer_id", None))
-        try:
-            return original(moe_runner_config, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def around_init(original, dispatcher, *args, **kwargs):
-        original(dispatcher, *args, **kwargs)
-        try:
-            role = "draft" if get_flags().moe.speculative_context else "target"
-            adopt(session, dispatcher, role, creating[-1] if creating else None)
-        except Exception:
-            logger.exception("capwatch: this DeepEP v2 dispatcher is not instrumented (adoption failed); it runs "
-                             "as SGLang's")
-
-    def around_capture(original, *args, **kwargs):
-        with session.capturing():
-            return original(*args, **kwargs)
-
-    HookRegistry.register(INIT.name, around_init, HookType.AROUND, source=source)
-    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
-    for target in CAPTURE_TARGETS:
-        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+    local_batch.register(session, source, INIT, adopt, "DeepEP v2")
 
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:

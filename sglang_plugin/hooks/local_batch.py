@@ -17,15 +17,57 @@ alone.
 from __future__ import annotations
 
 import logging
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
 from capwatch.sizing.backends import BackendCapRules
 
 logger = logging.getLogger("capwatch.sglang")
+
+CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
+                           ("moe_runner_config",))
+GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
+COMMON_TARGETS = (CREATE_DISPATCHER, GET_FLAGS, *CAPTURE_TARGETS)
+
+
+def register(session, source, init: Target, adopt_one: Callable, what: str) -> None:
+    """Hook the construction of ``init``'s class (``adopt_one(session, dispatcher, role, layer_id)`` after SGLang's
+    own ``__init__``), ``create_moe_dispatcher`` (the layer id it is building) and the graph captures (snapshots
+    paused). ``what`` names the dispatcher in the line an adoption failure logs."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
+    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
+
+    def around_create(original, moe_runner_config, *args, **kwargs):
+        creating.append(getattr(moe_runner_config, "layer_id", None))
+        try:
+            return original(moe_runner_config, *args, **kwargs)
+        finally:
+            creating.pop()
+
+    def around_init(original, dispatcher, *args, **kwargs):
+        original(dispatcher, *args, **kwargs)
+        try:
+            role = "draft" if get_flags().moe.speculative_context else "target"
+            adopt_one(session, dispatcher, role, creating[-1] if creating else None)
+        except Exception:
+            logger.exception("capwatch: this %s dispatcher is not instrumented (adoption failed); it runs as "
+                             "SGLang's", what)
+
+    def around_capture(original, *args, **kwargs):
+        with session.capturing():
+            return original(*args, **kwargs)
+
+    HookRegistry.register(init.name, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
+    for target in CAPTURE_TARGETS:
+        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ reaches the service before SGLang's ``ValueError`` ends that rank."""
 
 from __future__ import annotations
 
+import urllib.error
+
 import pytest
 import torch
 from capwatch.backends.deepep_v2 import RULES as DEEPEP_V2
 
 from tests.sglang.deepep_v2_standin import standin_num_bytes
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
 from tests.support.ports import free_port
-from tests.support.service import ServiceProcess
 
 WORLD = 2
 CAP = 64
@@ -25,13 +27,6 @@ STEPS = [{"tokens": [3, 5]}, {"tokens": [CAP, 1], "extend": True}, {"tokens": [0
 BATCHES = {0: [3, CAP, 0], 1: [5, 1, 7]}
 OVERFLOW = {"tokens": [CAP + 1, 3]}  # rank 0 alone: SGLang refuses it there
 SGLANG_REFUSAL = f"DeepEP v2 dispatch input exceeds the per-rank buffer capacity {CAP}, got {CAP + 1}"
-
-
-@pytest.fixture(scope="module")
-def service(tmp_path_factory):
-    process = ServiceProcess(tmp_path_factory.mktemp("service") / "capwatch.sqlite3").start(timeout_s=60)
-    yield process
-    process.stop()
 
 
 def check_steps(run: RankRun) -> int:
@@ -104,7 +99,11 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
 
 
 def _view(service, cluster: str) -> dict:
-    view = get_json(f"{service.url}/v1/clusters/{cluster}")
+    """The group's view once both ranks have reported (a 404 until the first report arrives)."""
+    try:
+        view = get_json(f"{service.url}/v1/clusters/{cluster}")
+    except urllib.error.HTTPError as error:
+        raise AssertionError(f"no view of {cluster} yet: {error}") from None
     assert sorted(rank["ep_rank"] for rank in view["ranks"]) == [0, 1], view
     assert view["group_max_runtime_tokens"] == CAP, view
     return view

@@ -1,0 +1,83 @@
+"""Mooncake EP in SGLang (``--moe-a2a-backend mooncake``): what the plugin hooks, on 0.5.23.
+
+SGLang builds one ``_MooncakeEPDispatcherImpl`` per ``MooncakeEPDispatcher`` (low-latency mode only; one per
+micro-batch with two-batch overlap) and drives it like DeepEP's: ``dispatch_a(hidden_states, topk_output)``, whose
+Mooncake EP dispatch asserts each rank's own batch fits the cap (SGLang checks nothing). After SGLang constructs one
+(a ``HookRegistry`` hook on ``__init__``; the layer id from ``create_moe_dispatcher``) the plugin counts its
+``dispatch_a`` (``hooks/local_batch.py``): an overflow is counted and reported before Mooncake EP's assertion.
+The process-wide buffer (``EPBuffer.get_ep_buffer``, built at the first dispatch) is sized by Mooncake EP's own
+``Buffer.get_ep_buffer_size_hint(T, hidden, ep_size, experts)``: the plugin asks it in the rank with SGLang's
+arguments and reports that (``backends/reported.py``).
+"""
+
+from __future__ import annotations
+
+import pkgutil
+from dataclasses import dataclass
+
+from capwatch.backends.reported import ReportedBuffer
+from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_plugin.hooks import local_batch
+from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sizing.mooncake import MOONCAKE
+
+NAME = MOONCAKE.name  # --moe-a2a-backend
+MODULE = "sglang.srt.layers.moe.token_dispatcher.mooncake"
+IMPL = f"{MODULE}._MooncakeEPDispatcherImpl"
+INIT = Target(f"{IMPL}.__init__", ("group", "router_topk", "permute_fusion", "num_experts", "num_local_experts",
+                                   "hidden_size", "params_dtype", "return_recv_hook"))
+DISPATCH_A = Target(f"{IMPL}.dispatch_a", ("hidden_states", "topk_output"))
+GET_BUFFER = Target(f"{IMPL}._get_buffer")
+EP_BUFFER = Target(f"{MODULE}.EPBuffer.get_ep_buffer", ("group", "hidden_size", "param_bytes"))
+LIBRARY = "mooncake.mooncake_ep_buffer"
+SIZE_HINT = Target(f"{LIBRARY}.Buffer.get_ep_buffer_size_hint",
+                   ("num_max_dispatch_tokens_per_rank", "hidden", "num_ranks", "num_experts"))
+
+
+@dataclass(frozen=True)
+class Adapter:
+    releases: tuple[str, ...]
+
+    def targets(self) -> tuple[Target, ...]:
+        return (INIT, DISPATCH_A, GET_BUFFER, EP_BUFFER, SIZE_HINT, *local_batch.COMMON_TARGETS)
+
+
+ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_mooncake_plugin.py)
+ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+
+
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+    """Why Mooncake EP cannot be instrumented, or None: its buffer module imports (SGLang imports it at the first
+    dispatcher), then every target and signature."""
+    try:
+        pkgutil.resolve_name(LIBRARY)
+    except Exception as error:
+        return f"{LIBRARY} does not import ({type(error).__name__}: {error}): Mooncake EP is not installed"
+    return first_problem(adapter.targets())
+
+
+def register(session, adapter: Adapter, source) -> None:
+    """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
+    local_batch.register(session, source, INIT, adopt, "Mooncake EP")
+
+
+def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
+    """Count one low-latency dispatcher's ``dispatch_a``; both micro-batches' of the lowest layer lead."""
+    group = dispatcher.group
+    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(),
+                                  ep_size=group.size(), hidden_size=dispatcher.hidden_size,
+                                  top_k=dispatcher.router_topk, num_experts=dispatcher.num_experts)
+    local_batch.adopt(session, dispatcher, "dispatch_a", counted, MOONCAKE, role, layer_id,
+                      describe=lambda: describe_buffer(session, dispatcher, role), lead_per_micro_batch=True)
+
+
+def describe_buffer(session, dispatcher, role: str) -> dict:
+    """The process-wide buffer (built now if the first dispatch has not yet), counted once per process, with the
+    bytes Mooncake EP's size hint gives for SGLang's arguments (what SGLang allocated)."""
+    buffer = dispatcher._get_buffer()
+    size_hint = pkgutil.resolve_name(SIZE_HINT.name)
+    buffer_bytes = int(size_hint(dispatcher.num_max_dispatch_tokens_per_rank, dispatcher.hidden_size,
+                                 dispatcher.group.size(), dispatcher.num_experts))
+    session.count_buffer(role, id(buffer), buffer_bytes)
+    return dict(backend=reported_backend(MOONCAKE), a2a_backend=NAME,
+                **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="fp8")})  # SGLang's use_fp8=True
