@@ -28,6 +28,7 @@ CAPS: dict[str, SGLangCap] = {
     "deepep": SGLangCap("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
                         reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES),
     "deepep_v2": SGLangCap("SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
+    "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
 }
 
 
