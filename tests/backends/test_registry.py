@@ -34,6 +34,8 @@ EXAMPLES: dict[str, dict] = {
                       deepep_v2=ReportedBuffer(buffer_bytes=3 << 30, dispatch_format="fp8")),
     "mooncake": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-mooncake",
                      mooncake=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
+    "nixl": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-nixl",
+                 nixl=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
 }
 
 
