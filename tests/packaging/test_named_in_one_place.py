@@ -25,7 +25,10 @@ REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang
 ENGINE_REGISTRIES = {"capwatch/engines.py"}
 
 STILL_NAMING: dict[str, set[str]] = {
-    "deepep": set(),
+    "deepep": {
+        # SGLang's --deepep-mode also picks MoRI's kernel (low_latency: AsyncLL): its log reader reads the flag.
+        "backends/mori.py",
+    },
     "flashinfer": set(),
     ENGINE: {
         "advisor/advice.py", "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py",
