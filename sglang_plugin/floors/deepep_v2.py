@@ -9,11 +9,11 @@ SGLang's functions (``floor_rule="sglang"``); the prefill term rides as the limi
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
+from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sglang_plugin.floors.graph_terms import COMMON, sglang_limits
 from capwatch.sglang_plugin.releases import Target
 from capwatch.sizing.deepep_v2 import DEEPEP_V2 as DEEPEP_V2_RULES
-from capwatch.sglang_engine.caps import bind
-from capwatch.sglang_engine.limits import SGLangLimits
 
 DEEPEP_V2 = bind(DEEPEP_V2_RULES)  # with SGLang's variable and default for its cap
 

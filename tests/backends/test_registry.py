@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from capwatch.backends import BACKEND_NAMES, SPECS, pricing_of, spec_of
 from capwatch.backends.deepep import DeepEPBuffer
+from capwatch.backends.mori import MoriOp
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
@@ -34,7 +35,13 @@ EXAMPLES: dict[str, dict] = {
                       deepep_v2=ReportedBuffer(buffer_bytes=3 << 30, dispatch_format="fp8")),
     "mooncake": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-mooncake",
                      mooncake=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
+    "mori": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-mori",
+                 mori=MoriOp(kernel="IntraNode", experts_per_rank=32)),
+    "nixl": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-nixl",
+                 nixl=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
 }
+# What each example rank's server logged beyond the model (the log reader's view of it; absent: the defaults).
+EXAMPLE_SETTINGS: dict[str, dict] = {"deepep": {"deepep_mode": "low_latency"}}
 
 
 def example(name: str, cap: int = 256) -> RankConfig:
@@ -135,9 +142,9 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
 
 def test_an_unknown_backend_is_named_with_the_known_ones():
     with pytest.raises(SizingError, match=", ".join(sorted(SPECS))):
-        spec_of("mori")
+        spec_of("ascend_fuseep")
     with pytest.raises(ValidationError, match="a2a_backend"):
-        RankConfig.model_validate({**example("flashinfer").model_dump(), "a2a_backend": "mori"})
+        RankConfig.model_validate({**example("flashinfer").model_dump(), "a2a_backend": "ascend_fuseep"})
 
 
 def test_a_report_body_of_an_already_deployed_rank_still_validates():
@@ -198,7 +205,7 @@ def test_the_log_reader_prices_it_from_the_engines_settings(name):
     assert spec.settings_pricing is not None, f"the {name!r} spec says nothing of how to read it from settings"
     config = example(name)
     geometry = custom_geometry(config.hidden_size, config.top_k, config.num_experts)
-    params = dict(spec.settings_params(_Settings({"deepep_mode": "low_latency"})))
+    params = dict(spec.settings_params(_Settings(EXAMPLE_SETTINGS.get(name, {}))))
     if spec.bytes_known == "reported":  # a log has no bytes of the buffer: refused in words, never guessed
         with pytest.raises(SizingError, match="a server's log has no size"):
             spec.settings_pricing(params, geometry, EP_SIZE, spec.rules.alignment)

@@ -112,6 +112,6 @@ def test_deepep_options_are_refused_for_flashinfer():
     result = run_capwatch("plan", "--model", "deepseek-v3", "--ep-size", "8", "--cap", "128", "--deepep-mode",
                           "low_latency", timeout_s=60)
     assert result.returncode == 2 and "--deepep-mode is not an option of the flashinfer backend" in result.stderr
-    unknown = run_capwatch("plan", "--backend", "mori", "--model", "deepseek-v3", "--ep-size", "8", "--cap", "128",
+    unknown = run_capwatch("plan", "--backend", "ascend_fuseep", "--model", "deepseek-v3", "--ep-size", "8", "--cap", "128",
                            timeout_s=60)
-    assert unknown.returncode == 2 and "does not size the 'mori' A2A backend" in unknown.stderr
+    assert unknown.returncode == 2 and "does not size the 'ascend_fuseep' A2A backend" in unknown.stderr

@@ -1,0 +1,241 @@
+"""MoRI's dispatch in SGLang (``--moe-a2a-backend mori``, EPv1): what the plugin hooks, per release.
+
+MoRI checks nothing: a rank whose batch is larger than ``SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK`` makes
+MoRI write past its buffers (ROCm/mori#356), which corrupts memory silently. The plugin's guard is the only thing
+that can make it loud, so here an overflow is **counted, reported (the final report, bounded wait:
+``CAPWATCH_FINAL_REPORT_TIMEOUT_S``), logged in one line naming the variable to set, and the dispatch refused**
+(``CapOverflowError``) before anything reaches MoRI: the rank ends instead of computing on corrupt memory.
+
+SGLang builds one ``_MoriEP*DispatcherImpl*`` per ``MoriEPDispatcher`` (one per MoE layer, one per micro-batch
+with two-batch overlap); every one of them (normal and low-latency mode alike) takes each rank's own batch
+against the cap (``max_num_inp_token_per_rank``), so R is the local batch (``rules.local_batch_cap``). After
+SGLang constructs one (a ``HookRegistry`` hook on ``_MoriEPDispatcherImplBase.__init__``, the layer id from
+``create_moe_dispatcher``, the role from SGLang's speculative context flag) the plugin adopts it: its
+``dispatch_a`` is shadowed by an instance attribute that counts through the layer's ``LayerCounting``
+(``dispatcher/counting.py``); SGLang's classes are left alone. The hot path:
+
+- ``dispatch_a``, before the transport (the low-latency impl sends in it, the normal one in ``dispatch_b``): the
+  rank's batch (``hidden_states.shape[0]``, a host int) against the cap; on the step leader the step; in the
+  traffic sample the tokens sent to each rank, from the ``topk_ids`` SGLang dispatches (MoRI sends a token once
+  to each rank holding one of its experts: a ``div``, a ``remainder_``, a ``zero_``, a ``scatter_`` and a
+  ``sum`` into scratch made at adoption; no host read). MoRI says what each rank received only through a host sync
+  (``get_dispatch_src_token_pos``), so the received row stays 0 on MoRI ranks;
+- the op once per process and configuration: at a role's first dispatch the plugin asks the dispatcher for its
+  op (``mori_op``, built by ``init_mori_op`` then anyway) and reports what sizes it (``MoriOp``: the kernel, the
+  experts per rank, the scales, the combine quantization, the receive cap) and its bytes as capwatch prices them
+  (``sizing/mori.py``: MoRI reports none).
+
+MoRI EPv2 (``SGLANG_MORI_EP_V2``, 0.5.22 on) sizes a different arena: the plugin refuses it before hooking.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pkgutil
+from dataclasses import dataclass
+
+import torch
+from capwatch.backends.mori import MoriOp, op_config
+from capwatch.dispatcher.counters import TrafficRecord
+from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
+from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_plugin.apply import overflows
+from capwatch.sglang_engine.caps import bind
+from capwatch.sizing.mori import MORI as MORI_RULES
+from capwatch.sizing.mori import mori_op_plan
+
+MORI = bind(MORI_RULES)  # with SGLang's variable and default for its cap
+
+logger = logging.getLogger("capwatch.sglang")
+
+NAME = MORI.name  # --moe-a2a-backend
+MODULE = "sglang.srt.layers.moe.token_dispatcher.moriep"
+BASE = f"{MODULE}._MoriEPDispatcherImplBase"
+INIT = Target(f"{BASE}.__init__", ("group", "router_topk", "permute_fusion", "num_experts", "num_local_experts",
+                                   "hidden_size", "params_dtype"))
+DISPATCH_A = Target(f"{BASE}.dispatch_a", ("hidden_states", "topk_output"))
+INIT_OP = Target(f"{MODULE}.init_mori_op", ("group", "router_topk", "num_experts", "num_local_experts",
+                                              "hidden_size", "params_dtype", "num_max_dispatch_tokens_per_rank"))
+CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
+                           ("moe_runner_config",))
+GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
+GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .moe_ep_rank, .moe_ep_size
+EPV2_VARIABLE = "SGLANG_MORI_EP_V2"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """How a family of SGLang releases builds and drives MoRI's EPv1 dispatcher impls."""
+
+    releases: tuple[str, ...]
+
+    def targets(self) -> tuple[Target, ...]:
+        return (INIT, DISPATCH_A, INIT_OP, CREATE_DISPATCHER, GET_FLAGS, GET_PARALLEL, *CAPTURE_TARGETS)
+
+
+EPV1_ADAPTER = Adapter(releases=VERIFIED)
+ADAPTERS = {release: EPV1_ADAPTER for release in EPV1_ADAPTER.releases}
+
+
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+    """Why MoRI's dispatch cannot be instrumented with ``adapter``, or None: EPv2 (sized otherwise), then every
+    target and signature."""
+    if os.environ.get(EPV2_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
+        return (f"{EPV2_VARIABLE} is on: capwatch sizes and counts MoRI's EPv1 op only (EPv2's arena is sized "
+                "otherwise)")
+    return first_problem(adapter.targets())
+
+
+# --- the hooks --------------------------------------------------------------------------------------
+
+def register(session, adapter: Adapter, source) -> None:
+    """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
+    get_parallel = pkgutil.resolve_name(GET_PARALLEL.name)
+    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
+
+    def around_create(original, moe_runner_config, *args, **kwargs):
+        creating.append(getattr(moe_runner_config, "layer_id", None))
+        try:
+            return original(moe_runner_config, *args, **kwargs)
+        finally:
+            creating.pop()
+
+    def around_init(original, dispatcher, *args, **kwargs):
+        original(dispatcher, *args, **kwargs)
+        try:
+            role = "draft" if get_flags().moe.speculative_context else "target"
+            parallel = get_parallel()
+            adopt(session, dispatcher, role, creating[-1] if creating else None, parallel.moe_ep_rank,
+                  parallel.moe_ep_size)
+        except Exception:
+            logger.exception("capwatch: this MoRI dispatcher is not instrumented (adoption failed); it runs as "
+                             "SGLang's")
+
+    def around_capture(original, *args, **kwargs):
+        with session.capturing():
+            return original(*args, **kwargs)
+
+    HookRegistry.register(INIT.name, around_init, HookType.AROUND, source=source)
+    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
+    for target in CAPTURE_TARGETS:
+        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+
+
+def adopt(session, dispatcher, role: str, layer_id: int | None, ep_rank: int, ep_size: int) -> LayerCounting:
+    """Count one MoRI dispatcher impl (MoRI's op is SGLang's: nothing allocated but the counters and scratch)."""
+    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=ep_rank, ep_size=ep_size,
+                    hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+                    num_experts=dispatcher.num_experts)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, MORI,
+                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
+                                lead_per_micro_batch=True)
+    overflows.watch(layer, MORI.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
+    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
+    return layer
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """A dispatch's tokens sent to each rank (``counts[0]``; the received row stays 0) and the scratch that
+    computes them: all made at adoption, before any graph capture, so no call allocates."""
+
+    record: TrafficRecord  # the layer's way into the counters: the counts ([2, ranks]) it adds
+    destination: torch.Tensor  # [cap, top_k]: each (token, expert)'s rank; a -1 expert's: column ``ranks``
+    reached: torch.Tensor  # [cap, ranks + 1]: 1 where a token goes to a rank (once, however many of its experts)
+    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor
+
+    @property
+    def counts(self) -> torch.Tensor:
+        return self.record.counts
+
+    @classmethod
+    def made(cls, dispatcher, layer: LayerCounting) -> "Traffic":
+        cap, top_k = dispatcher.num_max_dispatch_tokens_per_rank, dispatcher.router_topk
+        counters = layer.counters
+        device = counters.device
+        return cls(layer.traffic, torch.empty(cap, top_k, dtype=torch.int64, device=device),
+                   torch.empty(cap, counters.ep_size + 1, dtype=torch.int64, device=device),
+                   torch.tensor(dispatcher.num_local_experts, dtype=torch.int64, device=device))
+
+
+def unadopt(dispatcher) -> None:
+    """SGLang's dispatcher exactly as shipped again."""
+    vars(dispatcher).pop("dispatch_a", None)
+
+
+def describe_op(session, dispatcher, role: str, ep_size: int) -> dict:
+    """The dispatcher's MoRI op (built now if the first dispatch has not yet: ``mori_op`` builds it lazily),
+    counted once per op, and what the reports carry to price it at any other cap."""
+    op = dispatcher.mori_op
+    config = op.config
+    reported = MoriOp(kernel=getattr(config.kernel_type, "name", str(config.kernel_type)),
+                      combine_quant=str(config.quant_type).lower(),
+                      experts_per_rank=int(config.num_experts_per_rank), scale_dim=int(config.scale_dim),
+                      scale_type_size=int(config.scale_type_size),
+                      max_total_recv_tokens=int(config.max_total_recv_tokens),
+                      token_bytes=int(config.max_token_type_size))
+    plan = mori_op_plan(op_config(ep_size, int(config.hidden_dim), int(config.num_experts_per_token), reported),
+                        int(config.max_num_inp_token_per_rank))
+    session.count_buffer(role, id(op), plan.op_bytes)
+    return dict(backend=reported_backend(MORI), a2a_backend=MORI.name, mori=reported)
+
+
+def _first_dispatch(session, dispatcher, layer, traffic):
+    """The role's reports and series start at its first dispatch (the op exists then); after it the dispatcher's
+    ``dispatch_a`` is the counting one, with no check left per call."""
+    role = layer.counters.role
+
+    def first(hidden_states, topk_output):
+        watch = session.roles[role]
+        if not watch.reported:
+            watch.reported = describe_op(session, dispatcher, role, layer.ep_size)
+        session.start_role_once(role)
+        dispatcher.dispatch_a = counted = counted_dispatch_a(type(dispatcher).dispatch_a.__get__(dispatcher),
+                                                             layer, traffic)
+        return counted(hidden_states, topk_output)
+    return first
+
+
+def counted_dispatch_a(dispatch_a, layer: LayerCounting, traffic: Traffic):
+    """``dispatch_a`` as SGLang calls it, counted by the layer's ``LayerCounting``: the guard (R is the rank's own
+    batch), then the transport, the step on the leader, the tokens sent to each rank (in the traffic sample)."""
+    record_step, cap = layer.counters.record_step, layer.cap
+    sent, experts_per_rank, ranks = traffic.counts[0], traffic.experts_per_rank, layer.ep_size
+
+    def counted(hidden_states, topk_output):
+        local_tokens = hidden_states.shape[0]
+        if local_tokens > cap:
+            refuse_overflow(layer, local_tokens)  # raises: MoRI never sees the batch
+        state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
+        if layer.step_leader:
+            record_step(local_tokens, local_tokens)  # each rank's own batch is what MoRI's buffers hold
+        if not layer.counts_traffic:
+            layer.count_dispatch()  # the call: a host int eagerly, nothing captured
+            return state
+        ids = topk_output.topk_ids  # [tokens, top_k]; -1: no expert
+        destination, reached = traffic.destination[:local_tokens], traffic.reached[:local_tokens]
+        torch.div(ids, experts_per_rank, rounding_mode="floor", out=destination).remainder_(ranks + 1)
+        reached.zero_()
+        reached.scatter_(1, destination, 1)
+        torch.sum(reached[:, :ranks], dim=0, out=sent)
+        layer.record_traffic()
+        return state
+
+    return counted
+
+
+def refuse_overflow(layer: LayerCounting, local_tokens: int) -> None:
+    """A batch MoRI would write past its buffers with: counted, reported (bounded wait), logged in one line, then
+    refused (``CapOverflowError``) before MoRI's op sees it."""
+    try:
+        layer.guard(local_tokens, local_tokens)
+    except CapOverflowError as overflow:
+        logger.error("capwatch: %s (counted and reported; capwatch refused the dispatch, which would corrupt "
+                     "memory silently in MoRI)", overflow)
+        raise
