@@ -144,7 +144,7 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
                          engine_limits=[limits],
                          kv_bytes_per_token=kv, cap_source=cap_source,
                          cap_at_least=segment.peak_without_assertion or None,
-                         mem_fraction_static=config.mem_fraction_static)
+                         mem_fraction_static=config.mem_fraction_static, cap_set_by_known=False)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:
