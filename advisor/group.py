@@ -19,18 +19,22 @@ def group_config(*, cap: int, pricing: Pricing, a2a_backend: str | BackendCapRul
                  engine_limits: Iterable = (), cuda_graph_max_batch_sizes: Iterable[int | None] = (),
                  speculative_tokens: Iterable[int] = (), kv_bytes_per_token: int | None = None,
                  cap_source: CapSource = "reported", cap_at_least: int | None = None,
-                 mem_fraction_static: float | None = None, hidden_size: int | None = None,
-                 num_experts: int | None = None, top_k: int | None = None) -> GroupConfig:
+                 mem_fraction_static: float | None = None, cap_set_by_known: bool = True,
+                 hidden_size: int | None = None, num_experts: int | None = None,
+                 top_k: int | None = None) -> GroupConfig:
     """The group's configuration: ``cap`` its current cap (the largest the ranks run; where ``cap_source`` is
     "assumed", an assumption, not known), ``pricing`` its memory per rank at any cap, ``prefill_dispatched``
     whether its prefill batches go through the cap (``BackendSpec.prefill_dispatched``: DeepEP's only in
     --deepep-mode low_latency); the ranks' engine limits (capwatch.engines), CUDA-graph batches and draft
-    tokens per step, each merged to its largest (None where not known); ``hidden_size``, ``num_experts`` and
-    ``top_k`` the MoE geometry its cap is priced for (None where not known)."""
+    tokens per step, each merged to its largest (None where not known); who set the cap, from the limits' cap
+    source where ``cap_set_by_known`` (the ranks report it; a log does not show the environment); ``hidden_size``,
+    ``num_experts`` and ``top_k`` the MoE geometry its cap is priced for (None where not known)."""
     graph_batches = [batch for batch in cuda_graph_max_batch_sizes if batch is not None]
     engine_limits = [as_limits(limits) for limits in engine_limits if limits]
     origins = {(limits.cap_source, limits.advice_revision) for limits in engine_limits}
     set_by, revision = origins.pop() if len(origins) == 1 else ("mixed" if origins else None, None)
+    if not cap_set_by_known:  # a log does not show the environment: who set the cap is not known
+        set_by, revision = None, None
     return GroupConfig(
         cap=cap, pricing=pricing,
         backend=a2a_backend if isinstance(a2a_backend, BackendCapRules) else spec_of(a2a_backend).rules,

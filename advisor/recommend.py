@@ -7,13 +7,12 @@
       size_for_peaks   largest remembered peak + margin, bounds       peaks.py
       size_for_risk    smallest cap meeting the overflow target       tail.py (peaks over threshold, GPD)
       size_for_trend   grown by the daily peaks' trend                trend.py (Mann-Kendall, Theil-Sen)
-      raise_to_floor   never below SGLang's start-up floor            floor.py
+      raise_to_floor   never below the engine's start-up floor        floor.py
       align            a multiple of the alignment                    alignment.py (sizing/caps.py's rounding)
       clamp_to_budget  within the workspace memory budget             budget.py
       decide           raise now, or a change worth a restart         hysteresis.py
-      -> Advice        from typed parts: the decision, the deployment, the coverage, the forecast and the price
-                       (the recommended cap's outlook: bytes, KV-cache tokens, overflows, outlook.py, kv.py);
-                       every stage's reasons in chain order                                   advice.py
+      -> Advice        the decision, the deployment, the coverage, the forecast and the price
+                       (outlook.py, kv.py), every stage's reasons in chain order            advice.py
     what-if            each asked cap's outlook, as the advice prices and forecasts its own     outlook.py
 
 Every stage has one interface (``stage.py``): ``stage(given: Evidence, sized: float) -> Step``, each sizing

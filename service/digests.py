@@ -150,6 +150,7 @@ class GroupDigests:
         self.cache = DigestCache(self._lock)
         # Without a log of changes (Prometheus), every read computes every group.
         self.changes = ChangeTracker(source, source.changes(), settings, self._lock, self.cache.answers_changed)
+        self._list_json: tuple[list[GroupDigest], bytes] | None = None  # the list it was made of, the answer
         self.refresher = Refresher(self.refresh, what="the groups' digests", name="capwatch-digests",
                                    slice_s=REFRESH_SLICE_S, pause_s=REFRESH_PAUSE_S, idle_s=REFRESH_IDLE_S)
 
@@ -285,6 +286,15 @@ class GroupDigests:
             self._read_again(now)
             self._compute_unfinished(now, self.recompute_budget_s)
         return self._answer(all_roles)
+
+    def list_json(self) -> bytes:
+        """The list's answer, ``every_group(all_roles=False)``'s summaries as one JSON array: the same bytes for every
+        client while the list is unchanged (with a log of changes; without, made per read)."""
+        digests = self.every_group(all_roles=False)
+        made = self._list_json
+        if made is None or made[0] is not digests:
+            made = self._list_json = (digests, b"[" + b",".join(digest.summary_json for digest in digests) + b"]")
+        return made[1]
 
     def _every_group_computed(self, all_roles: bool) -> list[GroupDigest]:
         """A source without a log of changes (Prometheus, which caches its own queries): every group computed in

@@ -17,7 +17,7 @@ from pydantic.json_schema import models_json_schema
 from capwatch.backends import SPECS
 from capwatch.service.api.guard import RequestGuard
 from capwatch.service.api.history_stream import HistoryWorkers
-from capwatch.service.api.report_rules import BodyGate
+from capwatch.service.api.report_rules import BodyGate, HeavyBodies
 from capwatch.service.api.routes import advice, clusters, health, metrics, reports, web
 from capwatch.service.config import Settings
 from capwatch.service.digests import GroupDigests
@@ -92,6 +92,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
             digests.start_refresher()
         yield
         digests.stop_refresher()
+        heavy_bodies.close()
         if owned_store is not None:
             owned_store.close()  # drains the writer: every acknowledged report is already committed
         if hasattr(source, "close") and source is not store:
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None, store: Store | None = None,
     for module in (reports, clusters, advice, health, metrics, web):
         app.include_router(module.router)
     app.state.body_gate = BodyGate(settings)
+    app.state.heavy_bodies = heavy_bodies = HeavyBodies(settings)
     app.state.history_workers = HistoryWorkers()
     app.add_middleware(reports.ReportFastPath)  # answers POST /v1/reports before routing (routes/__init__.py)
 

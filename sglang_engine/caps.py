@@ -28,6 +28,9 @@ CAPS: dict[str, SGLangCap] = {
     "deepep": SGLangCap("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
                         reserve_bytes=SGLANG_DEEPEP_RESERVE_BYTES),
     "deepep_v2": SGLangCap("SGLANG_DEEPEP_V2_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
+    # Read raw (get_int_env_var), not through envs: token_dispatcher/mooncake.py _MooncakeEPDispatcherImpl.__init__
+    "mooncake": SGLangCap("SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
+    "nixl": SGLangCap("SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
 }
 

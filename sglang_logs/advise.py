@@ -144,8 +144,8 @@ def advise_from_sglang_logs(paths: list[str], flags: ServerFlags = ServerFlags()
                          engine_limits=[limits],
                          kv_bytes_per_token=kv, cap_source=cap_source,
                          cap_at_least=segment.peak_without_assertion or None,
-                         mem_fraction_static=config.mem_fraction_static, hidden_size=geometry.hidden_size,
-                         num_experts=geometry.num_experts, top_k=geometry.top_k)
+                         mem_fraction_static=config.mem_fraction_static, cap_set_by_known=False,
+                         hidden_size=geometry.hidden_size, num_experts=geometry.num_experts, top_k=geometry.top_k)
     try:
         advice = recommend(segment.history, group, policy)
     except SizingError as error:

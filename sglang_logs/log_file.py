@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 from capwatch.sglang_logs.line_shapes import (
     DECODE_MARK,
@@ -54,6 +54,47 @@ _LOOK_BACK_LINES = 64  # an assertion's stamp: the first stamped line above it, 
 _EXAMPLES = 3  # lines named per kind of problem
 _DAYS = 4096  # days an Unplaced tells apart
 _ARGS_CACHE = 16  # distinct args texts remembered (a log restarting with the same args parses once)
+
+
+class WindowRecord(NamedTuple):
+    """A file's decode lines of one window: their peak ``#running-req`` and that line's tags."""
+
+    start_s: float
+    kind: int  # WINDOW
+    file: int  # the file's index among those read
+    index: int  # the window's index (start_s // window_s)
+    peak_running: int
+    tags: str
+    lines: int
+    line_hashes: Counter | None  # each line's hash, where several files may hold the same lines
+    where: str
+
+
+class OverflowRecord(NamedTuple):
+    """An overflow assertion, in the window of the stamped line above it."""
+
+    start_s: float
+    kind: int  # OVERFLOW
+    file: int
+    index: int
+    tokens_needed: int | None
+    cap: int | None
+    tags: str
+    where: str
+
+
+class ArgsRecord(NamedTuple):
+    """A start-up ``server_args=`` line."""
+
+    stamp_s: float
+    kind: int  # ARGS
+    file: int
+    config: ServerConfig
+    line: int
+
+
+# Records sort and merge by (time, kind): their first two fields.
+LogRecord = WindowRecord | OverflowRecord | ArgsRecord
 
 
 @dataclass
@@ -156,12 +197,7 @@ def _read_into(content: BinaryIO, buffer: bytearray, start: int) -> int:
 
 
 class LogFile:
-    """Records of one file: ``(time_s, kind, file, ...)`` tuples, each chunk's sorted by time.
-
-    - ``(start_s, WINDOW, file, index, peak #running-req, its tags, lines, line hashes or None, where)``
-    - ``(start_s, OVERFLOW, file, index, tokens needed or None, cap or None, tags, where)``
-    - ``(stamp_s, ARGS, file, ServerConfig or None, why not or None, line)``
-    """
+    """Records of one file (``WindowRecord``, ``OverflowRecord``, ``ArgsRecord``), each chunk's sorted by time."""
 
     def __init__(self, path: str, index: int, name: str, window_s: float, *, identities: bool = False,
                  chunk_bytes: int = CHUNK_BYTES) -> None:
@@ -188,7 +224,7 @@ class LogFile:
         self._args_cache: OrderedDict[str, ServerConfig | str] = OrderedDict()
 
     # -- the file ------------------------------------------------------------------------------------------
-    def records(self) -> Iterator[tuple]:
+    def records(self) -> Iterator[LogRecord]:
         raw, content = open_log(self.path)
         with raw, content:
             carry = b""
@@ -227,14 +263,14 @@ class LogFile:
                 return chunk[chunk.find(b"\n") + 1:]
         return b""
 
-    def _end(self) -> Iterator[tuple]:
+    def _end(self) -> Iterator[LogRecord]:
         if self._assembly is not None:  # the file ends inside a split line
             specials: list[tuple] = []
             self._assembled(specials)
             yield from specials
 
     # -- a chunk of whole lines ----------------------------------------------------------------------------
-    def _chunk(self, text: bytes | bytearray, end: int) -> list[tuple]:
+    def _chunk(self, text: bytes | bytearray, end: int) -> list[LogRecord]:
         """The whole lines of ``text[1:end]`` (``text[0]`` is a newline: every line, the first too, follows one)."""
         lines = text.count(b"\n", 1, end)
         self.counts.lines += lines
@@ -263,7 +299,8 @@ class LogFile:
                 next_overflow = text.find(_OVERFLOW, position, end)
         self._line_base += lines
         window_s = self.window_s
-        records = [(index * window_s, WINDOW, self.index, index, *window) for index, window in windows.items()]
+        records: list[LogRecord] = [WindowRecord(index * window_s, WINDOW, self.index, index, *window)
+                                    for index, window in windows.items()]
         records.extend(specials)
         records.sort(key=itemgetter(0, 1))
         return records
@@ -472,7 +509,7 @@ class LogFile:
             seconds = self._last_index * self.window_s if self._last_index is not None else float("-inf")
         else:
             self._last_index = int(seconds // self.window_s)
-        specials.append((seconds, ARGS, self.index, result, line))
+        specials.append(ArgsRecord(seconds, ARGS, self.index, result, line))
 
     def _args_unread(self, why: str, line: int) -> None:
         self.counts.args_unread += 1
@@ -492,8 +529,8 @@ class LogFile:
         needed = overflow.needed
         if needed is not None and needed > (1 << 31):
             needed = None
-        specials.append((index * self.window_s, OVERFLOW, self.index, index, needed, overflow.cap, tags,
-                         f"line {line}"))
+        specials.append(OverflowRecord(index * self.window_s, OVERFLOW, self.index, index, needed, overflow.cap, tags,
+                                       f"line {line}"))
 
     def _stamp_above(self, text: bytes, line_start: int) -> tuple[int | None, str]:
         end = line_start - 1

@@ -1,38 +1,13 @@
 """A start-up ``server_args=`` line -> what the advisor needs, by SGLang's own rules.
 
-SGLang logs its resolved arguments once per start, in one of two forms:
-
-- ``server_args=ServerArgs(model_path='...', tp_size=8, ...)``: ``logger.info(f"{server_args=}")``, the
-  dataclass repr, from every release up to 0.5.18 (nested records such as ``cuda_graph_config`` are reprs
-  too: ``CudaGraphConfig(decode=PhaseConfig(backend='full', max_bs=256, ...), ...)``);
-- ``server_args={'model_path': '...', ...}``: the repr of ``ServerArgs.resolved_dict()`` (0.5.19+;
-  ``entrypoints/engine.py``), nested records as dicts, secrets redacted from 0.5.22.
-
-Which rules a server ran by follows from the form: 0.5.22 added the start-up check on the cap and its dict gained
-``FROM_0_5_22_KEYS``; a dict without them is 0.5.19 - 0.5.21's (no check, eager prefill through an all-gather:
-``floor_rule="capwatch"``, as the plugin reports on those releases), and a repr is 0.5.18's or older (no check
-either, but prefill goes through the A2A there, so SGLang's full rule, prefill chunk included, is the floor, and
-below it a dispatch fails at run time: ``floor_rule="capwatch_prefill"``).
-
-Both are read by PARSING (``ast.parse``, then a walk that accepts literals, calls with keywords, and
-``inf``/``nan``), never by evaluating. A line is bounded (``MAX_ARGS_CHARS``) before it is parsed, and
-every number that sizes the cap is checked to be plausible, so no input can exhaust memory or end in a
-traceback: anything else is an ``UnreadableArgs`` with one line saying why.
-
-SGLang's rules, read from the wheels:
-
-- tokens per request per decode/verify step: ``speculative_num_draft_tokens`` with a speculative
-  algorithm, else 1 (``arg_groups/moe_hook.py`` ``_decode_graph_dispatch_tokens_per_rank``);
-- decode graph batch: ``cuda_graph_config.decode.max_bs`` (0.5.14+; ``cuda_graph_max_bs`` before), 0 when
-  that backend is ``disabled`` or on a prefill server, at most ``max_running_requests // attn_dp_size``;
-- prefill buffer: ``chunked_prefill_size`` if > 0, grown to ``max(max_prefill_tokens, 1.25 x chunk)`` by
-  PP dynamic chunking (``arg_groups/overrides.py`` ``max_prefill_buffer_tokens``);
-- the default cap (the env var unset): ``DefaultCapRule``;
-- DeepEP's buffer: ``deepep_mode`` (auto, low_latency; normal has no cap), ``ep_num_redundant_experts``, and
-  the fused shared expert slots with ``enforce_shared_experts_fusion`` (DeepEP servers fuse only on request:
-  ``models/deepseek_v2.py`` ``shared_experts_fusion_disable_reason``; a quantization that keeps shared experts
-  at a higher precision still refuses, which the args do not show);
-- ``attn_dp_size`` is in the dict from 0.5.22; before, ``dp_size`` with ``enable_dp_attention``.
+SGLang logs its resolved arguments once per start: the ``ServerArgs(...)`` repr up to 0.5.18, the repr of
+``ServerArgs.resolved_dict()`` from 0.5.19 (``FROM_0_5_22_KEYS`` tell 0.5.22's on, which check the cap at start).
+The form says which floor rule the server ran by (``floor_rule``); the floor's terms come from
+``sglang_engine/floor_terms.py``, as the plugin's do. Read by parsing (``ast.parse`` and a walk over literals and
+keyword calls), never by evaluating, within ``MAX_ARGS_CHARS`` and ``MAX_ARGS_ITEMS``, every number that sizes the
+cap checked to be plausible: anything else is an ``UnreadableArgs`` with one line saying why. The rules read from
+each release's wheel, per setting: docs/sglang-logs.md ("The args line") and docs/advisor.md ("Advice from SGLang
+logs").
 """
 
 from __future__ import annotations

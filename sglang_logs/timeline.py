@@ -28,13 +28,23 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import reduce
-from operator import itemgetter, or_
+from operator import attrgetter, or_
 
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.sample import RankInterval, group_samples
 from capwatch.sglang_logs.line_shapes import dp_rank
-from capwatch.sglang_logs.log_file import ARGS, LATE, UNCONFIGURED, WINDOW, Unplaced
+from capwatch.sglang_logs.log_file import (
+    ARGS,
+    LATE,
+    UNCONFIGURED,
+    WINDOW,
+    ArgsRecord,
+    LogRecord,
+    OverflowRecord,
+    Unplaced,
+    WindowRecord,
+)
 from capwatch.sglang_logs.server_args import ServerConfig
 from capwatch.sglang_logs.stamps import SECONDS_PER_DAY
 
@@ -131,15 +141,14 @@ class Timeline:
         self._head = None  # the newest window index seen
         self._reorder = max(1, int(REORDER_S // window_s))
         self._fold_before = float("-inf")  # windows below this index are in the histories
-        self._ahead: list[tuple] = []  # records far ahead of the newest, until others confirm them
+        self._ahead: list[WindowRecord | OverflowRecord] = []  # records far ahead of the newest, until confirmed
 
     # -- records -------------------------------------------------------------------------------------------
-    def add(self, record: tuple) -> None:
-        kind = record[1]
-        if kind == ARGS:
+    def add(self, record: LogRecord) -> None:
+        if record.kind == ARGS:
             self._start(record)
             return
-        index = record[3]
+        index = record.index
         if index < self._fold_before:
             self._late(record)
             return
@@ -148,36 +157,35 @@ class Timeline:
             return
         self._place(record)
 
-    def _hold(self, record: tuple) -> None:
+    def _hold(self, record: WindowRecord | OverflowRecord) -> None:
         """A window far ahead of all others: a server back after days, or one line with a wrong clock. It moves
         time on only when others join it (``CONFIRM_AHEAD`` records within one reorder window): one stray stamp
         must not push the rest of the logs out of the reorder window. Held records no others join are placed at
         the end."""
         ahead = self._ahead
         ahead.append(record)
-        ahead.sort(key=itemgetter(3))
-        together = [held for held in ahead if held[3] <= ahead[0][3] + self._reorder]
+        ahead.sort(key=attrgetter("index"))
+        together = [held for held in ahead if held.index <= ahead[0].index + self._reorder]
         if len(together) >= CONFIRM_AHEAD or len(ahead) > MAX_AHEAD:
             confirmed = ahead if len(ahead) > MAX_AHEAD else together
             self._ahead = ahead[len(confirmed):]
             for held in confirmed:
-                if held[3] >= self._fold_before:
+                if held.index >= self._fold_before:
                     self._place(held)
                 else:
                     self._late(held)
 
-    def _place(self, record: tuple) -> None:
-        kind, index = record[1], record[3]
+    def _place(self, record: WindowRecord | OverflowRecord) -> None:
+        index, file = record.index, record.file
         window = self._windows.get(index)
         if window is None:
-            window = self._windows[index] = _Window(f"{self.names[record[2]]}, {record[-1]}")
+            window = self._windows[index] = _Window(f"{self.names[file]}, {record.where}")
             heapq.heappush(self._fold_heap, index)
-        file = record[2]
-        if kind == WINDOW:
-            _, _, _, _, running, tags, lines, hashes, _ = record
+        if record.kind == WINDOW:
+            running, tags, hashes = record.peak_running, record.tags, record.line_hashes
             if running > window.peak_running or not window.tags:
                 window.peak_running, window.tags = running, tags
-            window.lines[file] = window.lines.get(file, 0) + lines
+            window.lines[file] = window.lines.get(file, 0) + record.lines
             if hashes is not None:
                 if window.hashes is None:
                     window.hashes = {}
@@ -188,7 +196,7 @@ class Timeline:
                 else:
                     mine.update(hashes)
         else:
-            _, _, _, _, needed, cap, tags, _ = record
+            needed, cap, tags = record.tokens_needed, record.cap, record.tags
             if needed is not None and needed > window.overflow_needed:
                 window.overflow_needed, window.overflow_tags = needed, tags
             if cap is not None:
@@ -197,8 +205,8 @@ class Timeline:
         if self._head is None or index > self._head:
             self._advance(index)
 
-    def _start(self, record: tuple) -> None:
-        seconds, _, file, config, line = record
+    def _start(self, record: ArgsRecord) -> None:
+        seconds, config = record.stamp_s, record.config
         if seconds < self._fold_before * self.window_s:
             self.placement.late_starts += 1  # its windows are in the histories already
             return
@@ -331,18 +339,17 @@ class Timeline:
         segment.first_unix_s = start if segment.first_unix_s is None else min(segment.first_unix_s, start)
         segment.last_unix_s = start if segment.last_unix_s is None else max(segment.last_unix_s, start)
 
-    def _late(self, record: tuple) -> None:
-        index = record[3]
-        day = int(index * self.window_s // SECONDS_PER_DAY)
-        where = f"{self.names[record[2]]}, {record[-1]}"
-        if record[1] == WINDOW:
-            self.placement.late.add(record[6], day, record[4], 0, where)
+    def _late(self, record: WindowRecord | OverflowRecord) -> None:
+        day = int(record.index * self.window_s // SECONDS_PER_DAY)
+        where = f"{self.names[record.file]}, {record.where}"
+        if record.kind == WINDOW:
+            self.placement.late.add(record.lines, day, record.peak_running, 0, where)
         else:
-            self.placement.late.add(1, day, 0, record[4] or 0, where)
+            self.placement.late.add(1, day, 0, record.tokens_needed or 0, where)
 
     def finish(self) -> Placement:
-        for held in sorted(self._ahead, key=lambda held: held[3]):
-            if held[3] >= self._fold_before:
+        for held in sorted(self._ahead, key=attrgetter("index")):
+            if held.index >= self._fold_before:
                 self._place(held)
             else:
                 self._late(held)

@@ -1,6 +1,7 @@
 """capwatch inside SGLang 0.5.19 - 0.5.23: an ``sglang.srt.plugins`` entry point that instruments the MoE
-all-to-all dispatchers of a scheduler process (FlashInfer's and DeepEP's: one hook and one floor module per
-backend, ``hooks/``, ``floors/``), with no change to SGLang.
+all-to-all dispatchers of a scheduler process (one hook and one floor module per backend, ``hooks/``,
+``floors/``), with no change to SGLang; SGLang's own facts (its limits, floor, cap variables) are
+``sglang_engine/``'s, the engine-neutral rank agent is ``agent/``.
 
 SGLang loads every installed plugin while ``SGLANG_PLUGINS`` is empty (its default): installing the package
 enables the plugin. ``CAPWATCH_ENABLED=0`` switches it off (``agent/switch.py``: nothing imported, hooked or
@@ -9,7 +10,9 @@ the rank agent's ``agent/settings.py``).
 ``register`` runs in every SGLang process that loads plugins; it only hooks ``configure_scheduler_process``
 (``plugin.py``), and the rest happens in scheduler processes: ``releases.py`` picks the installed release's
 adapters, the rank agent's session (``agent/session.py``) keeps one scheduler's counters, exporter and reports,
-``status.py`` names the series that says whether it instruments. See docs/sglang.md.
+``status.py`` names the series that says whether it instruments; ``start_check.py`` and ``cap_origin.py`` say
+at start whether the cap holds the floor and who set it; ``apply/`` applies the advice at start
+(``CAPWATCH_APPLY``). See docs/sglang.md.
 """
 
 from __future__ import annotations

@@ -109,10 +109,17 @@ def _check_cap_at_start(session: RankSession, limits, rules) -> None:
 
     if rules.below_floor is None:
         return
-    if hasattr(envs, rules.cap_env_var):
-        cap = getattr(envs, rules.cap_env_var).get()
-    else:  # read raw by its dispatcher (Mooncake EP: get_int_env_var(variable, default))
-        cap = int(os.environ.get(rules.cap_env_var, rules.default_cap))
+    try:
+        if hasattr(envs, rules.cap_env_var):
+            cap = getattr(envs, rules.cap_env_var).get()
+        else:  # read raw by its dispatcher (Mooncake EP: get_int_env_var(variable, default))
+            raw = os.environ.get(rules.cap_env_var)
+            cap = rules.default_cap if raw is None else int(raw)
+    except ValueError as error:  # the dispatcher will say so itself; the check has no cap to compare
+        logger.warning("capwatch: at start: %s cannot be read (%s): the cap is not checked", rules.cap_env_var, error)
+        return
+    if cap is None:
+        return
     collector = check_cap_at_start(cap, limits, rules)
     if collector is not None:
         session.exporter.registry.register(collector)

@@ -1,11 +1,8 @@
 """DeepEP's low-latency buffer layout: the RDMA bytes one rank registers for a per-rank cap T, byte for byte.
 
-``deep_ep.Buffer.get_low_latency_rdma_size_hint(T, hidden, num_ranks, num_experts)`` as compiled into
-sgl-deep-ep 0.1.2 and 0.1.2.post1 (DeepEP 2.1.0: what SGLang 0.5.19 - 0.5.21 and 0.5.22 - 0.5.23 pin). Its
-arithmetic is DeepEP's ``csrc/legacy/config.hpp`` (``LowLatencyLayout``, ``get_low_latency_rdma_size_hint``;
-deepseek-ai/DeepEP a1b3af3), which the wheels do not ship: ``tests/sizing/test_against_deepep.py`` runs the
-compiled function of each wheel on a grid (and, given a DeepEP checkout, compiles the header with g++).
-The real function needs DeepEP's CUDA extension, so it is re-implemented here to price caps anywhere.
+``deep_ep.Buffer.get_low_latency_rdma_size_hint(T, hidden, num_ranks, num_experts)`` of sgl-deep-ep 0.1.2 and
+0.1.2.post1, re-implemented (the real one needs DeepEP's CUDA extension) and checked against each wheel's compiled
+function (``tests/sizing/test_against_deepep.py``); docs/sizing.md ("DeepEP") has where it was read.
 
 With H the hidden size, E the experts DeepEP is given (SGLang: routed + redundant + fused shared slots) and
 s = H / 128 (one scale per 128 channels)::

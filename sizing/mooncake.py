@@ -14,11 +14,11 @@ from capwatch.sizing.backends import BackendCapRules
 MAX_DISPATCH_TOKENS_PER_RANK = 1024  # Mooncake EP counts tokens below its FINISHED_SUM_TAG, as DeepEP does
 
 MOONCAKE = BackendCapRules(
-    "mooncake", "SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
-    why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} (Mooncake EP's FINISHED_SUM_TAG)",
-    default_cap=128,
+    "mooncake", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
+    why_max=f"the engine asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up (Mooncake EP's "
+            "FINISHED_SUM_TAG)",
     below_floor="Mooncake EP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full "
-                "batch; SGLang has no start-up check)",
+                "batch; nothing checks it at start-up)",
     eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="Mooncake EP's assertion ends the rank",
     memory="EP buffer", sized_by="Mooncake EP's get_ep_buffer_size_hint, asked in the rank",
     mismatch_hint="check the experts and the group size the buffer was sized for")

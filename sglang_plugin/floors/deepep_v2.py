@@ -9,10 +9,13 @@ SGLang's functions (``floor_rule="sglang"``); the prefill term rides as the limi
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
+from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sglang_plugin.floors.graph_terms import COMMON, sglang_limits
 from capwatch.sglang_plugin.releases import Target
-from capwatch.sizing.deepep_v2 import DEEPEP_V2
-from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.sizing.deepep_v2 import DEEPEP_V2 as DEEPEP_V2_RULES
+
+DEEPEP_V2 = bind(DEEPEP_V2_RULES)  # with SGLang's variable and default for its cap
 
 NAME = DEEPEP_V2.name
 # 0.5.22 and 0.5.23 have the three functions (0.5.19 - 0.5.21 lack the per-rank prefill budget); the plugin's

@@ -9,6 +9,7 @@ request, the prefill CUDA-graph batch and the prefill chunk (low-latency mode on
 
 from __future__ import annotations
 
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_engine.limits import SGLangLimits
 from capwatch.sglang_plugin.floors.graph_terms import (
     CAPWATCH_RULE,
@@ -17,7 +18,9 @@ from capwatch.sglang_plugin.floors.graph_terms import (
     sglang_limits,
 )
 from capwatch.sglang_plugin.releases import Target
-from capwatch.sizing.mooncake import MOONCAKE
+from capwatch.sizing.mooncake import MOONCAKE as MOONCAKE_RULES
+
+MOONCAKE = bind(MOONCAKE_RULES)  # with SGLang's variable and default for its cap
 
 NAME = MOONCAKE.name
 FLOOR_RULES = {"0.5.23": "capwatch"}

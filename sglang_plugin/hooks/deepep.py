@@ -1,35 +1,12 @@
 """DeepEP's low-latency dispatch in SGLang (``--moe-a2a-backend deepep``): what the plugin hooks, per release.
 
-SGLang builds one ``_DeepEPDispatcherImplLowLatency`` per ``DeepEPDispatcher`` (one per MoE layer, two per layer
-with two-batch overlap: one per micro-batch) in ``--deepep-mode low_latency`` and ``auto``; in auto mode prefill
-batches go to the normal-mode dispatcher, which has no cap, and are not counted. After SGLang constructs a
-low-latency dispatcher (a ``HookRegistry`` hook on ``__init__``, the layer id from ``create_moe_dispatcher``,
-the role from SGLang's speculative context flag) the plugin adopts it: its ``dispatch_a`` and ``dispatch_b``
-are shadowed by instance attributes that count; SGLang's class is left alone. That is the whole hot path:
-
-- ``dispatch_a``: each rank's own batch (``hidden_states.shape[0]``, a host int) against the cap
-  (``num_max_dispatch_tokens_per_rank``: DeepEP checks exactly that, there is no group-wide R); on the step
-  leader (both micro-batches of the lowest layer) the step (the batch's bin: on the host eagerly, one ``add_``
-  under graph capture) and the (token, expert) pairs it sends to each expert: **one** ``put_`` of the
-  ``topk_ids`` SGLang dispatches into the role's per-expert bins (``ExpertTraffic``: the ids are the index, -1
-  lands in a bin of its own; no host read, nothing allocated per call);
-- ``dispatch_b``, after DeepEP's receive (its hook or event): on the step leader the pairs each local expert
-  received from each rank: **one** ``add_`` of the count words of DeepEP's ``packed_recv_layout_range`` in the
-  handle (an int32 view of its high words, cast as the kernel reads it on CUDA; on CPU a ``copy_`` into scratch
-  first), and the call (a host int eagerly). The snapshot folds the bins per rank;
-- a batch above the cap is counted, announced and the final report shipped (bounded wait:
-  ``CAPWATCH_FINAL_REPORT_TIMEOUT_S``) *before* the call reaches DeepEP, whose assertion then ends the rank as it
-  would without capwatch (``x.size(0) <= num_max_dispatch_tokens_per_rank``);
-- the buffer's bytes once per process: at a role's first dispatch the plugin asks the dispatcher for the
-  process-wide ``deep_ep.Buffer`` (``_get_buffer``, what ``dispatch_a`` does first anyway) and reports its
-  ``num_nvl_bytes + num_rdma_bytes``, with what prices it at any other cap (the mode, the experts DeepEP is
-  given, normal mode's hints from SGLang's own ``DeepEPConfig``).
-
-What the releases share (read from the 0.5.19 - 0.5.23 wheels): ``_DeepEPDispatcherImplLowLatency.__init__
-(self, return_recv_hook, **kwargs)``, ``dispatch_a(self, hidden_states, topk_output)`` returning ``(hidden_states,
-topk_ids, topk_weights, masked_m, expected_m, event, hook)`` with int64 ``topk_ids``, ``dispatch_b`` taking them
-back, ``self.handle`` DeepEP's, ``DeepEPBuffer.get_deepep_buffer`` and ``DeepEPConfig`` unchanged. So one
-adapter serves every verified release; a release that moves any of them is refused before anything is hooked.
+After SGLang constructs a ``_DeepEPDispatcherImplLowLatency`` (one per layer, one per micro-batch with two-batch
+overlap; in auto mode prefill goes to the normal-mode dispatcher, which has no cap) the plugin adopts it: its
+``dispatch_a`` (each rank's own batch against the cap, the step on the leader, the pairs sent per rank from
+``topk_ids``) and ``dispatch_b`` (the pairs received, from DeepEP's handle) are shadowed by instance attributes that
+count; SGLang's class is left alone. A batch above the cap is counted and reported before DeepEP's assertion ends
+the rank; the buffer's bytes are reported once per process. One adapter serves every verified release (their
+shared signatures are checked before anything is hooked). The details: docs/sglang.md ("DeepEP").
 """
 
 from __future__ import annotations

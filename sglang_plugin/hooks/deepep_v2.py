@@ -16,10 +16,12 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
+from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import Target, first_problem
-from capwatch.sglang_engine.caps import reported_backend
-from capwatch.sizing.deepep_v2 import DEEPEP_V2
+from capwatch.sizing.deepep_v2 import DEEPEP_V2 as DEEPEP_V2_RULES
+
+DEEPEP_V2 = bind(DEEPEP_V2_RULES)  # with SGLang's variable and default for its cap
 
 NAME = DEEPEP_V2.name  # --moe-a2a-backend
 MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep_v2"

@@ -1,39 +1,12 @@
 """FlashInfer's MoE A2A in SGLang (``--moe-a2a-backend flashinfer``): what the plugin hooks, per release.
 
-After SGLang constructs a ``FlashinferDispatcher`` (a ``HookRegistry`` hook on ``__init__``), the plugin
-adopts it: each ``MoeAlltoAll`` it holds keeps its workspace and every method, but its ``dispatch`` is
-shadowed by an instance attribute that counts (its layer's ``LayerCounting.counted``: the one counting
-primitive, ``dispatcher/counting.py``, with the workspace's counter words as its way in); SGLang's own
-``dispatch`` is left alone. That is the whole hot path:
-
-- it sees exactly the dispatches that go through the A2A, with R as SGLang computed it: where a release
-  sends prefill through an all-gather, nothing is counted; where it sends prefill through the A2A
-  (0.5.22), prefill is counted with decode;
-- per dispatch the workspace's int32 send/receive counter words (no host read) added into the role's
-  int64 counters, the call and the step (on the role's step leader) counted on the host: one ``add_`` on
-  CUDA (the kernel casts as it reads); on CPU a ``copy_`` into the layer's int64 ``TrafficRecord`` first,
-  since a mixed-dtype ``add_`` there converts into a new tensor. Under CUDA graph capture the call and the
-  step are device ops too (``DispatchCounters``), so replays count them. No allocation, no host sync,
-  nothing else;
-- an overflow is caught before FlashInfer writes: SGLang's own assert, or under ``python -O``, where
-  SGLang's asserts are gone, capwatch's guard on R and the local batch (``CapOverflowError``, counted and
-  reported before it is raised). SGLang's assert is counted where the scheduler dies of it, at no cost per
-  call: ``run_scheduler_process`` formats every fatal exception with ``get_exception_traceback()`` before it
-  signals its parent (every verified release); the plugin's hook there finds the dispatcher's frame in the
-  traceback, computes R with SGLang's functions, counts the overflow and ships the final report.
-
-What differs between the releases (read from their wheels) is the :class:`Adapter`:
-
-=============  ===========  ==================================  ===========================================
-releases       FlashInfer   ``FlashinferDispatcher.__init__``   prefill (extend) batches; workspaces
-=============  ===========  ==================================  ===========================================
-0.5.19-0.5.21  0.6.18       ``..., moe_runner_config``          all-gather (not counted); target/draft by
-                                                                ``get_flags().moe.speculative_context``
-0.5.22         0.7.1        no ``moe_runner_config`` (layer id   through the A2A (counted); target/draft
-                            from ``create_moe_dispatcher``)      as 0.5.19
-0.5.23         0.7.2        ``..., moe_runner_config,           all-gather; SP prefill through its own A2A
-                            enable_sp_prefill_a2a``             (``sp_prefill``); ``_WorkspaceNamespace``
-=============  ===========  ==================================  ===========================================
+After SGLang constructs a ``FlashinferDispatcher`` (a ``HookRegistry`` hook on ``__init__``) the plugin adopts it:
+each ``MoeAlltoAll`` it holds keeps its workspace and methods, and its ``dispatch`` is shadowed by an instance
+attribute that counts through its layer's ``LayerCounting`` (``dispatcher/counting.py``, the workspace's counter
+words as its way in); SGLang's own ``dispatch`` is left alone. No allocation, no host sync. An overflow is counted
+where the scheduler dies of SGLang's assert (the hook on ``get_exception_traceback``), or under ``python -O`` by
+capwatch's guard before FlashInfer writes. What differs between the releases is the :class:`Adapter`; the hot path,
+the overflows and the per-release table: docs/sglang.md ("Supported releases", "What it does").
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
 from capwatch.sizing.backends import BackendCapRules
 
@@ -122,6 +123,7 @@ def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapR
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, counted.geometry(), device, rules,
                                 traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
                                 lead_per_micro_batch=lead_per_micro_batch)
+    overflows.watch(layer, rules.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
     sent = SentPairs.made(layer, counted.cap, counted.top_k, counted.num_experts)
     counting = counted_dispatch(getattr(type(dispatcher), method).__get__(dispatcher), layer, sent)
 

@@ -16,10 +16,12 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
-from capwatch.sglang_engine.caps import reported_backend
+from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import Target, first_problem
-from capwatch.sizing.mooncake import MOONCAKE
+from capwatch.sizing.mooncake import MOONCAKE as MOONCAKE_RULES
+
+MOONCAKE = bind(MOONCAKE_RULES)  # with SGLang's variable and default for its cap
 
 NAME = MOONCAKE.name  # --moe-a2a-backend
 MODULE = "sglang.srt.layers.moe.token_dispatcher.mooncake"

@@ -8,7 +8,7 @@ report reaches the service before Mooncake EP's assertion ends that rank (SGLang
 from __future__ import annotations
 
 import pytest
-from capwatch.sizing.mooncake import MOONCAKE
+from capwatch.backends.mooncake import RULES as MOONCAKE
 
 from tests.sglang.mooncake_standin import MOONCAKE_ASSERT, size_hint
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun

@@ -35,6 +35,8 @@ def test_a_deepep_log_read_without_cap_is_sized_never_raised_from_the_default(tm
     advice = advise_from_sglang_logs([path]).advice
     assert advice.overflow_windows == 0 and advice.action == "set", (advice.action, advice.overflow_windows)
     assert (advice.cap_known, advice.cap_source, advice.cap_at_least) == (False, "assumed", 294)
+    # A log does not show the environment: who set the cap (capwatch, the operator, SGLang's default) is not said.
+    assert (advice.cap_set_by, advice.cap_advice_revision, advice.cap_origin) == (None, None, None)
     assert advice.recommended_cap == advice.target_cap == 384 and advice.env == f"{DEEPEP.cap_env_var}=384"
     assert advice.lower_bound <= 384 <= advice.upper_bound
     # Nothing priced or predicted against the assumed 128.
@@ -48,6 +50,7 @@ def test_a_deepep_log_read_without_cap_is_sized_never_raised_from_the_default(tm
     # Given the cap, the same log says what to do about it.
     known = advise_from_sglang_logs([path], ServerFlags(cap=1024)).advice
     assert (known.cap_known, known.cap_source, known.cap_at_least) == (True, "flag", 294)
+    assert known.cap_origin is None  # --cap says the value, not who set it
     assert known.action in ("hold", "lower") and known.current_cap == 1024
 
 

@@ -98,8 +98,8 @@ def test_flags_override_what_the_args_say(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    ({"moe_a2a_backend": "mooncake"}, "the server runs the 'mooncake' A2A backend: capwatch does not size the "
-                                      "'mooncake'"),
+    ({"moe_a2a_backend": "ascend_fuseep"}, "the server runs the 'ascend_fuseep' A2A backend: capwatch does not "
+                                           "size the 'ascend_fuseep'"),
     ({"moe_a2a_backend": "none"}, "moe_a2a_backend='none'"),
     ({"moe_a2a_backend": None}, "name no moe_a2a_backend"),
 ])

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from capwatch.service.api.deps import ClockDep, DigestsDep, RoleQuery, SettingsDep, SourceDep
 from capwatch.service.api.history_stream import HistoryWorkers, history_json
-from capwatch.service.api.streaming import json_array
+from capwatch.service.api.streaming import shared_answer
 from capwatch.service.cluster_view import ClusterView
 from capwatch.service.digests import ClusterSummary
 from capwatch.service.queries import cluster_view, role_states
@@ -63,10 +63,9 @@ def not_found(error: LookupError) -> HTTPException:
             description=("A group whose advice cannot be computed is listed with its error (and no action); "
                          "the others are unaffected. Each group is recomputed only when it changed."))
 def list_clusters(digests: DigestsDep) -> Response:
-    # Pre-serialised per group (see capwatch.service.digests) and streamed: the answer is their concatenation,
-    # handed out a piece at a time as the client reads, so a client that does not read holds no copy of it.
-    return StreamingResponse(json_array([digest.summary_json for digest in digests.every_group(all_roles=False)]),
-                             media_type="application/json")
+    # Joined once per change of the list (capwatch.service.digests) and shared by every client, handed out a piece
+    # at a time as the client reads: a client that does not read holds no copy of it.
+    return shared_answer([digests.list_json()], "application/json")
 
 
 @router.get("/{cluster}", response_model=ClusterView, summary="Ranks, group peaks and consistency findings",

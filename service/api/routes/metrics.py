@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from capwatch.service.api.streaming import joined
+from capwatch.service.api.streaming import shared_answer
 from capwatch.service.metrics import exposition
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 router = APIRouter(tags=["metrics"])
@@ -14,5 +13,5 @@ router = APIRouter(tags=["metrics"])
 @router.get("/metrics", response_class=Response, summary="Prometheus exposition",
             responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 def metrics(request: Request) -> Response:
-    # Streamed from the pieces the service holds (capwatch.service.api.streaming): no copy per slow scraper.
-    return StreamingResponse(joined(exposition(request.app.state.metrics)), media_type=CONTENT_TYPE_LATEST)
+    # Streamed from the bytes the service holds (capwatch.service.api.streaming): no copy per slow scraper.
+    return shared_answer(exposition(request.app.state.metrics), CONTENT_TYPE_LATEST)

@@ -46,7 +46,8 @@ async def answer(state, headers: dict[str, str], receive: Receive, started: floa
         else:
             body, connected = read
             received = state.clock()
-            parsed = parse_report(body, received, settings) if connected else Refusal(400, "malformed", "client left")
+            parsed = (await state.heavy_bodies.parse(body, received) if connected
+                      else Refusal(400, "malformed", "client left"))
             refusal = parsed if isinstance(parsed, Refusal) else None
     if refusal is None and state.store is None:
         refusal = Refusal(503, "unavailable",

@@ -1,0 +1,93 @@
+"""One SGLang 0.5.23 scheduler rank with ``--moe-a2a-backend nixl``, as far as the MoE A2A goes: run by the
+sglang venv's python.
+
+Does what ``run_scheduler_process`` does before the model is built — ``load_plugins()`` first, ``publish``,
+``configure_scheduler_process`` (where the capwatch plugin starts), ``initialize_moe_config()`` — then builds each
+MoE layer's dispatcher with SGLang's own ``create_moe_dispatcher`` (a ``MaybeTboDeepEPDispatcher`` driving a
+``NixlEPDispatcher``; its group the gloo world) and runs the plan's steps as the DeepEP program does
+(``deepep_rank_program.py``: dispatch, an expert stand-in, combine). The one stand-in is NIXL EP's ``Buffer``
+(``nixl_standin.py``); the TCP store NIXL EP joins its peers through is SGLang's own on a GPU host.
+
+    python -m tests.sglang.nixl_rank_program RUN_DIR RANK
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+from pathlib import Path
+
+from tests.sglang.deepep_rank_program import _wait_for, build, step
+
+
+def start_rank(plan: dict, rank: int):
+    from tests.sglang.rank_program import begin_scheduler_process, publish_and_configure
+
+    world = plan["world"]
+    begin_scheduler_process(rank)
+    from tests.sglang import nixl_standin
+
+    nixl_standin.install()  # NIXL EP importable, as on a GPU host: before the plugin checks it
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()  # first thing, as in run_scheduler_process
+
+    import torch.distributed as dist
+    from sglang.srt.layers.moe import utils as moe_utils
+    from sglang.srt.layers.moe.fused_moe_triton import layer as fused_moe_layer
+    from sglang.srt.layers.moe.token_dispatcher import deepep, nixl
+    from sglang.srt.server_args import ServerArgs
+
+    server_args = ServerArgs(
+        model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu", moe_a2a_backend="nixl",
+        tp_size=world, ep_size=world, dp_size=world, enable_dp_attention=True, deepep_mode="low_latency",
+        **plan.get("server_args", {}))
+    publish_and_configure(server_args, rank, world)  # the plugin's start hook runs in it
+    moe_utils.initialize_moe_config()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{plan['master_port']}", rank=rank,
+                            world_size=world)
+    fused_moe_layer._get_deepep_comm_group = lambda a2a_backend: dist.group.WORLD
+    nixl.get_global_tcp_store = lambda: types.SimpleNamespace()  # SGLang's store joins the peers on GPU hosts
+    return deepep, fused_moe_layer.create_moe_dispatcher
+
+
+def main(run_dir: Path, rank: int) -> None:
+    import torch
+
+    from tests.sglang.nixl_standin import Buffer
+
+    plan = json.loads((run_dir / "plan.json").read_text())
+    model, world = plan["deepep_model"], plan["world"]
+    deepep, create_moe_dispatcher = start_rank(plan, rank)
+    built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
+    layers = [built[layer_id] for layer_id in sorted(built)]
+    generator = torch.Generator().manual_seed(1000 + rank)
+    record = {"steps": [], "buffers": []}
+
+    def save() -> None:
+        record["buffers"] = [buffer.num_rdma_bytes for buffer in Buffer.built]
+        torch.save(record, run_dir / f"rank-{rank}.pt")
+
+    for planned in plan["steps"]:
+        if planned.get("pause"):
+            save()
+            (run_dir / f"paused-{rank}").write_text("")
+            _wait_for(run_dir / "resume")
+            continue
+        tokens = planned["tokens"][rank]
+        for layer in layers:
+            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
+            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
+            weights = torch.rand(tokens, model["top_k"], generator=generator)
+            save()
+            combined, received = step(deepep, layer, x, ids, weights, None)
+            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
+                                    "received": received})
+    save()
+    (run_dir / f"ready-{rank}").write_text("")
+    _wait_for(run_dir / "release")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]))
