@@ -289,6 +289,10 @@ def test_every_named_metric_is_scraped(stack):
     # Absent where the rank leaves the field unset, as these ranks (no SGLang, no CUDA graphs) do.
     unset = {catalogue.CUDA_GRAPH_MAX_BATCH_SIZE, catalogue.SGLANG_INFO,
              *(spec for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)}
+    # A backend's own series exist only on its ranks: the stack runs FlashInfer's and DeepEP's.
+    unset |= {metric for name, backend in catalogue.BACKEND_METRICS.items()
+              if name not in (FLASHINFER.name, DEEPEP.name) and not backend.on_shared_series
+              for metric in backend.metrics}
     for spec in catalogue.METRICS:
         if spec is catalogue.WORKSPACE_ALLOCATED_BYTES:
             continue  # only where the backend knows its allocation; the torch backend does not
