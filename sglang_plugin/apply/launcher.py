@@ -172,6 +172,16 @@ def apply_at_start(server_args, now: float | None = None) -> tuple[str, str | No
     return _act(server_args, settings, shape, outcome, operator_value)
 
 
+def set_cap(envs, variable: str, cap: int) -> None:
+    """Sets ``variable`` to ``cap`` where SGLang reads it: through its environment API (``envs.X.set``, os.environ
+    underneath) where ``envs`` has the variable, else in os.environ (a cap SGLang reads raw, as Mooncake EP's)."""
+    field = getattr(envs, variable, None)
+    if field is not None:
+        field.set(cap)
+    else:
+        os.environ[variable] = str(cap)
+
+
 def _act(server_args, settings: ApplySettings, shape: Shape, outcome: Outcome,
          operator_value: str | None) -> tuple[str, str | None] | None:
     from sglang.srt.environ import envs
@@ -184,7 +194,7 @@ def _act(server_args, settings: ApplySettings, shape: Shape, outcome: Outcome,
         kept = int_or_none(operator_value)
         record_applied(variable, kept if kept is not None and kept > 0 else None, outcome.source, None, outcome.line)
         return None
-    getattr(envs, variable).set(outcome.cap)  # SGLang's own environment API (os.environ underneath)
+    set_cap(envs, variable, outcome.cap)
     if outcome.mem_fraction_static is not None:
         from sglang.srt.arg_groups.overrides import declare_resolution
 

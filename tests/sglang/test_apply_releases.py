@@ -321,3 +321,25 @@ def test_apply_asks_the_running_service_for_its_clusters_advice(tmp_path, servic
     why = "says low confidence" if trusted_action else f"the advice's action is {answer['action']!r}"
     assert "not applied: " in line and why in line, (line, answer["action"], answer["low_confidence"])
     assert "error" not in launched.outcome and VARIABLE not in launched.environment
+
+
+def test_apply_sets_a_cap_sglang_reads_raw_and_one_through_envs_on_the_newest_release(tmp_path):
+    """Mooncake EP's cap is not in SGLang's ``envs`` (read raw by get_int_env_var): set_cap writes it to the
+    environment the ranks inherit; FlashInfer's goes through ``envs`` (it failed with AttributeError before)."""
+    import os
+    import subprocess
+
+    program = (
+        "import os\n"
+        "from sglang.srt.environ import envs\n"
+        "from capwatch.sglang_plugin.apply.launcher import set_cap\n"
+        "from capwatch.sglang_engine.caps import CAPS\n"
+        "for name, cap in (('mooncake', 384), ('flashinfer', 2560)):\n"
+        "    variable = CAPS[name].variable\n"
+        "    set_cap(envs, variable, cap)\n"
+        "    print(name, hasattr(envs, variable), os.environ[variable])\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(folder) for folder in release_path(NEWEST))}
+    result = subprocess.run([str(sglang_python()), "-c", program], capture_output=True, text=True, env=env,
+                            timeout=START_TIMEOUT_S, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines() == ["mooncake False 384", "flashinfer True 2560"]
