@@ -326,9 +326,6 @@ def test_apply_asks_the_running_service_for_its_clusters_advice(tmp_path, servic
 def test_apply_sets_a_cap_sglang_reads_raw_and_one_through_envs_on_the_newest_release(tmp_path):
     """Mooncake EP's cap is not in SGLang's ``envs`` (read raw by get_int_env_var): set_cap writes it to the
     environment the ranks inherit; FlashInfer's goes through ``envs`` (it failed with AttributeError before)."""
-    import os
-    import subprocess
-
     program = (
         "import os\n"
         "from sglang.srt.environ import envs\n"
@@ -338,8 +335,7 @@ def test_apply_sets_a_cap_sglang_reads_raw_and_one_through_envs_on_the_newest_re
         "    variable = CAPS[name].variable\n"
         "    set_cap(envs, variable, cap)\n"
         "    print(name, hasattr(envs, variable), os.environ[variable])\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(folder) for folder in release_path(NEWEST))}
-    result = subprocess.run([str(sglang_python()), "-c", program], capture_output=True, text=True, env=env,
-                            timeout=START_TIMEOUT_S, cwd=tmp_path)
+    result = launcher.run("-c", program, python=sglang_python(), path_first=release_path(NEWEST),
+                          timeout_s=START_TIMEOUT_S, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.splitlines() == ["mooncake False 384", "flashinfer True 2560"]
