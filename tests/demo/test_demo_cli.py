@@ -208,7 +208,10 @@ def test_interrupt_stops_ranks_and_service(tmp_path, signal_number):
     process = launcher.start(
         "-m", "capwatch", "demo", "--json", "--ranks", "2", "--steps", "5000", "--port", str(port),
         "--metrics-port", str(free_port_block(2)), "--state-dir", str(tmp_path / "state"), "--cluster", "stopped",
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        # As from a terminal: a test run started in the background of a script (nohup ... &) ignores SIGINT, and
+        # a child inherits that (POSIX), so Ctrl-C would never reach the demo whatever the demo does.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the ranks are reporting mid-run
