@@ -32,6 +32,8 @@ CAPS: dict[str, SGLangCap] = {
     "mooncake": SGLangCap("SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "nixl": SGLangCap("SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
+    # 0 (its default) = derived per rank: flashinfer_megamoe._resolve_max_tokens_per_rank (no fixed number)
+    "flashinfer_megamoe": SGLangCap("SGLANG_FLASHINFER_MEGAMOE_MAX_TOKENS_PER_RANK"),
 }
 
 

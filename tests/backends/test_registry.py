@@ -39,6 +39,8 @@ EXAMPLES: dict[str, dict] = {
                  mori=MoriOp(kernel="IntraNode", experts_per_rank=32)),
     "nixl": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-nixl",
                  nixl=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
+    "flashinfer_megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-flashinfer_megamoe",
+                               flashinfer_megamoe=ReportedBuffer(buffer_bytes=5 << 30)),
 }
 # What each example rank's server logged beyond the model (the log reader's view of it; absent: the defaults).
 EXAMPLE_SETTINGS: dict[str, dict] = {"deepep": {"deepep_mode": "low_latency"}}
