@@ -10,7 +10,7 @@ instrumented, checked before any hook; the version is None without a ``PACKAGE``
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, mooncake, mori, nixl
+from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, flashinfer_megamoe, mooncake, mori, nixl
 
-BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl)}
+BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, flashinfer_megamoe)}
 FLOORS = {name: module.FLOOR for name, module in BACKENDS.items()}  # each backend's floor module, by its name
