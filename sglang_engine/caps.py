@@ -32,6 +32,7 @@ CAPS: dict[str, SGLangCap] = {
     "mooncake": SGLangCap("SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "nixl": SGLangCap("SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
+    "pplx": SGLangCap("SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),  # environ.py, pplx.py:224
 }
 
 
