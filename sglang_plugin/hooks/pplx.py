@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from capwatch.backends.pplx import PplxAllToAll
 from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_plugin.floors import pplx as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import Target, first_problem
 from capwatch.sizing.pplx import PPLX as PPLX_RULES
