@@ -18,9 +18,9 @@ FOLDERS = sorted(set(PACKAGE_DIRS.values()))
 BACKENDS = tuple(SPECS)  # a backend registered tomorrow is counted from its first day
 ENGINE = "sglang"
 ENGINE_HOMES = ("sglang_engine/", "sglang_plugin/", "sglang_logs/")
-# The registries: where every backend is listed once (the last: SGLang's variable, default and reserve per backend).
-REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_plugin/floors/__init__.py",
-              "sglang_engine/caps.py"}
+# The registries: where every backend is listed once (the specs; the SGLang plugin's hooks, each naming its floor
+# module; SGLang's variable, default and reserve per backend).
+REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_engine/caps.py"}
 # Where every engine is listed once.
 ENGINE_REGISTRIES = {"capwatch/engines.py"}
 
