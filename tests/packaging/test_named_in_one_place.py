@@ -32,10 +32,8 @@ STILL_NAMING: dict[str, set[str]] = {
     "flashinfer": set(),
     ENGINE: {
         "advisor/advice.py", "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py",
-        "capwatch/commands/advise.py", "dashboards/kubernetes.py", "service/sources/contract.py",
-        "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
+        "capwatch/commands/advise.py", "dashboards/kubernetes.py",
         "sizing/deepep_low_latency.py", "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py",
-        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },
 }
 
