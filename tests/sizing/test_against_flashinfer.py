@@ -17,7 +17,7 @@ import pytest
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
 from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
-from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, lacks_moe_alltoall
 from capwatch.sizing.payloads import MOE_EP_QUANT_FORMATS, hidden_bytes_per_token
 
 from tests.sizing import flashinfer_source as source
@@ -62,6 +62,12 @@ def nvlink(package, tmp_path_factory):
 EP_SIZES = [1, 2, 3, 7, 8, 16, 48, 64]
 TOKENS = [1, 7, 31, 32, 33, 127, 128, 1024, 4097, 16384]
 EPLB = [0, 1, 33, 256]
+
+
+def test_moe_alltoall_removal_matches_the_package(package):
+    # What the SGLang plugin's "backend unavailable" rests on: the release's flashinfer.comm exports MoeAlltoAll or not.
+    exported = "MoeAlltoAll" in (package / "comm" / "__init__.py").read_text()
+    assert lacks_moe_alltoall(source.package_version(package)) is not exported
 
 
 def test_aux_layout_matches_calculate_offsets(package, moe_a2a):
