@@ -28,7 +28,6 @@ from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
 from capwatch.sizing.flashinfer_releases import (
     FLASHINFER,
-    LAYOUT_MOE_A2A,
     MAX_EP_SIZE,
     SUPPORTED_FLASHINFER_VERSIONS,
     FlashInferVersion,
@@ -38,7 +37,7 @@ from capwatch.sizing.flashinfer_releases import (
 from capwatch.sizing.model_presets import ModelGeometry, custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
 from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
-from capwatch.sizing.flashinfer_plan import MODES, WorkspacePlan, largest_plan_within, plan_workspace
+from capwatch.sizing.flashinfer_plan import WorkspacePlan, plan_workspace
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # Built from sizing's own tuple, so a format it gains is accepted on the wire too (an enum in the OpenAPI schema).
@@ -74,7 +73,10 @@ class FlashInferParams(BaseModel):
 
 DEFAULT_PARAMS = FlashInferParams()
 
-RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap
+RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap and its side
+# How the engine's dispatcher sizes the workspace it asks for: capwatch plan's modes (SGLang's:
+# sglang_engine/flashinfer.py), each an allocation of sizing/flashinfer_plan.py.
+ALLOCATIONS = RULES.engine_side
 
 
 @dataclass(frozen=True)
@@ -179,20 +181,10 @@ def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, params: FlashInferPa
     return RankSizes(plan.dispatch_bytes_per_token, plan.combine_bytes_per_token, plan.workspace_bytes_per_rank)
 
 
-def _default_mode(values: Mapping[str, Any]) -> str:
-    """``sglang`` (what SGLang allocates: the cap is SGLang's variable), unless the question is one SGLang never
-    asks: a flashinfer release without the MoeAlltoAll SGLang calls (0.7.4), or an EPLB stats region."""
-    try:
-        layout = FlashInferVersion.parse(values["flashinfer_version"]).layout
-    except SizingError:  # an unknown release: plan_workspace says so in its own words
-        return "sglang"
-    return "sglang" if layout == LAYOUT_MOE_A2A and not values["eplb_stats_experts"] else "flashinfer"
-
-
 def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
-    mode = values["mode"] or _default_mode(values)
-    if mode not in MODES:
-        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(MODES)}")
+    mode = values["mode"] or ALLOCATIONS.default_mode(values["flashinfer_version"], values["eplb_stats_experts"])
+    if mode not in ALLOCATIONS.MODES:
+        raise SizingError(f"unknown --mode {mode!r}; choose one of {', '.join(ALLOCATIONS.MODES)}")
     return dict(geometry=geometry, ep_size=ep_size, payload_format=(values["payload_format"] or "bf16").strip().lower(),
                 eplb_stats_num_experts=integer("--eplb-stats-experts", values["eplb_stats_experts"] or "0", 0),
                 flashinfer_version=values["flashinfer_version"], mode=mode, draft=values["draft"],
@@ -229,14 +221,11 @@ def _plan_table(plans: list[WorkspacePlan], geometry: ModelGeometry, budget: int
 
 
 PLANNER = Planner(
-    description="""\
-Price the per-rank dispatch cap (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK) in FlashInfer
+    description=f"""\
+Price the per-rank dispatch cap ({RULES.cap_env_var}) in FlashInfer
 MoE all-to-all workspace bytes, byte-exact for every flashinfer release that has the A2A.
 
-Modes: sglang (default) = what SGLang allocates (bf16 floor on dispatch bytes, so nvfp4 and fp8 cost the
-bf16 figure; +128 B with --draft); flashinfer = FlashInfer's formula for the payload format, as a caller
-other than SGLang allocates it; sglang-legacy = SGLang before PR #25907 (cap x ep_size passed as
-max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in its title.""",
+{ALLOCATIONS.MODES_HELP}""",
     options=(
         PlanOption("--payload-format", "payload_format", "dispatch payload: bf16, fp16, fp8, nvfp4, mxfp8, mxfp4, "
                    "deepseek-fp8 (default bf16)", "FORMAT"),
@@ -244,20 +233,19 @@ max_num_tokens, an ep_size-fold over-allocation). Every table names its mode in 
                    "0..num_experts; default 0)", "S"),
         PlanOption("--flashinfer-version", "flashinfer_version", "flashinfer-python release (default 0.7.2.post1, "
                    "the newest with MoeAlltoAll; 0.7.4 sizes NVLinkOneSidedAlltoAll)", "X.Y.Z"),
-        PlanOption("--mode", "mode", "sglang (default: what SGLang allocates, bf16 dispatch bytes at least), "
-                   "flashinfer (FlashInfer's own formula for the payload) or sglang-legacy", "MODE"),
-        PlanOption("--draft", "draft", "size SGLang's speculative draft dispatcher (+128 B)"),
+        PlanOption("--mode", "mode", ALLOCATIONS.MODE_OPTION_HELP, "MODE"),
+        PlanOption("--draft", "draft", ALLOCATIONS.DRAFT_OPTION_HELP),
         PlanOption("--lamport-tokens", "lamport_tokens", "0.7.4 only: Lamport transport token limit the run settles "
                    f"on (0..{LAMPORT_MAX_TOKENS_PER_RANK}; default 0 = off)", "T"),
     ),
     group_title=None, ep_size_limit=f"1..{MAX_EP_SIZE}; 256 on 0.7.4", top_k_needed=True,
-    bytes_field="workspace_bytes_per_rank", prepare=_plan_options, plan_at=plan_workspace,
-    largest_within=largest_plan_within, table=_plan_table)
+    bytes_field="workspace_bytes_per_rank", prepare=_plan_options, plan_at=ALLOCATIONS.plan_workspace,
+    largest_within=ALLOCATIONS.largest_plan_within, table=_plan_table)
 
 
 def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[WorkspacePricing, bool]:
-    """The workspace SGLang's FlashInfer dispatcher allocates per cap (bf16, from the geometry alone); its prefill
-    batches meet the cap."""
+    """The workspace the engine's FlashInfer dispatcher allocates per cap (bf16, from the geometry alone); its
+    prefill batches meet the cap."""
     return WorkspacePricing(ep_size, dispatch_bytes_per_token(geometry.hidden_size, geometry.top_k),
                             combine_bytes_per_token(geometry.hidden_size)), True
 
@@ -265,7 +253,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 SPEC = BackendSpec(
     rules=RULES, params=FlashInferParams, refusal=_refusal, group_refusal=_group_refusal,
     pricing=WorkspacePricing.of_config, sizes=_sizes,
-    prefill_dispatched=lambda params: True,  # SGLang's floor rule counts its prefill batches
+    prefill_dispatched=lambda params: True,  # the engine's floor rule counts its prefill batches
     # On moe_a2a_info and their own gauge, as before the registry (dashboards and alerts read them).
     series=BackendSeries(
         info_help=None, info_labels=("payload_format", "flashinfer_version"),

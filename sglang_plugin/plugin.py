@@ -4,9 +4,9 @@
 returns), and only where SGLang's scheduler module is loaded: the start hook then runs in each scheduler
 process with its GPU index, after ``publish`` and before the model is built. There the plugin reads its
 settings, picks the adapters of the installed release (``releases.py``) and of ``--moe-a2a-backend``
-(``hooks/``, ``floors/``), checks every target and signature they rely on, starts the exporter and
-hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one line,
-serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
+(``hooks/``, each naming its ``floors/`` module), checks every target and signature they rely on, starts the
+exporter and hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one
+line, serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from capwatch.agent.session import RankSession
 from capwatch.backends import spec_of
 from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
-from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.start_check import check_cap_at_start
@@ -77,7 +76,7 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
         reason = (f"capwatch's {backend.NAME} hooks are verified on sglang {', '.join(backend.ADAPTERS)}, not "
                   f"{choice.adapter}")
     if reason is None:
-        adapter, floor = backend.ADAPTERS[choice.adapter], FLOORS[backend.NAME]
+        adapter, floor = backend.ADAPTERS[choice.adapter], backend.FLOOR
         reason = backend.problem(adapter, found.get(backend.NAME), choice.newer) \
             or releases.first_problem(floor.targets(choice.adapter))
     if isinstance(reason, BackendUnavailable):  # SGLang cannot build the backend: not capwatch's to fix

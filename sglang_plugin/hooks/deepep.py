@@ -21,6 +21,7 @@ from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
+from capwatch.sglang_plugin.floors import deepep as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
 

@@ -22,6 +22,7 @@ from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
+from capwatch.sglang_plugin.floors import flashinfer as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem, installed_version
 from capwatch.sglang_plugin.status import BackendUnavailable
 from capwatch.sizing.flashinfer_releases import FLASHINFER as FLASHINFER_RULES

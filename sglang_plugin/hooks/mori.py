@@ -39,6 +39,7 @@ import torch
 from capwatch.backends.mori import MoriOp, op_config
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.sglang_plugin.floors import mori as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
 from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sglang_plugin.apply import overflows

@@ -23,7 +23,7 @@ import pytest
 from capwatch.dashboards import service_metrics
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.backends.flashinfer import RULES as FLASHINFER
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token

@@ -11,7 +11,9 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_RESERVE_BYTES, DeepEPPricing, plan_deepep_buffer
+from capwatch.sglang_engine.deepep import RESERVE_BYTES as SGLANG_DEEPEP_RESERVE_BYTES
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
+from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.report import SGLangLimits
 from hypothesis import given, settings

@@ -13,7 +13,7 @@ from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.deepep_low_latency import LOW_LATENCY_HIDDEN_SIZES
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, plan_deepep_buffer
+from capwatch.sglang_engine.deepep import DEEPEP_MODES, plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector

@@ -29,3 +29,21 @@ def test_a_backends_own_rules_leave_the_engines_facts_to_the_engine(name):
 def test_a_backend_sglang_does_not_know_keeps_its_own_rules():
     rules = BackendCapRules("not_in_sglang", cap_env_var="SOME_VARIABLE")
     assert bind(rules) is rules
+
+
+def test_sglangs_words_mode_setting_and_own_code_reach_the_specs_through_bind():
+    """What SGLang asserts of a cap, the server arg that picks a kernel mode and SGLang's own code for a backend
+    (how it allocates it) are bound like its variable: the backends' sizing rules hold none of them."""
+    from capwatch.sglang_engine import deepep, flashinfer
+    from capwatch.sizing.deepep_plan import DEEPEP
+    from capwatch.sizing.deepep_v2 import DEEPEP_V2
+
+    assert (DEEPEP.why_max, DEEPEP.mode_setting, DEEPEP.engine_side, DEEPEP_V2.overflow_outcome) == (
+        "", None, None, BackendCapRules("x").overflow_outcome)
+    bound = SPECS["deepep"].rules
+    assert bound.why_max == "SGLang asserts the cap <= 1024 at start-up" and bound.engine_side is deepep
+    assert bound.required_alignment == 128 and "sglang#28994" in bound.why_aligned
+    # --deepep-mode picks MoRI's kernel too: its spec reads the arg SGLang's home names
+    assert SPECS["mori"].rules.mode_setting == bound.mode_setting == "deepep_mode"
+    assert SPECS["flashinfer"].rules.engine_side is flashinfer
+    assert SPECS["deepep_v2"].rules.overflow_outcome.startswith("SGLang raises a ValueError")

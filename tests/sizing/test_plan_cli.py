@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from capwatch.sizing.model_presets import model_geometry
-from capwatch.sizing.flashinfer_plan import plan_workspace
+from capwatch.sglang_engine.flashinfer import plan_workspace
 
 from tests.support.launcher import run_capwatch
 
