@@ -81,9 +81,13 @@ def package_version(package: Path) -> str:
 
 
 def packages_under_test() -> list[Path]:
-    """The installed package plus unpacked wheels named in CAPWATCH_FLASHINFER_PACKAGES (paths of
-    their ``flashinfer/`` folders, separated by ``os.pathsep``), to check other releases too."""
-    found = [package_dir()] + [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
+    """The installed package, the releases the SGLang tests unpacked (``.sglang-releases/flashinfer-python==*``:
+    0.7.4's among them, which cannot share the main venv), plus unpacked wheels named in
+    CAPWATCH_FLASHINFER_PACKAGES (paths of their ``flashinfer/`` folders, separated by ``os.pathsep``)."""
+    from tests.support.checkout import REPO_ROOT
+
+    unpacked = sorted((REPO_ROOT / ".sglang-releases").glob("flashinfer-python==*/flashinfer"))
+    found = [package_dir(), *unpacked] + [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
     return [p for p in dict.fromkeys(found) if p is not None and (p / "_build_meta.py").is_file()]
 
 

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
-from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_one_sided import built_workspace, nvlink_one_sided_layout
 from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, lacks_moe_alltoall
 from capwatch.sizing.payloads import MOE_EP_QUANT_FORMATS, hidden_bytes_per_token
 
@@ -168,6 +168,28 @@ def test_nvlink_one_sided_layout_matches_flashinfer(nvlink):
             theirs["COMBINE_COMPLETION_FLAGS_OFFSET_INDEX"], theirs["COMBINE_INPUT_OFFSET_INDEX"],
             theirs["COMBINE_INPUT_SIZE_INDEX"], theirs["COMBINE_RECV_SIZE_INDEX"],
             theirs["LAMPORT_MAX_NUM_TOKENS_INDEX"], theirs["WORKSPACE_SIZE_INDEX"]), case
+
+
+def test_the_built_object_is_read_where_flashinfer_keeps_its_figures(package, nvlink):
+    # NVLinkOneSidedAlltoAll.__init__ keeps its layout in self.metainfo (WORKSPACE_SIZE_INDEX after the Lamport
+    # extension), its Lamport limit and bytes in self.lamport_max_tokens / self._lamport_workspace_bytes.
+    init = (package / "moe_ep/backends/split/comm/nvlink_one_sided/communication.py").read_text()
+    for kept in ("self.lamport_max_tokens = max_tokens", "self._lamport_workspace_bytes = (",
+                 "int(metainfo[index.WORKSPACE_SIZE_INDEX]) - size_before", 'self.metainfo: "torch.Tensor" = '):
+        assert kept in init, kept
+    for ep, tokens, cft, lamport_tokens in [(8, 1024, True, 227), (8, 1024, False, 159), (64, 128, True, 0),
+                                            (4, 100, False, 512), (2, 33, False, 0)]:
+        case = (ep, tokens, 8, 7168, "bf16", 0, cft, lamport_tokens)
+        base, = nvlink.layouts([_nvlink_row(*case[:7], 0)])
+        theirs, = nvlink.layouts([_nvlink_row(*case)])
+        metainfo = [theirs[name] for name in source.LAYOUT_FIELDS]
+        clamped = min(lamport_tokens, 512, tokens)
+        built = built_workspace(metainfo, {name: i for i, name in enumerate(source.LAYOUT_FIELDS)}, clamped,
+                                theirs["WORKSPACE_SIZE_INDEX"] - base["WORKSPACE_SIZE_INDEX"])
+        ours = nvlink_one_sided_layout(ep, tokens, 8, 7168, cft=cft, lamport_max_tokens=lamport_tokens)
+        assert (built.workspace_bytes_per_rank, built.cft, built.lamport_max_tokens, built.lamport_bytes) == (
+            ours.workspace_bytes_per_rank, cft, ours.lamport_max_tokens, ours.lamport_bytes), case
+        assert built.sized_offline == (not cft and not clamped)
 
 
 def test_flashinfer_rejects_what_capwatch_rejects(nvlink):
