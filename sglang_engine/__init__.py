@@ -1,6 +1,7 @@
 """What SGLang defines, in one torch-free package: the wire's limits of an SGLang rank (``limits.py``), the
 start-up floor those limits set (``floor.py``) and its terms, derived once from the facts a server resolved
-(``floor_terms.py``), whether read from a live server (``sglang_plugin/``) or from its log (``sglang_logs/``).
+(``floor_terms.py``), whether read from a live server (``sglang_plugin/``) or from its log (``sglang_logs/``); its
+memory reserve in the advice (``memory.py``) and the server the Kubernetes example runs (``deployment.py``).
 
 Below the telemetry and the advisor, above ``sizing/``: the rest of capwatch reads SGLang's facts from here.
 """

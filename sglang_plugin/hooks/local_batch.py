@@ -16,59 +16,17 @@ alone.
 
 from __future__ import annotations
 
-import logging
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from capwatch.dispatcher.counters import TrafficRecord
-from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
+from capwatch.dispatcher.counting import LayerCounting
+from capwatch.sglang_plugin.hooks import adoption
 from capwatch.sizing.backends import BackendCapRules
 
-logger = logging.getLogger("capwatch.sglang")
-
-CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
-                           ("moe_runner_config",))
-GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
-COMMON_TARGETS = (CREATE_DISPATCHER, GET_FLAGS, *CAPTURE_TARGETS)
-
-
-def register(session, source, init: Target, adopt_one: Callable, what: str) -> None:
-    """Hook the construction of ``init``'s class (``adopt_one(session, dispatcher, role, layer_id)`` after SGLang's
-    own ``__init__``), ``create_moe_dispatcher`` (the layer id it is building) and the graph captures (snapshots
-    paused). ``what`` names the dispatcher in the line an adoption failure logs."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
-    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
-
-    def around_create(original, moe_runner_config, *args, **kwargs):
-        creating.append(getattr(moe_runner_config, "layer_id", None))
-        try:
-            return original(moe_runner_config, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def around_init(original, dispatcher, *args, **kwargs):
-        original(dispatcher, *args, **kwargs)
-        try:
-            role = "draft" if get_flags().moe.speculative_context else "target"
-            adopt_one(session, dispatcher, role, creating[-1] if creating else None)
-        except Exception:
-            logger.exception("capwatch: this %s dispatcher is not instrumented (adoption failed); it runs as "
-                             "SGLang's", what)
-
-    def around_capture(original, *args, **kwargs):
-        with session.capturing():
-            return original(*args, **kwargs)
-
-    HookRegistry.register(init.name, around_init, HookType.AROUND, source=source)
-    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
-    for target in CAPTURE_TARGETS:
-        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+# The construction hook and the targets it relies on, as the backends counted here register them (adoption.py).
+COMMON_TARGETS, register = adoption.COMMON_TARGETS, adoption.register
 
 
 @dataclass(frozen=True)
@@ -119,29 +77,13 @@ def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapR
           layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False) -> LayerCounting:
     """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
     reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, counted.geometry(), device, rules,
-                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
-                                lead_per_micro_batch=lead_per_micro_batch)
-    overflows.watch(layer, rules.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
+    layer = adoption.count_layer(session, dispatcher, role, layer_id, counted.geometry(), rules,
+                                 lambda counters: counters.traffic_record(), lead_per_micro_batch)
     sent = SentPairs.made(layer, counted.cap, counted.top_k, counted.num_experts)
-    counting = counted_dispatch(getattr(type(dispatcher), method).__get__(dispatcher), layer, sent)
-
-    def first(hidden_states, topk_output, *args, **kwargs):
-        watch = session.roles[role]
-        if not watch.reported:
-            watch.reported = describe()
-        session.start_role_once(role)
-        setattr(dispatcher, method, counting)
-        return counting(hidden_states, topk_output, *args, **kwargs)
-
-    setattr(dispatcher, method, first)
+    adoption.count_from_first_dispatch(
+        session, dispatcher, layer, method, describe,
+        lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent)})
     return layer
-
-
-def unadopt(dispatcher, method: str) -> None:
-    """SGLang's dispatcher exactly as shipped again."""
-    vars(dispatcher).pop(method, None)
 
 
 def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
@@ -152,7 +94,7 @@ def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
     def counted(hidden_states, topk_output, *args, **kwargs):
         local_tokens = hidden_states.shape[0]
         if local_tokens > cap:
-            count_overflow(layer, local_tokens)
+            adoption.count_overflow(layer, local_tokens)
             return dispatch(hidden_states, topk_output, *args, **kwargs)  # SGLang's own check ends it
         output = dispatch(hidden_states, topk_output, *args, **kwargs)
         if layer.step_leader:
@@ -163,12 +105,3 @@ def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
         return output
 
     return counted
-
-
-def count_overflow(layer: LayerCounting, local_tokens: int) -> None:
-    """A batch the backend will refuse: counted, reported (bounded wait) and logged, never raised; the backend's own
-    check then ends the rank as it would without capwatch."""
-    try:
-        layer.guard(local_tokens, local_tokens)
-    except CapOverflowError as overflow:
-        logger.error("capwatch: %s (counted and reported; %s)", overflow, layer.rules.overflow_outcome)

@@ -28,8 +28,7 @@ STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": set(),
     ENGINE: {
-        "advisor/advice.py", "advisor/recommend.py",
-        "capwatch/commands/advise.py", "dashboards/kubernetes.py", "service/sources/contract.py",
+        "service/sources/contract.py",
         "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
         "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
     },

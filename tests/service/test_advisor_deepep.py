@@ -89,6 +89,19 @@ def test_a_buffer_past_sglangs_reserve_is_warned_about():
                for reason in advice.reasons)
 
 
+def test_the_field_of_the_excess_over_the_reserve_is_the_engines():
+    """``over_sglang_reserve_bytes_recommended`` is declared where the reserve is (the engine's ``RESERVE_PRICE``,
+    capwatch.engines) and stays where ``/advice``'s JSON had it: right after the workspace's price."""
+    from capwatch.advisor.advice import ClusterAdvice, Price
+    from capwatch.engines import ENGINE
+
+    assert list(ENGINE.RESERVE_PRICE.model_fields) == ["over_sglang_reserve_bytes_recommended"]
+    assert issubclass(Price, ENGINE.RESERVE_PRICE)
+    fields = list(ClusterAdvice.model_fields)
+    assert fields[fields.index("kv_cache_tokens_per_rank_freed") + 1] == "over_sglang_reserve_bytes_recommended"
+    assert Price.none().over_sglang_reserve_bytes_recommended is None
+
+
 def test_the_policy_is_held_within_deepeps_rules():
     policy = AdvisorPolicy(alignment=64, max_cap=8192)
     within = policy.for_backend(DEEPEP)
