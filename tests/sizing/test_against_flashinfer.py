@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import pytest
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
-from capwatch.sizing.flashinfer_one_sided import built_workspace, nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_one_sided import built_workspace, default_lamport_max_tokens, nvlink_one_sided_layout
 from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, lacks_moe_alltoall
 from capwatch.sizing.payloads import MOE_EP_QUANT_FORMATS, hidden_bytes_per_token
 
@@ -190,6 +190,29 @@ def test_the_built_object_is_read_where_flashinfer_keeps_its_figures(package, nv
         assert (built.workspace_bytes_per_rank, built.cft, built.lamport_max_tokens, built.lamport_bytes) == (
             ours.workspace_bytes_per_rank, cft, ours.lamport_max_tokens, ours.lamport_bytes), case
         assert built.sized_offline == (not cft and not clamped)
+
+
+def test_the_default_lamport_limit_is_flashinfers_for_each_sm_count(package, nvlink, tmp_path):
+    # FlashInfer's own _default_lamport_max_tokens (its Python, from its source) over its own row geometry (the
+    # compiled C++ moe_a2a_lamport_row_bytes returns), capped by the capacity as __init__ caps it: the limit a run
+    # settles on from the SM count every rank votes, which is what no plan can know.
+    geometry = source.LamportRowGeometry(package, tmp_path)
+    namespace = source.python_definitions(
+        package / "moe_ep/backends/split/comm/nvlink_one_sided/communication.py",
+        ["_LAMPORT_MIN_DEFAULT_MAX_TOKENS", "_LAMPORT_MAX_DEFAULT_REGION_BYTES", "_default_lamport_max_tokens"],
+        {"Any": object})
+    index = SimpleNamespace(LAMPORT_DISPATCH_BLOCKS_PER_SM=geometry.constants["kDispatchBlocksPerSM"],
+                            LAMPORT_MAX_TOKENS_PER_RANK=geometry.constants["kMaxTokensPerRank"])
+    formats = {"bf16": "BF16", "mxfp8": "MXFP8", "deepseek-fp8": "FP8_BLOCK128", "nvfp4": "NVFP4"}
+    cases = [case for case in itertools.product(["bf16", "mxfp8", "deepseek-fp8", "nvfp4"], [2048, 4096, 7168],
+                                                [1, 8, 22]) if not (case[0] == "deepseek-fp8" and case[1] % 512)]
+    rows = geometry.rows([(source.LAMPORT_FORMAT_IDS[formats[fmt]], hidden, top_k) for fmt, hidden, top_k in cases])
+    for (fmt, hidden, top_k), row in zip(cases, rows, strict=True):
+        row = SimpleNamespace(hidden_bytes=row[0], scale_bytes=row[1], blocks_per_token=row[2], bytes_per_row=row[3])
+        for ep, num_sms, capacity in itertools.product([1, 2, 8, 64], [1, 20, 132, 148, 160], [64, 300, 4096]):
+            theirs = min(namespace["_default_lamport_max_tokens"](ep, num_sms, row, index), capacity)
+            ours = default_lamport_max_tokens(ep, num_sms, top_k, hidden, fmt, capacity)
+            assert ours == theirs, (fmt, hidden, top_k, ep, num_sms, capacity)
 
 
 def test_flashinfer_rejects_what_capwatch_rejects(nvlink):
