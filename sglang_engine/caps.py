@@ -34,7 +34,8 @@ DEEPEP_V2_OVERFLOW = ("SGLang raises a ValueError ('DeepEP v2 dispatch input exc
                       "and the rank dies")
 
 CAPS: dict[str, SGLangCap] = {
-    "flashinfer": SGLangCap("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK", side=flashinfer),
+    "flashinfer": SGLangCap("SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK", rules=flashinfer.CAP_RULES,
+                            side=flashinfer),
     # reserve_for_deepep_a2a_mb: 2 * 1024 MB, priced in SGLang's DeepEP plan (sglang_engine/deepep.py)
     "deepep": SGLangCap("SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,
                         reserve_bytes=deepep.RESERVE_BYTES, rules=deepep.CAP_RULES,

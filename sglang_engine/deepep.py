@@ -47,6 +47,7 @@ CAP_RULES = dict(
     why_aligned="a cap off a multiple of 128 corrupts DeepEP's FP8 scales (sglang#28994)",
     why_max=f"SGLang asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up",
     sized_by="DeepEP's size hints as SGLang adds them",
+    mismatch_hint="check --deepep-config, the redundant and the fused shared experts",
 )
 
 

@@ -30,6 +30,10 @@ from capwatch.sizing.flashinfer_releases import LAYOUT_MOE_A2A, FlashInferVersio
 from capwatch.sizing.payloads import dispatch_bytes_per_token
 from capwatch.sizing.model_presets import ModelGeometry
 
+# SGLang's facts in FlashInfer's cap rules (bound by sglang_engine/caps.py): before PR #25907 its dispatcher sized the
+# workspace for cap x ep_size tokens per rank, which the service's findings recognise in a reported size.
+CAP_RULES = dict(sized_for_group_bug=True)
+
 MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
 DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
 

@@ -26,8 +26,7 @@ DEEPEP = BackendCapRules(
     "deepep", max_cap_tokens=MAX_DISPATCH_TOKENS_PER_RANK,
     below_floor="DeepEP's dispatch assertion ends the rank below it (at CUDA-graph capture or the first full batch)",
     eager_prefill_dispatched=True, local_batch_cap=True, overflow_outcome="DeepEP's dispatch assertion ends the rank",
-    memory="buffer", sized_by="DeepEP's size hints",
-    mismatch_hint="check --deepep-config, the redundant and the fused shared experts")
+    memory="buffer", sized_by="DeepEP's size hints")
 
 
 def memory_bytes_per_rank(num_rdma_bytes: int, num_nvl_bytes: int) -> int:

@@ -111,7 +111,7 @@ def plan_workspace(
     The one pricing function: ``capwatch plan``, the rank's reported config (``rank_config``), the
     service's views and the advisor's budget and what-if all price through here, for every layout.
     ``bytes_per_token``: the (dispatch, combine) bytes per token a rank passes to ``moe_a2a`` (it
-    reports them; the mode's rule otherwise). ``NVLinkOneSidedAlltoAll`` (0.7.4) derives its own
+    reports them; the allocation's rule otherwise). ``NVLinkOneSidedAlltoAll`` (0.7.4) derives its own
     from the geometry and the format, so the layout prices it from those.
     """
     version = FlashInferVersion.parse(flashinfer_version)

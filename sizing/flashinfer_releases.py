@@ -142,6 +142,7 @@ def check_routing(top_k: int, num_experts: int, ep_size: int, version: FlashInfe
         raise SizingError(f"eplb_stats_num_experts {eplb_stats_num_experts} must be <= num_experts {num_experts}")
 
 
-# FlashInfer's cap: any cap within capwatch's range; a known bug sized its workspace for cap x ep_size.
+# FlashInfer's cap: any cap within capwatch's range (an engine's bug that sized its workspace for cap x ep_size is
+# the engine's fact: SGLang's, sglang_engine/flashinfer.py).
 FLASHINFER = BackendCapRules("flashinfer", sized_by="FlashInfer's formula",
-                             mismatch_hint="check flashinfer_version and the payload sizes", sized_for_group_bug=True)
+                             mismatch_hint="check flashinfer_version and the payload sizes")
