@@ -14,10 +14,12 @@ from capwatch.sglang_engine.floor import (
 )
 from capwatch.sglang_engine.limits import SGLangLimits, cap_source_text, report_fields
 from capwatch.sglang_engine.memory import ReservePrice, over_reserve_text
+from capwatch.sglang_engine.series import SERIES
 
 NAME = "sglang"  # RankConfig.<NAME> carries a rank's limits; SGLangLimits.engine says the same
 TITLE = "SGLang"  # the engine in messages
 LIMITS = SGLangLimits
+SERIES = SERIES  # its own series (moe_a2a_<NAME>_info, a gauge per floor term), read from its LIMITS
 merged_limits = merged_sglang_limits  # one group's limits from its ranks' (None: no rank reports them)
 floor_terms = sglang_floor_terms  # (limits, rules, prefill_dispatched) -> [(tokens, what)]
 floor_why = sglang_floor_why  # (limits, rules) -> what happens below the floor
@@ -35,6 +37,6 @@ LOG_READER = "capwatch.sglang_logs.command"
 # The engine's bug that sized a backend's workspace for cap x ep_size (BackendCapRules.sized_for_group_bug).
 SIZED_FOR_GROUP_BUG = "sglang PR #25907"
 
-__all__ = ["LIMITS", "LOG_READER", "NAME", "RESERVE_PRICE", "SIZED_FOR_GROUP_BUG", "TITLE", "bind_rules",
+__all__ = ["LIMITS", "LOG_READER", "NAME", "RESERVE_PRICE", "SERIES", "SIZED_FOR_GROUP_BUG", "TITLE", "bind_rules",
            "cap_source_text", "floor_terms", "floor_why", "limits_report_fields", "merged_limits", "over_reserve_text",
            "server_example", "shortfall_text", "unchecked_shortfall"]

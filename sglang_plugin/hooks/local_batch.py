@@ -6,9 +6,10 @@ alone.
 - the guard: the rank's own batch (``hidden_states.shape[0]``, a host int) against the cap; a batch above it is
   counted, announced and the final report shipped (bounded wait) *before* the call reaches SGLang's own check
   (an assert, a ``ValueError``), which then ends the rank as it would without capwatch;
-- the step on the role's step leader; the (token, expert) pairs this rank sends to each rank, from the
-  ``topk_ids`` it dispatches (scratch made at adoption: a ``clamp``, a ``div_``, a ``ge``, a ``zero_``, a
-  ``scatter_add_``; no host read), on the traffic sample. These libraries keep no per-source receive counts
+- the step on the role's step leader; on the traffic sample (the leader's layer) the (token, expert) pairs this
+  rank sends, from the ``topk_ids`` it dispatches: one ``put_`` into the role's per-expert bins
+  (``dispatcher.counters.ExpertTraffic``, as DeepEP's hook counts them), after a ``copy_`` into int64 scratch made
+  at adoption where the ids are SGLang's int32; no host read. These libraries keep no per-source receive counts
   SGLang hands back, so the received row stays 0 (the group's sent rows say the same traffic);
 - the buffer's bytes once per process, at the role's first dispatch (``describe``: the backend's hook asks the
   process-wide buffer, which that dispatch builds anyway).
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from capwatch.dispatcher.counters import TrafficRecord
+from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import LayerCounting
 from capwatch.sglang_plugin.hooks import adoption
 from capwatch.sizing.backends import BackendCapRules
@@ -31,30 +32,28 @@ COMMON_TARGETS, register = adoption.COMMON_TARGETS, adoption.register
 
 @dataclass(frozen=True)
 class SentPairs:
-    """A dispatch's (token, expert) pairs sent to each rank (``counts[0]``), and the scratch that computes them:
-    all made at adoption, before any graph capture, so no call allocates."""
+    """Where a dispatch's (token, expert) pairs go: the role's per-expert bins (``ExpertTraffic``: ``sent`` per
+    expert; these libraries hand SGLang no per-source receive counts, so ``received`` stays 0), and what adds into
+    them without allocating, all made at adoption, before any graph capture."""
 
-    record: TrafficRecord  # the layer's way into the counters
-    destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
-    weight: torch.Tensor  # [cap x top_k]: ... with weight 0 here
-    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
+    bins: ExpertTraffic  # the layer's way into the counters
+    ones: torch.Tensor  # [cap x top_k]: one per pair, the put_'s source
+    ids: torch.Tensor  # [cap x top_k] int64: the put_'s index where SGLang's topk_ids are int32 (its top-k kernels')
 
     @classmethod
-    def made(cls, layer: LayerCounting, cap: int, top_k: int, num_experts: int) -> "SentPairs":
-        counters = layer.counters
-        device = counters.device
-        return cls(layer.traffic, torch.empty(cap * top_k, dtype=torch.int64, device=device),
-                   torch.empty(cap * top_k, dtype=torch.int64, device=device),
-                   torch.tensor(max(1, num_experts // counters.ep_size), dtype=torch.int64, device=device))
+    def made(cls, layer: LayerCounting, cap: int, top_k: int) -> "SentPairs":
+        """Scratch for ``layer``, whose way into the counters is the role's expert bins (``layer.traffic``)."""
+        device = layer.counters.device
+        return cls(layer.traffic, torch.ones(cap * top_k, dtype=torch.int64, device=device),
+                   torch.empty(cap * top_k, dtype=torch.int64, device=device))
 
     def count(self, topk_ids: torch.Tensor) -> None:
-        pairs = topk_ids.flatten()
-        destination, weight = self.destination[:pairs.numel()], self.weight[:pairs.numel()]
-        torch.clamp(pairs, min=0, out=destination).div_(self.experts_per_rank, rounding_mode="floor")
-        torch.ge(pairs, 0, out=weight)
-        sent = self.record.counts[0]
-        sent.zero_()
-        sent.scatter_add_(0, destination, weight)
+        """One ``put_`` of the ids into the bins (a -1 expert's pair wraps into the last bin: no rank's); int32 ids
+        are first copied into the int64 scratch ``put_`` needs for an index."""
+        pairs = topk_ids.numel()
+        if topk_ids.dtype != torch.int64:
+            topk_ids = self.ids[:pairs].view(topk_ids.shape).copy_(topk_ids)
+        self.bins.sent.put_(topk_ids, self.ones[:pairs], accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,8 @@ def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapR
     """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
     reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
     layer = adoption.count_layer(session, dispatcher, role, layer_id, counted.geometry(), rules,
-                                 lambda counters: counters.traffic_record(), lead_per_micro_batch)
-    sent = SentPairs.made(layer, counted.cap, counted.top_k, counted.num_experts)
+                                 lambda counters: counters.expert_traffic(counted.num_experts), lead_per_micro_batch)
+    sent = SentPairs.made(layer, counted.cap, counted.top_k)
     adoption.count_from_first_dispatch(
         session, dispatcher, layer, method, describe,
         lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent)})
@@ -101,7 +100,7 @@ def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what the cap bounds
         if layer.counts_traffic:
             sent.count(topk_output.topk_ids)
-        layer.count_dispatch()
+        layer.count_dispatch()  # the call: a host int eagerly, nothing captured
         return output
 
     return counted

@@ -287,8 +287,7 @@ def test_every_named_metric_is_scraped(stack):
     expected = set(service_metrics.SERVICE_METRICS) - {service_metrics.INGEST_LATENCY_SECONDS}
     expected.add(service_metrics.INGEST_LATENCY_SECONDS + "_count")
     # Absent where the rank leaves the field unset, as these ranks (no SGLang, no CUDA graphs) do.
-    unset = {catalogue.CUDA_GRAPH_MAX_BATCH_SIZE, catalogue.SGLANG_INFO,
-             *(spec for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)}
+    unset = {catalogue.CUDA_GRAPH_MAX_BATCH_SIZE, *catalogue.ENGINE_METRICS["sglang"].metrics}
     # A backend's own series exist only on its ranks: the stack runs FlashInfer's and DeepEP's.
     unset |= {metric for name, backend in catalogue.BACKEND_METRICS.items()
               if name not in (FLASHINFER.name, DEEPEP.name) and not backend.on_shared_series

@@ -27,11 +27,7 @@ ENGINE_REGISTRIES = {"capwatch/engines.py"}
 STILL_NAMING: dict[str, set[str]] = {
     "deepep": set(),
     "flashinfer": set(),
-    ENGINE: {
-        "service/sources/contract.py",
-        "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
-        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
-    },
+    ENGINE: set(),
 }
 
 
