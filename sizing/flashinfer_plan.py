@@ -88,6 +88,7 @@ class WorkspacePlan:
     workspace_bytes_per_rank: int
     workspace_bytes_group: int  # all ep_size ranks together
     expert_rows: int  # ep_size * max_num_tokens: receive rows handed to the expert kernel
+    cft: bool = False  # 0.7.4: CFT's combine receive inbox and counters sized in (combine_region_bytes, aux_bytes)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -165,7 +166,7 @@ def plan_workspace(
         dispatch_region_bytes=dispatch_region, combine_region_bytes=combine_region,
         lamport_bytes=lamport_bytes, namespace_bytes=namespace_bytes,
         workspace_bytes_per_rank=per_rank, workspace_bytes_group=per_rank * ep_size,
-        expert_rows=ep_size * max_num_tokens,
+        expert_rows=ep_size * max_num_tokens, cft=cft,
     )
 
 
