@@ -11,11 +11,11 @@ and FlashInfer raises ``MoEEpConfigError`` when the rank's tokens are above T.
 After SGLang builds a layer (a ``HookRegistry`` hook around ``_ensure_flashinfer_megamoe_layer``) the plugin adopts
 it: ``layer._flashinfer_megamoe_forward`` is shadowed on the instance by one that counts through the layer's
 ``LayerCounting`` (``dispatcher/counting.py``): each rank's own batch against T (no group-wide R), the step on the
-leader, the (token, expert) pairs sent on the traffic sample (``hooks/local_batch.py``'s ``SentPairs`` scratch,
-shared by the role's layers, the router's int32 ids copied in), and a batch above T counted and reported (bounded
-wait) before FlashInfer's error ends the rank. The workspace's bytes are read from the built layer after its first
-forward (it is allocated there, on the symmetric heap, and pooled across layers): the storage of every tensor its
-workspaces hold, each workspace counted once per process (``backends/reported.py``).
+leader, the (token, expert) pairs sent on the traffic sample (``hooks/local_batch.py``'s ``SentPairs`` into the
+role's expert bins, its scratch shared by the role's layers), and a batch above T counted and reported (bounded
+wait) before FlashInfer's error ends the rank (``hooks/adoption.py``). The workspace's bytes are read from the built
+layer after its first forward (it is allocated there, on the symmetric heap, and pooled across layers): the storage
+of every tensor its workspaces hold, each workspace counted once per process (``backends/reported.py``).
 
 The cap a rank runs is the resolved T: the plugin says at start where it comes from (``cap_at_start``), and the
 floor module reports a variable of 0 as SGLang's default (derived), not the operator's number.
@@ -32,9 +32,8 @@ import torch
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counting import LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
-from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.floors import flashinfer_megamoe as FLOOR  # its cap's floor, per release
-from capwatch.sglang_plugin.hooks import local_batch
+from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
 from capwatch.sizing.flashinfer_megamoe import FLASHINFER_MEGAMOE as MEGAMOE_RULES
 
@@ -59,7 +58,7 @@ class Adapter:
     releases: tuple[str, ...]
 
     def targets(self) -> tuple[Target, ...]:
-        return (ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE, local_batch.GET_FLAGS,
+        return (ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE, adoption.GET_FLAGS,
                 *CAPTURE_TARGETS)
 
 
@@ -106,7 +105,7 @@ def register(session, adapter: Adapter, source) -> None:
     except Exception as error:  # the runtime context SGLang derives it from is not there: said, nothing else
         logger.warning("capwatch: the MegaMoE cap cannot be resolved at start (%s: %s); the layers report it when "
                        "built", type(error).__name__, error)
-    get_flags = pkgutil.resolve_name(local_batch.GET_FLAGS.name)
+    get_flags = pkgutil.resolve_name(adoption.GET_FLAGS.name)
 
     def around_ensure(original, layer, *args, **kwargs):
         built = getattr(layer, "_flashinfer_megamoe_layer", None)
@@ -135,11 +134,10 @@ def adopt(session, layer, mega, role: str) -> LayerCounting:
     cap = int(mega._fleet_params.max_tokens_per_rank)  # what FlashInfer checks each forward against
     geometry = dict(cap=cap, ep_rank=int(layer.moe_ep_rank), ep_size=int(layer.moe_ep_size),
                     hidden_size=int(layer.hidden_size), top_k=int(layer.top_k), num_experts=int(layer.num_experts))
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    counting = session.count_layer(mega, layer, role, getattr(layer, "layer_id", None), geometry, device, MEGAMOE,
-                                   traffic=lambda counters: counters.traffic_record(), traffic_stride=None)
-    overflows.watch(counting, MEGAMOE.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
-    sent = _sent_pairs(session, role, counting, cap, geometry["top_k"], geometry["num_experts"])
+    counting = adoption.count_layer(session, layer, role, getattr(layer, "layer_id", None), geometry, MEGAMOE,
+                                    lambda counters: counters.expert_traffic(geometry["num_experts"]),
+                                    lead_per_micro_batch=False)
+    sent = _sent_pairs(session, role, counting, cap, geometry["top_k"])
     layer._flashinfer_megamoe_forward = _first_forward(session, layer, mega, role, counting, sent,
                                                        layer._flashinfer_megamoe_forward)
     return counting
@@ -148,14 +146,13 @@ def adopt(session, layer, mega, role: str) -> LayerCounting:
 _SCRATCH: dict[tuple[int, str], local_batch.SentPairs] = {}  # (session, role) -> the scratch its layers share
 
 
-def _sent_pairs(session, role: str, counting: LayerCounting, cap: int, top_k: int,
-                num_experts: int) -> local_batch.SentPairs:
+def _sent_pairs(session, role: str, counting: LayerCounting, cap: int, top_k: int) -> local_batch.SentPairs:
     """The layer's way into the counters with the role's one scratch (the layers run one after another; a cap of
     thousands of tokens would cost megabytes of scratch per layer)."""
     shared = _SCRATCH.get((id(session), role))
     if shared is None:
-        shared = _SCRATCH[(id(session), role)] = local_batch.SentPairs.made(counting, cap, top_k, num_experts)
-    return local_batch.SentPairs(counting.traffic, shared.destination, shared.weight, shared.experts_per_rank)
+        shared = _SCRATCH[(id(session), role)] = local_batch.SentPairs.made(counting, cap, top_k)
+    return local_batch.SentPairs(counting.traffic, shared.ones, shared.ids)
 
 
 def _first_forward(session, layer, mega, role: str, counting: LayerCounting, sent: local_batch.SentPairs,
@@ -192,7 +189,7 @@ def counted_forward(forward, counting: LayerCounting, sent: local_batch.SentPair
     def counted(mega, tensors):
         local_tokens = tensors.hidden_states.shape[0]
         if local_tokens > cap:
-            local_batch.count_overflow(counting, local_tokens)
+            adoption.count_overflow(counting, local_tokens)
             return forward(mega, tensors)  # FlashInfer's MoEEpConfigError ends it, as without capwatch
         output = forward(mega, tensors)
         _count(counting, sent, tensors)
@@ -206,21 +203,8 @@ def _count(counting: LayerCounting, sent: local_batch.SentPairs, tensors) -> Non
     if counting.step_leader:
         counting.counters.record_step(local_tokens, local_tokens)  # no group R: each rank's own batch
     if counting.counts_traffic:
-        count_pairs(sent, tensors.topk_ids)
+        sent.count(tensors.topk_ids)
     counting.count_dispatch()
-
-
-def count_pairs(sent: local_batch.SentPairs, topk_ids: torch.Tensor) -> None:
-    """``SentPairs.count`` for the router's int32 ids as SGLang hands them to FlashInfer (copied into the int64
-    scratch: no allocation)."""
-    pairs = topk_ids.flatten()
-    destination, weight = sent.destination[:pairs.numel()], sent.weight[:pairs.numel()]
-    destination.copy_(pairs)
-    torch.ge(destination, 0, out=weight)
-    destination.clamp_(min=0).div_(sent.experts_per_rank, rounding_mode="floor")
-    counts = sent.record.counts[0]
-    counts.zero_()
-    counts.scatter_add_(0, destination, weight)
 
 
 # --- the workspace's bytes --------------------------------------------------------------------------
