@@ -20,6 +20,7 @@ from capwatch.agent.session import RankSession
 from capwatch.backends import spec_of
 from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.start_check import check_cap_at_start
@@ -97,6 +98,7 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
                      error.strerror or error, settings.metrics_base_port, local_gpu_index)
         return None
     atexit.register(session.close)
+    session.layer_watchers.append(overflows.watch)  # an overflow at a cap capwatch applied blocks it later
     rules = spec_of(backend.NAME).rules
     _check_cap_at_start(session, limits, rules)
     _register(session, backend, adapter)
