@@ -166,7 +166,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
                           "cap; no advice")
     try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
         plan = ALLOCATION.plan_deepep_buffer(geometry, ep_size, alignment, mode, params.get("redundant_experts", 0),
-                                  geometry.shared_experts if params.get("shared_experts_fusion") else 0)
+                                             geometry.shared_experts if params.get("shared_experts_fusion") else 0)
     except SizingError as error:
         raise SizingError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
     return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,

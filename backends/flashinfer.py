@@ -197,19 +197,33 @@ def _routing_refusal(top_k: int, num_experts: int, hidden_size: int, payload_for
 def _group_refusal(config: Config, ep_size: int) -> str | None:
     params = config.flashinfer
     try:
-        plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size, config.cap,
-                       params.payload_format, params.eplb_stats_num_experts, params.flashinfer_version,
-                       bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token),
-                       cft=params.cft, lamport_max_tokens=params.lamport_max_tokens)
+        plan = plan_workspace(custom_geometry(config.hidden_size, config.top_k, config.num_experts), ep_size,
+                              config.cap, params.payload_format, params.eplb_stats_num_experts,
+                              params.flashinfer_version,
+                              bytes_per_token=(config.dispatch_bytes_per_token, config.combine_bytes_per_token),
+                              cft=params.cft, lamport_max_tokens=params.lamport_max_tokens)
     except SizingError as error:
         return str(error)
-    return None
+    return _built_below_layout(params, plan)
+
+
+def _built_below_layout(params: FlashInferParams, plan: WorkspacePlan) -> str | None:
+    """A built figure below 0.7.4's layout with the regions it reported: no such object exists (what the layout
+    leaves out, extra payload bytes per token, only adds), so the figure is not one FlashInfer could report."""
+    if params.built_workspace_bytes is None or params.built_workspace_bytes >= plan.workspace_bytes_per_rank:
+        return None
+    return (f"built_workspace_bytes {params.built_workspace_bytes} is below {plan.workspace_bytes_per_rank}, flashinfer "
+            f"0.7.4's workspace at cap {plan.cap} with these regions (cft {params.cft}, lamport_max_tokens "
+            f"{params.lamport_max_tokens}): report the object's int(metainfo[WORKSPACE_SIZE_INDEX])")
 
 
 def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, params: FlashInferParams | None) -> RankSizes:
     params = params or DEFAULT_PARAMS
     plan = plan_workspace(geometry, ep_size, cap, params.payload_format, params.eplb_stats_num_experts,
                           params.flashinfer_version, cft=params.cft, lamport_max_tokens=params.lamport_max_tokens)
+    refusal = _built_below_layout(params, plan)
+    if refusal is not None:
+        raise SizingError(refusal)
     # Where the object was built, its own figure is what the rank reports (and exports on moe_a2a_workspace_bytes).
     return RankSizes(plan.dispatch_bytes_per_token, plan.combine_bytes_per_token,
                      params.built_workspace_bytes or plan.workspace_bytes_per_rank)

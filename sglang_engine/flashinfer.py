@@ -104,9 +104,13 @@ def plan_workspace(geometry: ModelGeometry, ep_size: int, cap: int, payload_form
                    draft: bool = False, **layout_options) -> WorkspacePlan:
     """The workspace one rank allocates for ``cap`` tokens per rank, sized as ``mode`` says (``MODES``); the
     rest as ``sizing/flashinfer_plan.py`` ``plan_workspace``. Raises ``SizingError``."""
-    FlashInferVersion.parse(flashinfer_version)  # an unknown release is the first thing said, as before the modes
+    try:
+        chosen = allocation(mode, draft)
+    except SizingError:
+        FlashInferVersion.parse(flashinfer_version)  # an unknown release is said first, as before the modes
+        raise
     return plan_workspace_by_allocation(geometry, ep_size, cap, payload_format, eplb_stats_num_experts,
-                                        flashinfer_version, allocation(mode, draft), **layout_options)
+                                        flashinfer_version, chosen, **layout_options)
 
 
 def largest_plan_within(budget_bytes: int, geometry: ModelGeometry, ep_size: int, payload_format: str = "bf16",

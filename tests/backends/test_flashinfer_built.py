@@ -5,7 +5,7 @@ reports, exports and is priced at for its cap; any other cap is priced at 0.7.4'
 from __future__ import annotations
 
 import pytest
-from capwatch.backends import pricing_of
+from capwatch.backends import pricing_of, spec_of
 from capwatch.backends.flashinfer import FlashInferParams
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
@@ -15,7 +15,7 @@ from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import RankIdentity
+from capwatch.telemetry.report import RankConfig, RankIdentity
 from pydantic import ValidationError
 
 EP_SIZE, CAP = 8, 1024
@@ -88,3 +88,13 @@ def test_a_lamport_limit_the_built_object_could_not_have_is_refused():
         built_rank(None, payload_format="fp8")
     with pytest.raises(ValidationError):
         FlashInferParams(flashinfer_version="0.7.4", lamport_max_tokens=513)  # kMaxTokensPerRank
+
+
+def test_a_built_figure_below_the_layout_is_refused_on_the_rank_and_at_the_service():
+    floor = layout_bytes(CAP, cft=True, lamport_max_tokens=LAMPORT)
+    with pytest.raises(SizingError, match="is below"):
+        built_rank(floor - 1)
+    config = built_rank(floor).model_dump()
+    config["flashinfer"]["built_workspace_bytes"] = floor - 1  # a body the service receives as is
+    refusal = spec_of("flashinfer").group_refusal(RankConfig.model_validate(config), EP_SIZE)
+    assert refusal is not None and "is below" in refusal
