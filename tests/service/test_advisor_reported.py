@@ -51,3 +51,29 @@ def test_never_below_sglangs_floor_nor_above_the_backends_limit(name):
     advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(peak - 20, peak)), cap=peak), busy,
                        POLICY)
     assert advice.upper_bound <= spec.rules.max_cap_tokens
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_a_change_priced_in_proportion_says_it_is_an_estimate(name):
+    """Away from the cap the ranks reported their bytes at, the advice's bytes and KV-cache tokens are an estimate:
+    said in a field and in the reasons; at the reported cap itself the bytes are exact."""
+    config, reported = group(name, 512, kv_bytes_per_token=70_000)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 90)), cap=512), config, POLICY)
+    assert advice.action == "lower" and advice.recommended_cap == 128
+    assert advice.workspace_bytes_exact_current is True  # the bytes the ranks reported, at 512
+    assert advice.workspace_bytes_exact_recommended is False and advice.workspace_bytes_reported_cap == 512
+    assert advice.workspace_bytes_basis == ("estimated in proportion to the 2.00 GiB per rank reported at cap 512, "
+                                            "exact only there")
+    priced = [reason for reason in advice.reasons if "per rank" in reason and ("changes" in reason or "KV" in reason)]
+    assert len(priced) == 2 and all(advice.workspace_bytes_basis in reason for reason in priced), advice.reasons
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_the_reported_cap_itself_is_priced_exact(name):
+    config, reported = group(name, 256)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(150, 200)), cap=256), config, POLICY)
+    assert advice.action == "hold" and advice.recommended_cap == 256, (advice.action, advice.recommended_cap)
+    assert advice.workspace_bytes_per_rank_recommended == reported
+    assert (advice.workspace_bytes_exact_current, advice.workspace_bytes_exact_recommended) == (True, True)
+    assert (advice.workspace_bytes_basis, advice.workspace_bytes_reported_cap) == ("exact", None)
+    assert not any("estimated" in reason for reason in advice.reasons)
