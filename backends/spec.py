@@ -56,6 +56,16 @@ class GaugeSeries:
 
 
 @dataclass(frozen=True)
+class CounterSeries:
+    """One count a backend's ranks keep of their own (``moe_a2a_<backend>_<field>_total``): the engine's hook counts
+    it on the host (``RoleWatch.backend_counts``), the collector exports it."""
+
+    field: str
+    help: str
+    unit: str
+
+
+@dataclass(frozen=True)
 class BackendSeries:
     """A backend's own series beside ``moe_a2a_info``, read from its parameters: an info
     (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number.
@@ -67,6 +77,7 @@ class BackendSeries:
     info_help: str | None
     info_labels: tuple[str, ...]
     gauges: tuple[GaugeSeries, ...]
+    counters: tuple[CounterSeries, ...] = ()
 
     @property
     def on_shared_series(self) -> bool:

@@ -32,6 +32,7 @@ CAPS: dict[str, SGLangCap] = {
     "mooncake": SGLangCap("SGLANG_MOONCAKE_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "nixl": SGLangCap("SGLANG_NIXL_EP_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096),
+    "megamoe": SGLangCap("SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK", default_cap=8192),  # read per call
 }
 
 

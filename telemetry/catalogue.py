@@ -189,6 +189,7 @@ class BackendMetrics:
     info: MetricSpec | None
     info_labels: tuple[str, ...]
     gauges: tuple[tuple[MetricSpec, str], ...]
+    counters: tuple[tuple[MetricSpec, str], ...] = ()  # (counter, the count's field), from the rank's own counts
 
     @property
     def on_shared_series(self) -> bool:
@@ -196,7 +197,8 @@ class BackendMetrics:
 
     @property
     def metrics(self) -> tuple[MetricSpec, ...]:
-        return (*((self.info,) if self.info is not None else ()), *(spec for spec, _ in self.gauges))
+        return (*((self.info,) if self.info is not None else ()), *(spec for spec, _ in self.gauges),
+                *(spec for spec, _ in self.counters))
 
 
 BACKEND_METRICS: dict[str, BackendMetrics] = {
@@ -205,7 +207,9 @@ BACKEND_METRICS: dict[str, BackendMetrics] = {
         MetricSpec(f"{PREFIX}{spec.name}_info", "info", spec.series.info_help, "", RANK_LABELS + spec.series.info_labels),
         spec.series.info_labels,
         tuple((MetricSpec(gauge.metric or f"{PREFIX}{spec.name}_{gauge.field}", "gauge", gauge.help, gauge.unit),
-               gauge.field) for gauge in spec.series.gauges))
+               gauge.field) for gauge in spec.series.gauges),
+        tuple((MetricSpec(f"{PREFIX}{spec.name}_{counter.field}_total", "counter", counter.help, counter.unit),
+               counter.field) for counter in spec.series.counters))
     for spec in SPECS.values() if spec.series is not None}
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".

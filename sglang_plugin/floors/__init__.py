@@ -7,6 +7,6 @@ calls, checked before any hook) and ``limits(server_args, sglang_version, releas
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.floors import deepep, deepep_v2, flashinfer, mooncake, mori, nixl
+from capwatch.sglang_plugin.floors import deepep, deepep_v2, flashinfer, megamoe, mooncake, mori, nixl
 
-FLOORS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl)}
+FLOORS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, megamoe)}

@@ -10,6 +10,6 @@ module here, one in ``floors/`` and one entry below (docs/sglang.md, "Adding a b
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, mooncake, mori, nixl
+from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, megamoe, mooncake, mori, nixl
 
-BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl)}
+BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, megamoe)}
