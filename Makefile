@@ -53,7 +53,8 @@ service-venv: $(SERVICE_VENV)/.deps
 # torchvision fails to import beside the CPU torch 2.13 wheel). torch first, so nothing below can pull
 # another; then what sglang's imports need (flashinfer-python for its dependencies: it is removed again,
 # each release brings its own pin). Each release adds folders on PYTHONPATH (tests/sglang/releases.py:
-# its sglang wheel --no-deps, its FlashInfer pin, its own transformers/xgrammar pins), each installed once.
+# its sglang wheel --no-deps, its FlashInfer pin, its own transformers/xgrammar pins), each installed once; and
+# folders no release pins (flashinfer-python 0.7.4, which no release's FlashinferDispatcher can be built with).
 # capwatch last, for its sglang.srt.plugins entry point.
 SGLANG_VENV := .venv-sglang
 SGLANG_PINS := tests/sglang/constraints.txt

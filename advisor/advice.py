@@ -9,6 +9,7 @@ from typing import Literal
 
 from capwatch.advisor.vocabulary import Action
 from capwatch.backends import DEFAULT_BACKEND
+from capwatch.engines import ENGINE
 from pydantic import BaseModel
 
 
@@ -105,16 +106,19 @@ class Forecast(BaseModel):
     trend_significant: bool = False
 
 
-class Price(BaseModel):
-    """What the recommended cap costs: workspace bytes, and the KV-cache tokens they free (``kv.py``)."""
+class WorkspacePrice(BaseModel):
+    """The recommended cap's workspace bytes, and the KV-cache tokens they free (``kv.py``)."""
 
     workspace_bytes_per_rank_recommended: int | None
     workspace_bytes_group_recommended: int | None
     workspace_bytes_group_delta: int | None
     kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
-    # Bytes per rank beyond what SGLang's automatic memory fraction reserves for the backend's buffer (DeepEP's
-    # flat 2048 MB); None where SGLang reserves nothing of its own for it.
-    over_sglang_reserve_bytes_recommended: int | None = None
+
+
+# The workspace's fields, then the engine's (pydantic lists a later base's fields first).
+class Price(ENGINE.RESERVE_PRICE, WorkspacePrice):
+    """What the recommended cap costs: workspace bytes, the KV-cache tokens they free, and the bytes beyond the
+    engine's own reserve for the backend's buffer (the engine's ``RESERVE_PRICE``)."""
 
     @classmethod
     def none(cls) -> Price:

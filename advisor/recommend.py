@@ -35,8 +35,8 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.stage import Stage, Step, duration
 from capwatch.advisor.tail import size_for_risk
 from capwatch.advisor.trend import size_for_trend
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_gib
-from capwatch.sglang_engine.limits import cap_source_text
 
 # The sizing stages in order; each takes the tokens the one before it sized for (the first, 0).
 SIZING: tuple[Stage[float], ...] = (size_for_peaks, size_for_risk, size_for_trend, raise_to_floor, align,
@@ -111,7 +111,7 @@ def cap_origin(set_by: str | None, revision: int | None, cap_variable: str) -> s
         return None
     if set_by == "mixed":
         return "the ranks disagree on who set the cap (see the cap_source_mismatch finding)"
-    return cap_source_text(set_by, revision, cap_variable)
+    return ENGINE.cap_source_text(set_by, revision, cap_variable)
 
 
 def coverage_of(history: SampleHistory) -> Coverage:
@@ -164,29 +164,14 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
     if over:
         reasons.append(
             f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, "
-            f"{format_gib(over)} more "
-            f"than the {format_gib(reserve)} SGLang's automatic --mem-fraction-static reserves for it whatever the cap "
-            "(arg_groups/memory_hook.py), and without room for it the KV pool and CUDA-graph capture run short of "
-            f"memory: {mem_fraction_to_set(over, given.group.mem_fraction_static)}")
+            f"{format_gib(over)} more than {ENGINE.over_reserve_text(reserve, over, given.group.mem_fraction_static)}")
     known = given.group.cap_known
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
                       workspace_bytes_group_recommended=recommended.bytes_group,
                       workspace_bytes_group_delta=recommended.bytes_group_delta if known else None,
                       kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed if known else None,
-                      over_sglang_reserve_bytes_recommended=over),
+                      **dict(ENGINE.RESERVE_PRICE.of(over))),
                 tuple(reasons))
-
-
-def mem_fraction_to_set(over_bytes: int, current: float | None) -> str:
-    """The --mem-fraction-static that leaves ``over_bytes`` per rank to the buffer: it is a share of the GPU's memory
-    (G GiB), so the server's value less over / G; with the value and two common G worked out where the value is known."""
-    over_gib = over_bytes / 2**30
-    if current is None:
-        return (f"set --mem-fraction-static to the server's value (its server_args line shows it) less {over_gib:.2f} / "
-                "G, G the GPU's memory in GiB")
-    worked = "; ".join(f"{current - over_gib / memory:.3f} where G = {memory}" if current > over_gib / memory else
-                       f"nothing where G = {memory} (the buffer alone outgrows the static share)" for memory in (80, 141))
-    return f"set --mem-fraction-static to {current:g} - {over_gib:.2f} / G, G the GPU's memory in GiB: {worked}"
 
 
 def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: AdvisorPolicy) -> list[WhatIf]:

@@ -1,6 +1,7 @@
 """DeepEP's low-latency buffer as a backend (``--moe-a2a-backend deepep``): its parameters on the wire
 (``DeepEPBuffer``, ``RankConfig.deepep``), priced by ``capwatch.sizing.deepep_plan.DeepEPPricing``, exported
-as the ``moe_a2a_deepep_*`` series."""
+as the ``moe_a2a_deepep_*`` series. How the engine allocates the buffer, asserts on its cap and experts and
+reads its modes from its settings is the engine's (``RULES.engine_side``: SGLang's ``sglang_engine/deepep.py``)."""
 
 from __future__ import annotations
 
@@ -16,34 +17,23 @@ from capwatch.backends.spec import (
     Planner,
     PlanTable,
     RankSizes,
-    SettingsReader,
 )
 from capwatch.engines import ENGINE
-from capwatch.sizing.byte_units import format_bytes, format_gib
+from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
-from capwatch.sizing.deepep_low_latency import check_dispatch_cap, check_low_latency_hidden_size, low_latency_layout
-from capwatch.sizing.deepep_plan import (
-    DEEPEP,
-    DEEPEP_MODES,
-    DEEPEP_WORKSPACE_BYTES,
-    NVSHMEM_HEAP_STEP_BYTES,
-    DeepEPBufferPlan,
-    DeepEPPricing,
-    check_buffer_experts,
-    largest_deepep_plan_within,
-    plan_deepep_buffer,
-    prefill_dispatched,
-)
+from capwatch.sizing.deepep_low_latency import check_low_latency_hidden_size, low_latency_layout
+from capwatch.sizing.deepep_plan import DEEPEP, DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES, DeepEPPricing
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-RULES = ENGINE.bind_rules(DEEPEP)  # with the engine's variable for the cap
+RULES = ENGINE.bind_rules(DEEPEP)  # with the engine's variable for the cap, its words and its side
+ALLOCATION = RULES.engine_side  # how the engine allocates the buffer: its modes, asserts, plan (DeepEPBufferPlan)
 
-DeepEPMode = Literal[DEEPEP_MODES]  # type: ignore[valid-type]
+DeepEPMode = Literal[ALLOCATION.DEEPEP_MODES]  # type: ignore[valid-type]
 
 
 class DeepEPBuffer(BaseModel):
-    """How SGLang sized this rank's DeepEP buffer beyond the cap and the hidden size (``sizing/deepep_plan.py``):
+    """How SGLang sized this rank's DeepEP buffer beyond the cap and the hidden size (``sglang_engine/deepep.py``):
     what prices it at any other cap. The normal-mode bytes (``--deepep-mode auto``) do not depend on the cap."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -69,7 +59,7 @@ def _refusal(config: Config) -> str | None:
         return (f"buffer_experts {config.deepep.buffer_experts} is below num_experts {config.num_experts}: DeepEP gets "
                 "the routed experts plus redundant and fused shared ones")
     try:
-        check_dispatch_cap(config.cap)
+        ALLOCATION.check_cap(config.cap)
         check_low_latency_hidden_size(config.hidden_size)
     except SizingError as error:
         return str(error)
@@ -78,7 +68,7 @@ def _refusal(config: Config) -> str | None:
 
 def _group_refusal(config: Config, ep_size: int) -> str | None:
     try:
-        check_buffer_experts(config.deepep.buffer_experts, ep_size)
+        ALLOCATION.check_buffer_experts(config.deepep.buffer_experts, ep_size)
         DeepEPPricing.of_config(config, ep_size).bytes_per_rank(config.cap)
     except SizingError as error:
         return str(error)
@@ -88,7 +78,8 @@ def _group_refusal(config: Config, ep_size: int) -> str | None:
 def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, buffer: DeepEPBuffer | None) -> RankSizes:
     if buffer is None:
         raise SizingError("a deepep rank's config needs its deepep buffer (mode, buffer_experts)")
-    check_buffer_experts(buffer.buffer_experts, ep_size)
+    ALLOCATION.check_buffer_experts(buffer.buffer_experts, ep_size)
+    ALLOCATION.check_cap(cap)
     layout = low_latency_layout(cap, geometry.hidden_size, buffer.buffer_experts)
     return RankSizes(layout.dispatch_message_bytes, layout.combine_message_bytes,
                      DeepEPPricing.of_buffer(ep_size, geometry.hidden_size, buffer).bytes_per_rank(cap))
@@ -96,9 +87,9 @@ def _sizes(cap: int, ep_size: int, geometry: ModelGeometry, buffer: DeepEPBuffer
 
 def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: int, integer) -> dict:
     mode = (values["deepep_mode"] or "auto").strip().lower()
-    if mode not in DEEPEP_MODES:
-        raise SizingError(f"unknown --deepep-mode {mode!r}; choose one of {', '.join(DEEPEP_MODES)} (normal mode "
-                          "has no low-latency buffer and no token cap)")
+    if mode not in ALLOCATION.DEEPEP_MODES:
+        raise SizingError(f"unknown --deepep-mode {mode!r}; choose one of {', '.join(ALLOCATION.DEEPEP_MODES)} "
+                          "(normal mode has no low-latency buffer and no token cap)")
     if values["shared_experts_fusion"] and not geometry.shared_experts:
         raise SizingError(f"{geometry.name} has no shared experts to fuse: drop --shared-experts-fusion"
                           + (" or give --shared-experts S" if geometry.name == "custom" else ""))
@@ -107,7 +98,7 @@ def _plan_options(values: Mapping[str, Any], geometry: ModelGeometry, ep_size: i
                 fused_shared_experts=geometry.shared_experts if values["shared_experts_fusion"] else 0)
 
 
-def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: int | None,
+def _plan_table(plans: list, geometry: ModelGeometry, budget: int | None,
                 caption: str | None) -> PlanTable:
     first = plans[0]
     extra = "".join(part for part in (
@@ -117,7 +108,7 @@ def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: 
              f"{first.buffer_experts} | ep_size={first.ep_size}, deepep mode {first.deepep_mode}")
     normal = first.deepep_mode == "auto"
     headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
-        ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", "vs SGLang's 2048 MB"] + \
+        ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", ALLOCATION.RESERVE_COLUMN] + \
         (["fits"] if budget is not None else [])
     rows = []
     for plan in plans:
@@ -127,7 +118,7 @@ def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: 
         row += [format_bytes(plan.buffer_bytes_per_rank), f"{plan.buffer_bytes_per_rank:,}",
                 format_bytes(plan.memory_bytes_per_rank), format_bytes(plan.buffer_bytes_group),
                 f"{plan.nvshmem_qp_depth:,}",
-                f"+{format_bytes(plan.over_sglang_reserve_bytes)} over" if plan.over_sglang_reserve_bytes else "within"]
+                f"+{format_bytes(plan.over_reserve_bytes)} over" if plan.over_reserve_bytes else "within"]
         if budget is not None:
             row.append("yes" if plan.memory_bytes_per_rank <= budget else "no")
         rows.append(row)
@@ -139,69 +130,57 @@ def _plan_table(plans: list[DeepEPBufferPlan], geometry: ModelGeometry, budget: 
         + (" + the NVLink buffer" if normal else "")
         + f" + DeepEP's {format_bytes(DEEPEP_WORKSPACE_BYTES)} workspace: what a budget is held against",)
     warnings = ()
-    over = [plan for plan in plans if plan.over_sglang_reserve_bytes]
+    over = [plan for plan in plans if plan.over_reserve_bytes]
     if over:
-        plan = min(over, key=lambda plan: plan.cap)
-        warnings = (f"warning: from cap {plan.cap} the buffer ({format_gib(plan.buffer_bytes_per_rank)} per rank) "
-                    f"outgrows the {format_gib(plan.sglang_reserve_bytes)} SGLang's automatic --mem-fraction-static "
-                    f"reserves for DeepEP whatever {RULES.cap_env_var} is: set --mem-fraction-static lower by the "
-                    "difference or expect the KV pool or CUDA-graph capture to run out of memory",)
+        warnings = (ALLOCATION.reserve_warning(min(over, key=lambda plan: plan.cap), RULES.cap_env_var),)
     return PlanTable(title, tuple(headers), rows, caption, notes, warnings)
 
 
 PLANNER = Planner(
-    description="""\
---backend deepep prices SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (1..1024) in the deep_ep.Buffer SGLang
+    description=f"""\
+--backend deepep prices {RULES.cap_env_var} (1..{RULES.max_cap_tokens}) in the deep_ep.Buffer {ENGINE.TITLE}
 allocates for --moe-a2a-backend deepep: the low-latency RDMA buffer, plus normal mode's buffers with
---deepep-mode auto (SGLang's default). Its experts are the routed ones + --redundant-experts + one slot per
-rank per shared expert with --shared-experts-fusion (SGLang's --enforce-shared-experts-fusion).""",
+--deepep-mode auto ({ENGINE.TITLE}'s default). Its experts are the routed ones + --redundant-experts + one slot per
+rank per shared expert with --shared-experts-fusion ({ENGINE.TITLE}'s --enforce-shared-experts-fusion).""",
     options=(
-        PlanOption("--deepep-mode", "deepep_mode", "auto (default, SGLang's: low-latency and normal buffers) or "
-                   "low_latency", "MODE"),
-        PlanOption("--redundant-experts", "redundant_experts", "SGLang's --ep-num-redundant-experts (default 0)", "N"),
-        PlanOption("--shared-experts-fusion", "shared_experts_fusion", "SGLang's --enforce-shared-experts-fusion: one "
-                   "expert slot per rank per shared expert"),
+        PlanOption("--deepep-mode", "deepep_mode", f"auto (default, {ENGINE.TITLE}'s: low-latency and normal buffers) "
+                   "or low_latency", "MODE"),
+        PlanOption("--redundant-experts", "redundant_experts", f"{ENGINE.TITLE}'s --ep-num-redundant-experts "
+                   "(default 0)", "N"),
+        PlanOption("--shared-experts-fusion", "shared_experts_fusion", f"{ENGINE.TITLE}'s "
+                   "--enforce-shared-experts-fusion: one expert slot per rank per shared expert"),
         PlanOption("--shared-experts", "shared_experts", "shared experts of a custom geometry (a preset knows its own)",
                    "S"),
     ),
     group_title="DeepEP (--backend deepep)", ep_size_limit="", top_k_needed=False,
-    bytes_field="memory_bytes_per_rank", prepare=_plan_options, plan_at=plan_deepep_buffer,
-    largest_within=largest_deepep_plan_within, table=_plan_table)
-
-
-def _settings_params(settings: SettingsReader) -> tuple[tuple[str, object], ...]:
-    """DeepEP's buffer beyond the model: --deepep-mode, --ep-num-redundant-experts, and the fused shared expert
-    slots of --enforce-shared-experts-fusion (DeepEP servers fuse only on request)."""
-    return (("deepep_mode", settings.text("deepep_mode")),
-            ("redundant_experts", settings.size("ep_num_redundant_experts", 0, least=0)),
-            ("shared_experts_fusion",
-             settings.flag("enforce_shared_experts_fusion") and not settings.flag("disable_shared_experts_fusion")))
+    bytes_field="memory_bytes_per_rank", prepare=_plan_options, plan_at=ALLOCATION.plan_deepep_buffer,
+    largest_within=ALLOCATION.largest_deepep_plan_within, table=_plan_table)
 
 
 def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[DeepEPPricing, bool]:
-    """The buffer SGLang's DeepEP dispatcher allocates per cap, and whether prefill goes through it (low_latency
+    """The buffer the engine's DeepEP dispatcher allocates per cap, and whether prefill goes through it (low_latency
     mode); SizingError where the server has no capped buffer or it cannot be sized."""
-    mode = params.get("deepep_mode") or DEEPEP_MODES[0]
-    if mode not in DEEPEP_MODES:
+    mode = params.get("deepep_mode") or ALLOCATION.DEEPEP_MODES[0]
+    if mode not in ALLOCATION.DEEPEP_MODES:
         raise SizingError(f"the server runs --deepep-mode {mode}: it has no low-latency buffer and no per-rank token "
                           "cap; no advice")
     try:  # one cap prices the rest: the normal-mode bytes and the experts do not depend on it
-        plan = plan_deepep_buffer(geometry, ep_size, alignment, mode, params.get("redundant_experts", 0),
-                                  geometry.shared_experts if params.get("shared_experts_fusion") else 0)
+        plan = ALLOCATION.plan_deepep_buffer(geometry, ep_size, alignment, mode, params.get("redundant_experts", 0),
+                                             geometry.shared_experts if params.get("shared_experts_fusion") else 0)
     except SizingError as error:
         raise SizingError(f"DeepEP's buffer for this server cannot be sized: {error}") from None
     return DeepEPPricing(ep_size, geometry.hidden_size, plan.buffer_experts, plan.normal_nvl_bytes,
-                         plan.normal_rdma_bytes), prefill_dispatched(mode)
+                         plan.normal_rdma_bytes), ALLOCATION.prefill_dispatched(mode)
 
 
 SPEC = BackendSpec(
     rules=RULES, params=DeepEPBuffer, refusal=_refusal, group_refusal=_group_refusal,
     pricing=DeepEPPricing.of_config, sizes=_sizes,
     # Only in --deepep-mode low_latency: auto sends prefill to normal mode, which has no cap.
-    prefill_dispatched=lambda buffer: buffer is None or prefill_dispatched(buffer.mode),
+    prefill_dispatched=lambda buffer: buffer is None or ALLOCATION.prefill_dispatched(buffer.mode),
     series=BackendSeries(
-        info_help="How SGLang sized this rank's DeepEP buffer: its --deepep-mode (value is always 1; present only "
-                  "on DeepEP ranks).",
+        info_help=f"How {ENGINE.TITLE} sized this rank's DeepEP buffer: its --deepep-mode (value is always 1; present "
+                  "only on DeepEP ranks).",
         info_labels=("mode",),
         gauges=(
             GaugeSeries("buffer_experts", "Experts DeepEP's low-latency buffer is sized for: routed + redundant + "
@@ -212,7 +191,7 @@ SPEC = BackendSpec(
                         "the larger of it and the low-latency size at the cap.", "bytes"),
         )),
     planner=PLANNER,
-    settings_params=_settings_params,
+    settings_params=ALLOCATION.settings_params,
     settings_pricing=_settings_pricing,
     traffic_copies="DeepEP: per (token, expert) pair",
     traffic_sample="the step leader's layer (DeepEP)",

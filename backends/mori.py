@@ -19,6 +19,7 @@ from capwatch.backends.spec import (
     RankSizes,
     SettingsReader,
 )
+from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError
@@ -36,6 +37,8 @@ from capwatch.sizing.mori import (
     mori_op_plan,
 )
 from pydantic import BaseModel, ConfigDict, Field
+
+RULES = ENGINE.bind_rules(MORI)  # with the engine's variable for the cap and the setting that picks its kernel
 
 MoriKernel = Literal[KERNEL_TYPES]  # type: ignore[valid-type]
 MoriCombineQuant = Literal[COMBINE_QUANTS]  # type: ignore[valid-type]
@@ -165,8 +168,9 @@ beyond, AsyncLL with --mori-low-latency; MoRI v{MORI_VERSION}'s allocations, bf1
 # --- the log reader -----------------------------------------------------------------------------------------
 
 def _settings_params(settings: SettingsReader) -> tuple[tuple[str, object], ...]:
-    """MoRI's op beyond the model: the server's --deepep-mode (low_latency: AsyncLL; auto becomes normal)."""
-    return (("low_latency", settings.text("deepep_mode") == "low_latency"),)
+    """MoRI's op beyond the model: the server arg that picks its kernel (SGLang's --deepep-mode, bound as
+    ``RULES.mode_setting``; low_latency: AsyncLL; auto becomes normal)."""
+    return (("low_latency", settings.text(RULES.mode_setting) == "low_latency"),)
 
 
 def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: int) -> tuple[MoriPricing, bool]:
@@ -181,7 +185,7 @@ def _settings_pricing(params, geometry: ModelGeometry, ep_size: int, alignment: 
 
 
 SPEC = BackendSpec(
-    rules=MORI, params=MoriOp, refusal=_refusal, group_refusal=_group_refusal, pricing=_pricing, sizes=_sizes,
+    rules=RULES, params=MoriOp, refusal=_refusal, group_refusal=_group_refusal, pricing=_pricing, sizes=_sizes,
     prefill_dispatched=lambda op: True,  # normal and low-latency mode alike: every batch meets the cap
     series=BackendSeries(
         info_help="How the server configured this rank's MoRI op: its kernel and combine quantization (value is always "

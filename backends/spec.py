@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from capwatch.series import CounterSeries, GaugeSeries, OwnSeries  # re-exported: the backend modules import them here
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel
@@ -44,44 +45,8 @@ class RankSizes:
     workspace_bytes_per_rank: int
 
 
-@dataclass(frozen=True)
-class GaugeSeries:
-    """One number of a backend's parameters as a gauge: ``moe_a2a_<backend>_<field>``, or ``metric`` where the
-    series had its own name before the registry (kept: dashboards and alerts read it)."""
-
-    field: str
-    help: str
-    unit: str
-    metric: str | None = None
-
-
-@dataclass(frozen=True)
-class CounterSeries:
-    """One count a backend's ranks keep of their own (``moe_a2a_<backend>_<field>_total``): the engine's hook counts
-    it on the host (``RoleWatch.backend_counts``), the collector exports it."""
-
-    field: str
-    help: str
-    unit: str
-
-
-@dataclass(frozen=True)
-class BackendSeries:
-    """A backend's own series beside ``moe_a2a_info``, read from its parameters: an info
-    (``moe_a2a_<backend>_info``, its ``info_labels``) and one gauge per number.
-
-    ``info_help`` None: the labels are ``moe_a2a_info``'s own and the gauges are exported on every rank (the
-    wire's first backend, whose parameters were the config's shared fields: their series keep their names and
-    say the parameters' defaults on other backends' ranks)."""
-
-    info_help: str | None
-    info_labels: tuple[str, ...]
-    gauges: tuple[GaugeSeries, ...]
-    counters: tuple[CounterSeries, ...] = ()
-
-    @property
-    def on_shared_series(self) -> bool:
-        return self.info_help is None
+# A backend's own series (capwatch.series, shared with the engines): BackendSpec.series, named as before.
+BackendSeries = OwnSeries
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import json
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
-from capwatch.sizing.flashinfer_plan import largest_plan_within, plan_workspace
+from capwatch.sglang_engine.flashinfer import largest_plan_within, plan_workspace
 
 from benchmarks.timing import median_seconds
 

@@ -1,10 +1,14 @@
 """The inference engines capwatch meets, one home package each (``sglang_engine/``), registered here once.
 
 An engine module provides ``NAME`` (its limits ride on the wire as ``RankConfig.<NAME>``), ``TITLE`` (its name in
-messages), ``LIMITS`` (the pydantic model of those limits, whose ``engine`` field is ``NAME``), ``merged_limits``,
+messages), ``LIMITS`` (the pydantic model of those limits, whose ``engine`` field is ``NAME``), ``SERIES`` (its
+own series beside ``moe_a2a_info``, read from those limits: a ``capwatch.series.OwnSeries``), ``merged_limits``,
 ``floor_terms``, ``floor_why``, ``limits_report_fields`` and ``bind_rules`` (a backend's cap rules with the
 engine's variable, default and reserve: ``capwatch.backends`` registers each spec so bound). The report schema, the advisor and the service loop
-over ``ENGINES`` or take ``ENGINE`` instead of naming an engine."""
+over ``ENGINES`` or take ``ENGINE`` instead of naming an engine. For the advice, the command line and the manifests:
+``RESERVE_PRICE`` (the advice's field of the bytes beyond the engine's reserve), ``over_reserve_text``,
+``server_example`` (the server of the Kubernetes example) and ``LOG_READER`` (the module that adds the engine's
+log reader to ``capwatch advise``)."""
 
 from __future__ import annotations
 

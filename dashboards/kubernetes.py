@@ -18,11 +18,13 @@ Deliberate choices:
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import yaml
 
 from capwatch.backends import DEFAULT_BACKEND
+from capwatch.engines import ENGINES
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 from capwatch.version import capwatch_version
 
@@ -163,35 +165,32 @@ def pod_monitors() -> list[dict]:
     return [ranks, service]
 
 
-def sglang_example() -> list[dict]:
-    """An SGLang server with the plugin on a plain Deployment (one node, 8 GPUs, EP 8): the environment and the
-    ports a pod needs. Its image must hold ``a2a-capwatch[sglang]`` (docs/kubernetes.md)."""
-    component = "sglang-example"
+def engine_example(engine) -> list[dict]:
+    """A server of ``engine`` (``capwatch.engines``) with the plugin on a plain Deployment (one node, 8 GPUs, EP 8):
+    the environment and the ports a pod needs; the server itself is the engine's (its ``server_example``)."""
+    server = engine.server_example(DEFAULT_BACKEND.name, DEFAULT_BACKEND.example_server_args, GPUS_PER_NODE)
     env = [
-        _env("SGLANG_PLUGINS", "capwatch"),  # an allowlist: only capwatch; empty would load every installed plugin
+        *(_env(name, value) for name, value in server.plugin_env),
         _env("CAPWATCH_ENABLED", "1"),  # the kill switch: "0" and a restart roll it back
         _env("CAPWATCH_CLUSTER", "deepseek-v3-prod"),  # the EP group's name: its ep_group label and the service's
         _env("CAPWATCH_SERVICE_URL", f"http://{NAME}:{SERVICE_PORT}"), _token(),
         _env("CAPWATCH_METRICS_HOST", "0.0.0.0"), _env("CAPWATCH_METRICS_BASE_PORT", str(DEFAULT_BASE_PORT)),
         _env(DEFAULT_BACKEND.rules.cap_env_var, "1024"),
     ]
-    args = ["-m", "sglang.launch_server", "--model-path", "deepseek-ai/DeepSeek-V3", "--tp", "8", "--ep", "8",
-            "--dp", "8", "--enable-dp-attention", "--moe-a2a-backend", DEFAULT_BACKEND.name,
-            *DEFAULT_BACKEND.example_server_args, "--host", "0.0.0.0", "--port", "30000"]
-    ports = [{"name": "http", "containerPort": 30000, "protocol": "TCP"}] + [
+    ports = [{"name": "http", "containerPort": server.http_port, "protocol": "TCP"}] + [
         {"name": rank_port_name(gpu), "containerPort": DEFAULT_BASE_PORT + gpu, "protocol": "TCP"}
         for gpu in range(GPUS_PER_NODE)]
-    selector = {"app.kubernetes.io/name": "sglang-deepseek-v3"}
+    selector = {"app.kubernetes.io/name": server.app}
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": "sglang-deepseek-v3", "labels": {**selector, "app.kubernetes.io/component": component}},
+        "metadata": {"name": server.app, "labels": {**selector, "app.kubernetes.io/component": server.component}},
         "spec": {
             "replicas": 1, "selector": {"matchLabels": selector},
             "template": {
                 "metadata": {"labels": {**selector, **INSTRUMENTED_LABEL}},
                 "spec": {"containers": [{
-                    "name": "sglang", "image": "sglang-with-capwatch:latest", "command": ["python3"], "args": args,
-                    "env": env, "ports": ports,
+                    "name": server.container, "image": server.image, "command": list(server.command),
+                    "args": list(server.args), "env": env, "ports": ports,
                     "resources": {"limits": {"nvidia.com/gpu": GPUS_PER_NODE}},
                     "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
                 }], "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "32Gi"}}]},
@@ -221,7 +220,8 @@ MANIFESTS = {
     "capwatch-podmonitors.yaml": pod_monitors,
     "capwatch-prometheusrule.yaml": prometheus_rule,
     "capwatch-dashboards.yaml": dashboard_config_maps,
-    "sglang-deployment-example.yaml": sglang_example,
+    # Each engine's example server (today SGLang's: sglang-deployment-example.yaml).
+    **{f"{engine.NAME}-deployment-example.yaml": partial(engine_example, engine) for engine in ENGINES.values()},
 }
 
 

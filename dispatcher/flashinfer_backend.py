@@ -29,6 +29,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from capwatch.sizing.flashinfer_one_sided import BuiltWorkspace, built_workspace
+
 from .backend import A2ABackend, DispatchPairingError, plan_routes
 
 # Metainfo indices where FlashInfer does not export them (0.6.x - 0.7.2.post1 order).
@@ -330,6 +332,17 @@ class FlashInferMoeEpBackend(A2ABackend):
 
         return ParityBankedWorkspaceCounts(self.comm.workspace[self.ep_rank], self.comm.metainfo.tolist(),
                                            vars(layout_constants()), self.ep_size)
+
+    def built_workspace(self) -> BuiltWorkspace | None:
+        """0.7.4: what the built object says of its workspace (``sizing.flashinfer_one_sided.BuiltWorkspace``: its
+        bytes per rank, CFT, the Lamport limit and bytes), the truth where CFT or Lamport is on; report
+        ``workspace_bytes_per_rank`` and the regions (``FlashInferParams``). None on 0.7.2.x (no such regions)."""
+        if not hasattr(self.comm, "lamport_max_tokens"):
+            return None
+        from flashinfer.moe_ep.backends.split.comm.nvlink_one_sided.kernels import layout_constants
+
+        return built_workspace(self.comm.metainfo.tolist(), vars(layout_constants()), self.comm.lamport_max_tokens,
+                               self.comm._lamport_workspace_bytes)
 
     @property
     def send_counts(self) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """capwatch inside SGLang 0.5.19 - 0.5.23: an ``sglang.srt.plugins`` entry point that instruments the MoE
 all-to-all dispatchers of a scheduler process (one hook and one floor module per backend, ``hooks/``,
-``floors/``), with no change to SGLang; SGLang's own facts (its limits, floor, cap variables) are
+``floors/``, registered once in ``hooks/__init__.py``), with no change to SGLang; SGLang's own facts (its limits, floor, cap variables) are
 ``sglang_engine/``'s, the engine-neutral rank agent is ``agent/``.
 
 SGLang loads every installed plugin while ``SGLANG_PLUGINS`` is empty (its default): installing the package

@@ -4,9 +4,9 @@
 returns), and only where SGLang's scheduler module is loaded: the start hook then runs in each scheduler
 process with its GPU index, after ``publish`` and before the model is built. There the plugin reads its
 settings, picks the adapters of the installed release (``releases.py``) and of ``--moe-a2a-backend``
-(``hooks/``, ``floors/``), checks every target and signature they rely on, starts the exporter and
-hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one line,
-serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
+(``hooks/``, each naming its ``floors/`` module), checks every target and signature they rely on, starts the
+exporter and hooks the backend, in a session of the rank agent (``agent/session.py``). On any problem it logs one
+line, serves ``capwatch_sglang_plugin_info`` saying why, and hooks nothing else: SGLang runs as without it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from capwatch.agent.session import RankSession
 from capwatch.backends import spec_of
 from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
-from capwatch.sglang_plugin.floors import FLOORS
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.start_check import check_cap_at_start
-from capwatch.sglang_plugin.status import plugin_status
+from capwatch.sglang_plugin.status import ENABLED, BackendUnavailable, plugin_status, state_of
 
 logger = logging.getLogger("capwatch.sglang")
 
@@ -77,16 +76,21 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
         reason = (f"capwatch's {backend.NAME} hooks are verified on sglang {', '.join(backend.ADAPTERS)}, not "
                   f"{choice.adapter}")
     if reason is None:
-        adapter, floor = backend.ADAPTERS[choice.adapter], FLOORS[backend.NAME]
+        adapter, floor = backend.ADAPTERS[choice.adapter], backend.FLOOR
         reason = backend.problem(adapter, found.get(backend.NAME), choice.newer) \
             or releases.first_problem(floor.targets(choice.adapter))
+    if isinstance(reason, BackendUnavailable):  # SGLang cannot build the backend: not capwatch's to fix
+        where = _serve_status(settings, found, local_gpu_index, reason)
+        logger.error("capwatch: backend unavailable: %s; capwatch hooks nothing, and SGLang's own dispatcher raises "
+                     "when it builds the model (%s)", reason, where)
+        return None
     if reason is not None:
         where = _serve_status(settings, found, local_gpu_index, reason)
         logger.warning("capwatch: disabled: %s; SGLang runs without capwatch (%s)", reason, where)
         return None
     limits = floor.limits(server_args, found["sglang"], choice.adapter)
     try:
-        session = RankSession(settings, plugin_status("enabled", "", found), found, report_fields(limits),
+        session = RankSession(settings, plugin_status(ENABLED, "", found), found, report_fields(limits),
                               local_gpu_index)
     except OSError as error:  # the port is taken (another scheduler, another exporter): one line, no traceback
         logger.error("capwatch: disabled: %s (CAPWATCH_METRICS_BASE_PORT=%d + GPU %d); SGLang runs without capwatch",
@@ -125,10 +129,10 @@ def _check_cap_at_start(session: RankSession, limits, rules) -> None:
         session.exporter.registry.register(collector)
 
 
-def _serve_status(settings: PluginSettings, found, local_gpu_index: int, reason: str) -> str:
+def _serve_status(settings: PluginSettings, found, local_gpu_index: int, reason: str | BackendUnavailable) -> str:
     """Serve the info metric alone; says where, for the one log line."""
     try:
-        session = RankSession(settings, plugin_status("disabled", reason, found), found, report_fields(None),
+        session = RankSession(settings, plugin_status(state_of(reason), str(reason), found), found, report_fields(None),
                               local_gpu_index)
     except OSError as error:
         return f"no info metric: {error}"

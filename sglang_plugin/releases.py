@@ -2,7 +2,7 @@
 
 A verified release runs on its own adapters, one module per layer and backend: ``hooks/<backend>.py``
 (what the plugin hooks and how that release drives its dispatcher) and ``floors/<backend>.py`` (the
-cap's start-up floor). A release newer than the newest verified one stays disabled unless the operator
+cap's start-up floor, named by the hook module's ``FLOOR``). A release newer than the newest verified one stays disabled unless the operator
 opts in (``CAPWATCH_ALLOW_NEWER_SGLANG=1``): then it runs on the newest release's adapters, and only
 when every hook target and signature matches them (checked before anything is hooked). An older
 release is never enabled.

@@ -7,7 +7,8 @@ Each backend's own rules live in its sizing module (``FLASHINFER`` in ``flashinf
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import SizingError
@@ -49,6 +50,13 @@ class BackendCapRules:
     # max_num_tokens): the service's findings name it when a rank's reported size matches that.
     sized_for_group_bug: bool = False
     engine_reserve_bytes: int | None = None
+    # The engine's setting that picks the backend's kernel mode, as its settings name it (None: none); bound by
+    # the engine's home like the variable.
+    mode_setting: str | None = None
+    # The engine's own code for the backend (how it allocates the backend's memory, what it asserts of the cap,
+    # ``capwatch plan``'s engine modes), bound by the engine's home (sglang_engine/caps.py); None: nothing beyond
+    # the facts above.
+    engine_side: Any = field(default=None, compare=False, repr=False)
 
     def check_cap(self, cap: int) -> None:
         """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""

@@ -30,8 +30,8 @@ from capwatch.sizing.checks import MAX_NUM_EXPERTS, SizingError, check_positive
 # for (the template instances ``internode_ll::dispatch<..., kHidden>`` in the wheels' _C.so; upstream DeepEP's
 # ``SWITCH_HIDDEN`` lacks 3584).
 LOW_LATENCY_HIDDEN_SIZES: tuple[int, ...] = (2048, 2560, 3072, 3584, 4096, 5120, 6144, 7168, 8192)
-# SGLang asserts num_max_dispatch_tokens_per_rank <= 1024 (``_DeepEPDispatcherImplBase.__init__``): the
-# low-latency dispatch counts tokens from one rank to another below DeepEP's FINISHED_SUM_TAG (1024).
+# The low-latency dispatch counts tokens from one rank to another below DeepEP's FINISHED_SUM_TAG (1024); SGLang
+# asserts num_max_dispatch_tokens_per_rank <= 1024 at start (``_DeepEPDispatcherImplBase.__init__``).
 MAX_DISPATCH_TOKENS_PER_RANK = 1024
 BUFFER_ALIGNMENT_BYTES = 128  # LEGACY_NUM_BUFFER_ALIGNMENT_BYTES
 SIGNALING_ALIGNMENT_BYTES = 128
@@ -66,12 +66,12 @@ def check_low_latency_hidden_size(hidden_size: int) -> int:
 
 
 def check_dispatch_cap(cap: int) -> int:
-    """SizingError unless 1 <= cap <= 1024, the range SGLang accepts for DeepEP."""
+    """SizingError unless 1 <= cap <= 1024, the tokens per rank DeepEP's low-latency dispatch counts (an engine
+    may assert the same at start: SGLang's words are ``sglang_engine/deepep.py`` ``check_cap``)."""
     check_positive("cap", cap)
     if cap > MAX_DISPATCH_TOKENS_PER_RANK:
-        raise SizingError(
-            f"cap {cap} is above {MAX_DISPATCH_TOKENS_PER_RANK}, the most SGLang accepts for DeepEP's low-latency "
-            f"dispatch (it asserts the cap <= {MAX_DISPATCH_TOKENS_PER_RANK} at start-up)")
+        raise SizingError(f"cap {cap} is above {MAX_DISPATCH_TOKENS_PER_RANK}, the most tokens per rank DeepEP's "
+                          "low-latency dispatch counts (its FINISHED_SUM_TAG)")
     return cap
 
 

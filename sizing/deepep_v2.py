@@ -18,8 +18,6 @@ SCALE_BLOCK_CHANNELS = 128  # one fp32 scale per 128 channels with FP8 dispatch;
 
 DEEPEP_V2 = BackendCapRules(
     "deepep_v2", eager_prefill_dispatched=True, local_batch_cap=True,
-    overflow_outcome="SGLang raises a ValueError ('DeepEP v2 dispatch input exceeds the per-rank buffer "
-                     "capacity') and the rank dies",
     memory="ElasticBuffer", sized_by="the bytes its ElasticBuffer reported (num_bytes)",
     mismatch_hint="the buffer is rebuilt when the cap, the hidden size, top-k or FP8 dispatch change")
 

@@ -6,6 +6,7 @@ counters, optional CFT counters and inbox, and an optional Lamport region append
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from capwatch.sizing.caps import align_up
@@ -207,3 +208,45 @@ def nvlink_one_sided_layout(
         lamport_bytes=offset - base,
         workspace_bytes_per_rank=offset,
     )
+
+
+# What 0.7.4 turns on at run time wherever every rank supports it, so no offline figure can include it (the
+# constructor's probes and, for Lamport's token limit, the SM count every rank votes): ``capwatch plan`` names these.
+OFFLINE_UNSIZED_REGIONS = {
+    "cft": "CFT's combine receive inbox and counted-write counters (on where every rank has compute capability "
+           ">= 10.0, a FlashInfer built against CUDA 13.4+ and a 615+ driver)",
+    "lamport": "the Lamport transport's regions (on where every rank has compute capability 10.0, 10.3 or 10.7, "
+               "at most 64 ranks and a BF16 combine; its token limit comes from the SM count)",
+}
+
+
+@dataclass(frozen=True)
+class BuiltWorkspace:
+    """What a built 0.7.4 ``NVLinkOneSidedAlltoAll`` says of its workspace: the truth where CFT or Lamport is on.
+
+    ``workspace_bytes_per_rank``: ``int(metainfo[WORKSPACE_SIZE_INDEX])``, what it allocated per rank; ``cft``:
+    ``metainfo[CFT_ENABLED_INDEX]`` (the layout has the CFT regions, whether or not its endpoints bound);
+    ``lamport_max_tokens`` / ``lamport_bytes``: its ``lamport_max_tokens`` and ``_lamport_workspace_bytes`` (0: off).
+    """
+
+    workspace_bytes_per_rank: int
+    cft: bool
+    lamport_max_tokens: int
+    lamport_bytes: int
+
+    @property
+    def sized_offline(self) -> bool:
+        """Both optional regions off: the fence path, which ``nvlink_one_sided_layout`` sizes byte for byte alone."""
+        return not self.cft and not self.lamport_max_tokens
+
+
+def built_workspace(metainfo: Sequence[int], index: Mapping[str, int], lamport_max_tokens: int,
+                    lamport_bytes: int) -> BuiltWorkspace:
+    """A ``BuiltWorkspace`` from the object's fields: its metainfo values (``comm.metainfo.tolist()``), FlashInfer's
+    metainfo indices (``vars(layout_constants())``, names without ``MOE_A2A_``), ``comm.lamport_max_tokens`` and
+    ``comm._lamport_workspace_bytes``."""
+    size, cft = int(metainfo[index["WORKSPACE_SIZE_INDEX"]]), bool(metainfo[index["CFT_ENABLED_INDEX"]])
+    if lamport_max_tokens and int(metainfo[index["LAMPORT_MAX_NUM_TOKENS_INDEX"]]) != lamport_max_tokens:
+        raise SizingError(f"the object's lamport_max_tokens {lamport_max_tokens} is not its metainfo's "
+                          f"{int(metainfo[index['LAMPORT_MAX_NUM_TOKENS_INDEX']])}: flashinfer changed its layout")
+    return BuiltWorkspace(size, cft, int(lamport_max_tokens), int(lamport_bytes))

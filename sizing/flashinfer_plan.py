@@ -1,24 +1,17 @@
 """What a per-rank cap costs: one model geometry + EP size + cap -> the workspace FlashInfer allocates.
 
-Three modes say who does the sizing:
-
-``flashinfer``     FlashInfer's own formula for the given payload format and version (the
-                   ``moe_a2a`` layout up to 0.7.2.post1, ``NVLinkOneSidedAlltoAll``'s in 0.7.4).
-``sglang``         what SGLang's ``FlashinferDispatcher`` allocates (sglang
-                   ``python/sglang/srt/layers/moe/token_dispatcher/flashinfer.py``): dispatch bytes
-                   are never below the bf16 payload (``max(quantized, bf16)``, and bf16 for any
-                   format it cannot dispatch quantized), and a speculative draft model's dispatcher
-                   adds 128 B (``_workspace_size_for_namespace``) so its workspace gets its own
-                   FlashInfer cache entry.
-``sglang-legacy``  SGLang before PR #25907: ``max_num_tokens = cap * ep_size`` although FlashInfer
-                   already multiplies by ep_size (an ep_size-fold over-allocation of the payload
-                   and routing regions); nvfp4 dispatch sized unfloored, everything else bf16.
+Who sizes what FlashInfer is asked for is the plan's ``Allocation``: FlashInfer's own formula for the payload
+format and version (``FLASHINFER_FORMULA``: the ``moe_a2a`` layout up to 0.7.2.post1,
+``NVLinkOneSidedAlltoAll``'s in 0.7.4), or a caller's rule for what it passes to ``MoeAlltoAll`` (an engine's
+dispatcher: the dispatch bytes per token it sizes for, the tokens per rank it passes, bytes it adds to the
+workspace, what it refuses). The engine's allocations live in its home (SGLang's: ``sglang_engine/flashinfer.py``).
 
 Pure arithmetic, no torch: the advisor prices many caps with these per request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from capwatch.sizing.flashinfer_releases import FLASHINFER
@@ -43,8 +36,25 @@ from capwatch.sizing.payloads import (
     routing_bytes_per_token,
 )
 
-MODES: tuple[str, ...] = ("flashinfer", "sglang", "sglang-legacy")
-SGLANG_DRAFT_NAMESPACE_BYTES = 128  # sglang _WORKSPACE_NAMESPACE_ALIGNMENT
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Who sizes the workspace FlashInfer is asked for, named by its ``mode`` in every plan: FlashInfer's own
+    formula (``FLASHINFER_FORMULA``), or a caller's rule for what it passes to ``MoeAlltoAll``."""
+
+    mode: str
+    # (hidden_size, top_k, payload_format) -> the dispatch bytes per token the caller sizes for
+    dispatch_bytes_per_token: Callable[[int, int, str], int] = dispatch_bytes_per_token
+    # The caller passes cap x ep_size as max_num_tokens (which FlashInfer multiplies by ep_size again).
+    tokens_for_group: bool = False
+    draft: bool = False  # a speculative draft model's dispatcher
+    namespace_bytes: int = 0  # bytes the caller adds to the workspace (a draft dispatcher's own cache entry)
+    # (the release, the EPLB stats experts) -> what the caller refuses of them, in words; None: nothing
+    refusal: Callable[[FlashInferVersion, int], str | None] = lambda version, eplb_stats_num_experts: None
+
+
+FLASHINFER_FORMULA = Allocation("flashinfer")  # FlashInfer's own formula for the payload format and release
 
 
 class NoCapFits(SizingError):
@@ -59,7 +69,7 @@ class WorkspacePlan:
     top_k: int
     num_experts: int
     ep_size: int
-    cap: int  # tokens per rank per dispatch (SGLANG_FLASHINFER_NUM_MAX_DISPATCH_TOKENS_PER_RANK)
+    cap: int  # tokens per rank per dispatch (the engine's per-rank cap)
     payload_format: str
     eplb_stats_num_experts: int
     flashinfer_version: str
@@ -67,33 +77,21 @@ class WorkspacePlan:
     mode: str
     draft: bool
     # what FlashInfer is told and what it allocates
-    max_num_tokens: int  # cap, or cap * ep_size in sglang-legacy
+    max_num_tokens: int  # cap, or cap * ep_size where the allocation passes that
     dispatch_bytes_per_token: int  # hidden payload + scales + int32 ids + fp32 weights
     combine_bytes_per_token: int
     aux_bytes: int  # control and routing regions
     dispatch_region_bytes: int
     combine_region_bytes: int
     lamport_bytes: int  # 0.7.4 Lamport transport regions (0 when off)
-    namespace_bytes: int  # SGLang's +128 B for a draft dispatcher
+    namespace_bytes: int  # what the caller adds (a draft dispatcher's own cache entry)
     workspace_bytes_per_rank: int
     workspace_bytes_group: int  # all ep_size ranks together
     expert_rows: int  # ep_size * max_num_tokens: receive rows handed to the expert kernel
+    cft: bool = False  # 0.7.4: CFT's combine receive inbox and counters sized in (combine_region_bytes, aux_bytes)
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def sglang_dispatch_bytes_per_token(hidden_size: int, top_k: int, payload_format: str) -> int:
-    """SGLang's ``total_dispatch_payload_size_per_token``: never below the bf16 payload."""
-    bf16 = dispatch_bytes_per_token(hidden_size, top_k, "bf16")
-    if payload_format in ("nvfp4", "mxfp8"):  # its two quantized dispatch types
-        return max(dispatch_bytes_per_token(hidden_size, top_k, payload_format), bf16)
-    return bf16
-
-
-def sglang_legacy_dispatch_bytes_per_token(hidden_size: int, top_k: int, payload_format: str) -> int:
-    """Before #25907 nvfp4 dispatch was sized as sent; there was no mxfp8 path."""
-    return dispatch_bytes_per_token(hidden_size, top_k, "nvfp4" if payload_format == "nvfp4" else "bf16")
 
 
 def plan_workspace(
@@ -103,8 +101,7 @@ def plan_workspace(
     payload_format: str = "bf16",
     eplb_stats_num_experts: int = 0,
     flashinfer_version: str | None = None,
-    mode: str = "flashinfer",
-    draft: bool = False,
+    allocation: Allocation = FLASHINFER_FORMULA,
     *,
     lamport_max_tokens: int = 0,
     cft: bool = False,
@@ -115,28 +112,19 @@ def plan_workspace(
     The one pricing function: ``capwatch plan``, the rank's reported config (``rank_config``), the
     service's views and the advisor's budget and what-if all price through here, for every layout.
     ``bytes_per_token``: the (dispatch, combine) bytes per token a rank passes to ``moe_a2a`` (it
-    reports them; the mode's rule otherwise). ``NVLinkOneSidedAlltoAll`` (0.7.4) derives its own
+    reports them; the allocation's rule otherwise). ``NVLinkOneSidedAlltoAll`` (0.7.4) derives its own
     from the geometry and the format, so the layout prices it from those.
     """
     version = FlashInferVersion.parse(flashinfer_version)
-    if mode not in MODES:
-        raise SizingError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
     check_payload_format(payload_format)
     check_ep_size(ep_size, version)
     FLASHINFER.check_cap(cap)
     check_eplb_stats(eplb_stats_num_experts, version)
     check_routing(geometry.top_k, geometry.num_experts, ep_size, version, eplb_stats_num_experts)
     hidden_bytes_per_token(geometry.hidden_size, payload_format)  # the format must fit the hidden size
-    if mode != "flashinfer" and version.layout != LAYOUT_MOE_A2A:
-        raise SizingError(
-            f"SGLang's dispatcher calls flashinfer.comm.MoeAlltoAll, which flashinfer {version.version} "
-            "removed; pick a version <= 0.7.2.post1 for --mode sglang/sglang-legacy"
-        )
-    if mode != "flashinfer" and eplb_stats_num_experts:
-        raise SizingError("SGLang's dispatcher reserves no EPLB stats region: drop --eplb-stats-experts "
-                          "or use --mode flashinfer")
-    if draft and mode != "sglang":
-        raise SizingError("draft sizing (+128 B namespace) exists only in SGLang's dispatcher: use --mode sglang")
+    refusal = allocation.refusal(version, eplb_stats_num_experts)
+    if refusal is not None:
+        raise SizingError(refusal)
     if not 0 <= lamport_max_tokens <= LAMPORT_MAX_TOKENS_PER_RANK:
         raise SizingError(f"the Lamport token limit must be 0..{LAMPORT_MAX_TOKENS_PER_RANK} (FlashInfer's "
                           f"kLamportMaxTokensPerRank), got {lamport_max_tokens}")
@@ -148,17 +136,12 @@ def plan_workspace(
 
     hidden, top_k = geometry.hidden_size, geometry.top_k
     combine = combine_bytes_per_token(hidden)
-    max_num_tokens = cap * ep_size if mode == "sglang-legacy" else cap
-    check_max_num_tokens(max_num_tokens, "cap * ep_size" if mode == "sglang-legacy" else "cap")
+    max_num_tokens = cap * ep_size if allocation.tokens_for_group else cap
+    check_max_num_tokens(max_num_tokens, "cap * ep_size" if allocation.tokens_for_group else "cap")
     lamport_bytes = namespace_bytes = 0
     if version.layout == LAYOUT_MOE_A2A:
-        if mode == "sglang":
-            dispatch = sglang_dispatch_bytes_per_token(hidden, top_k, payload_format)
-            namespace_bytes = SGLANG_DRAFT_NAMESPACE_BYTES if draft else 0
-        elif mode == "sglang-legacy":
-            dispatch = sglang_legacy_dispatch_bytes_per_token(hidden, top_k, payload_format)
-        else:
-            dispatch = dispatch_bytes_per_token(hidden, top_k, payload_format)
+        dispatch = allocation.dispatch_bytes_per_token(hidden, top_k, payload_format)
+        namespace_bytes = allocation.namespace_bytes
         if bytes_per_token is not None:
             dispatch, combine = (check_positive(name, value) for name, value in zip(
                 ("dispatch_bytes_per_token", "combine_bytes_per_token"), bytes_per_token))
@@ -178,12 +161,12 @@ def plan_workspace(
         model=geometry.name, hidden_size=hidden, top_k=top_k, num_experts=geometry.num_experts,
         ep_size=ep_size, cap=cap, payload_format=payload_format,
         eplb_stats_num_experts=eplb_stats_num_experts, flashinfer_version=version.version,
-        layout=version.layout, mode=mode, draft=draft, max_num_tokens=max_num_tokens,
+        layout=version.layout, mode=allocation.mode, draft=allocation.draft, max_num_tokens=max_num_tokens,
         dispatch_bytes_per_token=dispatch, combine_bytes_per_token=combine, aux_bytes=aux,
         dispatch_region_bytes=dispatch_region, combine_region_bytes=combine_region,
         lamport_bytes=lamport_bytes, namespace_bytes=namespace_bytes,
         workspace_bytes_per_rank=per_rank, workspace_bytes_group=per_rank * ep_size,
-        expert_rows=ep_size * max_num_tokens,
+        expert_rows=ep_size * max_num_tokens, cft=cft,
     )
 
 
@@ -194,8 +177,7 @@ def largest_plan_within(
     payload_format: str = "bf16",
     eplb_stats_num_experts: int = 0,
     flashinfer_version: str | None = None,
-    mode: str = "flashinfer",
-    draft: bool = False,
+    allocation: Allocation = FLASHINFER_FORMULA,
     *,
     alignment: int = CAP_ALIGNMENT,
     max_cap: int | None = None,
@@ -212,10 +194,10 @@ def largest_plan_within(
 
     def fits(cap: int) -> bool:
         plans[cap] = plan_workspace(geometry, ep_size, cap, payload_format, eplb_stats_num_experts,
-                                    flashinfer_version, mode, draft, **layout_options)
+                                    flashinfer_version, allocation, **layout_options)
         return plans[cap].workspace_bytes_per_rank <= budget_bytes
 
-    token_limit = INT32_MAX // ep_size if mode == "sglang-legacy" else INT32_MAX
+    token_limit = INT32_MAX // ep_size if allocation.tokens_for_group else INT32_MAX
     largest = min(token_limit, FLASHINFER.max_cap_tokens)
     if max_cap is not None:
         largest = min(largest, max_cap)

@@ -31,6 +31,10 @@ LATEST_FLASHINFER_VERSION = SUPPORTED_FLASHINFER_VERSIONS[-1]
 # (and capwatch's dispatcher) call, so the default wherever a version is left out.
 DEFAULT_FLASHINFER_VERSION = "0.7.2.post1"
 
+# The first release without ``flashinfer.comm.MoeAlltoAll`` and ``moe_a2a_*`` (only ``flashinfer.moe_ep``): what
+# SGLang's FlashinferDispatcher calls up to sglang 0.5.23, so none of those releases can build it beside this one.
+MOE_ALLTOALL_REMOVED_IN = "0.7.4"
+
 LAYOUT_MOE_A2A = "moe_a2a"
 LAYOUT_NVLINK_ONE_SIDED = "nvlink_one_sided"
 
@@ -80,6 +84,15 @@ class FlashInferVersion:
             max_ep_size=256 if nvlink_one_sided else MAX_EP_SIZE,
             supported_top_k=(1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 18, 22) if nvlink_one_sided else None,
         )
+
+
+def lacks_moe_alltoall(version: str) -> bool:
+    """Whether flashinfer ``version`` (any release, known to capwatch or not) comes after ``MoeAlltoAll``'s
+    removal; False for a version string that is not X.Y.Z[.postN]."""
+    try:
+        return _release(version) >= _release(MOE_ALLTOALL_REMOVED_IN)
+    except SizingError:
+        return False
 
 
 @functools.lru_cache(maxsize=None)
@@ -142,6 +155,7 @@ def check_routing(top_k: int, num_experts: int, ep_size: int, version: FlashInfe
         raise SizingError(f"eplb_stats_num_experts {eplb_stats_num_experts} must be <= num_experts {num_experts}")
 
 
-# FlashInfer's cap: any cap within capwatch's range; a known bug sized its workspace for cap x ep_size.
+# FlashInfer's cap: any cap within capwatch's range (an engine's bug that sized its workspace for cap x ep_size is
+# the engine's fact: SGLang's, sglang_engine/flashinfer.py).
 FLASHINFER = BackendCapRules("flashinfer", sized_by="FlashInfer's formula",
-                             mismatch_hint="check flashinfer_version and the payload sizes", sized_for_group_bug=True)
+                             mismatch_hint="check flashinfer_version and the payload sizes")

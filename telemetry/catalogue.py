@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from capwatch.backends import SPECS
+from capwatch.engines import ENGINE, ENGINES
+from capwatch.series import OwnSeries
 
 PREFIX = "moe_a2a_"
 # Every per-rank series carries these; ``ep_group`` names the EP group (a deployment: CAPWATCH_CLUSTER, the
@@ -34,19 +36,18 @@ class MetricSpec:
     labels: tuple[str, ...] = RANK_LABELS
 
 
-# moe_a2a_info's, moe_a2a_sglang_info's and each backend's moe_a2a_<backend>_info's own labels are RankConfig's,
-# RankConfig.sglang's and the backend's parameters' field names (ep_size aside, the identity's; cap_variable aside,
-# the backend's variable from its rules, so an alert can name it); the value "none" on moe_a2a_info, an empty
-# one on the SGLang info, is None. A backend whose parameters ride the shared series (``on_shared_series``: the
-# wire's first) has its labels on moe_a2a_info, after a2a_backend (SHARED_INFO_LABELS).
+# moe_a2a_info's, each engine's moe_a2a_<engine>_info's and each backend's moe_a2a_<backend>_info's own labels are
+# RankConfig's, the engine's limits' (RankConfig.<engine>) and the backend's parameters' field names (ep_size aside,
+# the identity's; cap_variable aside, the backend's variable from its rules, so an alert can name it); the value
+# "none" on moe_a2a_info, an empty one on an engine's info, is None. A backend whose parameters ride the shared
+# series (``on_shared_series``: the wire's first) has its labels on moe_a2a_info, after a2a_backend
+# (SHARED_INFO_LABELS).
 SHARED_INFO_LABELS: dict[str, tuple[str, ...]] = {
     spec.name: spec.series.info_labels for spec in SPECS.values()
     if spec.series is not None and spec.series.on_shared_series}
 INFO_CONFIG_LABELS: tuple[str, ...] = ("backend", "a2a_backend",
                                        *(label for labels in SHARED_INFO_LABELS.values() for label in labels),
                                        "overflow_policy")
-SGLANG_INFO_LABELS: tuple[str, ...] = ("sglang_version", "disaggregation_mode", "cap_source", "floor_rule",
-                                       "advice_revision")
 
 CAP_TOKENS = MetricSpec(
     "moe_a2a_cap_tokens", "gauge",
@@ -80,7 +81,7 @@ TOKENS_SENT = MetricSpec(
     "moe_a2a_tokens_sent_total", "counter",
     "Token copies this rank sent to expert ranks (one per distinct target rank per token"
     + "".join(f"; {spec.traffic_copies}" for spec in SPECS.values() if spec.traffic_copies)
-    + "), counted on a sample of the MoE layers only, not scaled: in SGLang "
+    + f"), counted on a sample of the MoE layers only, not scaled: in {ENGINE.TITLE} "
     + ", ".join(spec.traffic_sample for spec in SPECS.values() if spec.traffic_sample)
     + ". Compare ranks and rates, not volumes.",
     "tokens")
@@ -140,7 +141,7 @@ LOCAL_TOKENS_MAX = MetricSpec(
 
 # What the advisor needs of the configuration, so advice from Prometheus equals advice from reports:
 # the model geometry (prices the workspace and KV-cache tokens) and the floor inputs. Numbers are
-# plain gauges; the categorical SGLang values are labels of one info series.
+# plain gauges; an engine's categorical values are labels of its info series (ENGINE_METRICS).
 MODEL_HIDDEN_SIZE = MetricSpec(
     "moe_a2a_model_hidden_size", "gauge",
     "Hidden size of the model (elements of one token's hidden state): the geometry that prices the workspace.", "")
@@ -156,35 +157,14 @@ CUDA_GRAPH_MAX_BATCH_SIZE = MetricSpec(
 SPECULATIVE_TOKENS = MetricSpec(
     "moe_a2a_speculative_tokens", "gauge",
     "Speculative draft tokens each request adds per decode step (0: no speculative decoding).", "tokens")
-SGLANG_INFO = MetricSpec(
-    "moe_a2a_sglang_info", "info",
-    "SGLang's resolved start-up settings for this rank's cap (value is always 1; present only under SGLang): "
-    "cap_source says who set the cap its dispatcher was built with (capwatch at start, the operator, SGLang's "
-    "default), advice_revision the revision of the advice capwatch applied (empty otherwise).", "",
-    RANK_LABELS + SGLANG_INFO_LABELS)
-SGLANG_MAX_PREFILL_BUFFER_TOKENS = MetricSpec(
-    "moe_a2a_sglang_max_prefill_buffer_tokens", "gauge",
-    "SGLang's largest prefill chunk (max prefill buffer), a term of its start-up floor for the cap.", "tokens")
-SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS = MetricSpec(
-    "moe_a2a_sglang_prefill_cuda_graph_max_tokens", "gauge",
-    "SGLang's largest prefill CUDA-graph batch in tokens (0: none), a term of its start-up floor for the cap.",
-    "tokens")
-SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS = MetricSpec(
-    "moe_a2a_sglang_decode_cuda_graph_max_requests", "gauge",
-    "SGLang's largest decode/verify CUDA-graph batch in requests (0: none); times tokens per request, a term "
-    "of its start-up floor for the cap.", "requests")
-SGLANG_TOKENS_PER_REQUEST = MetricSpec(
-    "moe_a2a_sglang_tokens_per_request", "gauge",
-    "Tokens each request dispatches per decode/verify step under SGLang (1, or the speculative draft tokens).",
-    "tokens")
 
 
 @dataclass(frozen=True)
-class BackendMetrics:
-    """A backend's own series (``BackendSpec.series``) as metrics: its info and its gauges with the parameter
-    each reads; both absent on other backends' ranks. ``info`` None: its labels are moe_a2a_info's
-    (``on_shared_series``), and its gauges are exported on every rank, at its parameters' defaults on other
-    backends' ranks."""
+class OwnMetrics:
+    """A backend's or an engine's own series (``BackendSpec.series``, an engine's ``SERIES``) as metrics: its info
+    and its gauges with the field each reads (of the backend's parameters, of the engine's limits); both absent on
+    ranks without them. ``info`` None (a backend): its labels are moe_a2a_info's (``on_shared_series``), and its
+    gauges are exported on every rank, at its parameters' defaults on other backends' ranks."""
 
     info: MetricSpec | None
     info_labels: tuple[str, ...]
@@ -201,16 +181,24 @@ class BackendMetrics:
                 *(spec for spec, _ in self.counters))
 
 
-BACKEND_METRICS: dict[str, BackendMetrics] = {
-    spec.name: BackendMetrics(
-        None if spec.series.on_shared_series else
-        MetricSpec(f"{PREFIX}{spec.name}_info", "info", spec.series.info_help, "", RANK_LABELS + spec.series.info_labels),
-        spec.series.info_labels,
-        tuple((MetricSpec(gauge.metric or f"{PREFIX}{spec.name}_{gauge.field}", "gauge", gauge.help, gauge.unit),
-               gauge.field) for gauge in spec.series.gauges),
-        tuple((MetricSpec(f"{PREFIX}{spec.name}_{counter.field}_total", "counter", counter.help, counter.unit),
-               counter.field) for counter in spec.series.counters))
-    for spec in SPECS.values() if spec.series is not None}
+def own_metrics(name: str, series: OwnSeries) -> OwnMetrics:
+    """``series`` of the backend or engine ``name`` as metrics: ``moe_a2a_<name>_info`` and ``moe_a2a_<name>_<field>``
+    (or the gauge's own ``metric``)."""
+    return OwnMetrics(
+        None if series.on_shared_series else
+        MetricSpec(f"{PREFIX}{name}_info", "info", series.info_help, "", RANK_LABELS + series.info_labels),
+        series.info_labels,
+        tuple((MetricSpec(gauge.metric or f"{PREFIX}{name}_{gauge.field}", "gauge", gauge.help, gauge.unit),
+               gauge.field) for gauge in series.gauges),
+        tuple((MetricSpec(f"{PREFIX}{name}_{counter.field}_total", "counter", counter.help, counter.unit),
+               counter.field) for counter in series.counters))
+
+
+# Each engine's series (its ``SERIES``), read from its limits: present only on ranks under that engine.
+ENGINE_METRICS: dict[str, OwnMetrics] = {engine.NAME: own_metrics(engine.NAME, engine.SERIES)
+                                         for engine in ENGINES.values()}
+BACKEND_METRICS: dict[str, OwnMetrics] = {spec.name: own_metrics(spec.name, spec.series)
+                                          for spec in SPECS.values() if spec.series is not None}
 
 # The reporter's own health, so an alert can say "this rank cannot reach the service".
 REPORTS_PENDING = MetricSpec(
@@ -250,28 +238,21 @@ METRICS: tuple[MetricSpec, ...] = (
     MODEL_HIDDEN_SIZE, MODEL_TOP_K, MODEL_EXPERTS,
     *(spec for backend in BACKEND_METRICS.values() if backend.on_shared_series for spec, _ in backend.gauges),
     CUDA_GRAPH_MAX_BATCH_SIZE, SPECULATIVE_TOKENS,
-    SGLANG_INFO, SGLANG_MAX_PREFILL_BUFFER_TOKENS, SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS,
-    SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, SGLANG_TOKENS_PER_REQUEST,
+    *(metric for engine in ENGINE_METRICS.values() for metric in engine.metrics),
     *(metric for backend in BACKEND_METRICS.values() if not backend.on_shared_series for metric in backend.metrics),
     REPORTS_PENDING, REPORTS_DELIVERED, REPORT_SEND_FAILURES, REPORTS_REJECTED, REPORTS_MERGED, REPORT_AUTH_FAILURES,
     REPORTER_ERRORS,
 )
 
 # The report's RankConfig as series, so a Prometheus source rebuilds the config the reports carry:
-# (gauge, RankConfig field), (gauge, RankConfig.sglang field) and a backend's (BACKEND_METRICS). A gauge is
-# absent where the field is None.
+# (gauge, RankConfig field), an engine's (ENGINE_METRICS: gauge, field of RankConfig.<engine>) and a backend's
+# (BACKEND_METRICS). A gauge is absent where the field is None.
 RANK_CONFIG_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
     (CAP_TOKENS, "cap"), (WORKSPACE_BYTES, "workspace_bytes_per_rank"),
     (WORKSPACE_ALLOCATED_BYTES, "allocated_workspace_bytes"), (DISPATCH_TOKEN_BYTES, "dispatch_bytes_per_token"),
     (COMBINE_TOKEN_BYTES, "combine_bytes_per_token"), (MODEL_HIDDEN_SIZE, "hidden_size"), (MODEL_TOP_K, "top_k"),
     (MODEL_EXPERTS, "num_experts"),
     (CUDA_GRAPH_MAX_BATCH_SIZE, "cuda_graph_max_batch_size"), (SPECULATIVE_TOKENS, "speculative_tokens"),
-)
-SGLANG_LIMIT_GAUGES: tuple[tuple[MetricSpec, str], ...] = (
-    (SGLANG_MAX_PREFILL_BUFFER_TOKENS, "max_prefill_buffer_tokens"),
-    (SGLANG_PREFILL_CUDA_GRAPH_MAX_TOKENS, "prefill_cuda_graph_max_batch_size"),
-    (SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS, "decode_cuda_graph_max_batch_size"),
-    (SGLANG_TOKENS_PER_REQUEST, "tokens_per_request"),
 )
 # The R histogram's bucket bounds (tokens), the same on every rank whatever its cap, so ranks, restarts and caps
 # aggregate (``sum by (le)``) while the cap is being tuned: powers of two and their halfway points 1.5 x 2^k, from

@@ -70,7 +70,7 @@ class DispatchCollector(Collector):
         self._config = config
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
-        self._backend_counts = backend_counts  # the rank's backend's own counts (BackendSeries.counters), by field
+        self._backend_counts = backend_counts  # the rank's backend's own counts (its series' counters), by field
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
         # Each backend's own series, from its parameters (absent on other backends' ranks: None; a backend whose
         # series are the shared ones says its parameters' defaults there).
@@ -83,10 +83,14 @@ class DispatchCollector(Collector):
                       **{label: getattr(shared.get(label, config), label) or "none"
                          for label in catalogue.INFO_CONFIG_LABELS},
                       "cap_variable": spec_of(config.a2a_backend).rules.cap_env_var}
-        # An empty label is an absent label in Prometheus: an unknown SGLang version reads back as None.
-        self._sglang_info = None if config.sglang is None else {
-            label: "" if getattr(config.sglang, label) is None else str(getattr(config.sglang, label))
-            for label in catalogue.SGLANG_INFO_LABELS}
+        # Each engine's limits (None: not that engine's rank) and its info's labels. An empty label is an absent
+        # label in Prometheus: a field that is None (an unknown engine version) reads back as None.
+        self._engine_limits = {name: getattr(config, name) for name in catalogue.ENGINE_METRICS}
+        self._engine_infos = {
+            name: None if limits is None else {
+                label: "" if getattr(limits, label) is None else str(getattr(limits, label))
+                for label in catalogue.ENGINE_METRICS[name].info_labels}
+            for name, limits in self._engine_limits.items()}
         self._buckets = catalogue.RUNTIME_TOKEN_BUCKETS
 
     def describe(self) -> Iterator[Metric]:
@@ -106,24 +110,14 @@ class DispatchCollector(Collector):
         info = _family(catalogue.INFO)
         info.add_metric(labels, self._info)
         yield info
-        sglang_info = _family(catalogue.SGLANG_INFO)
-        if self._sglang_info is not None:
-            sglang_info.add_metric(labels, self._sglang_info)
-        yield sglang_info
-        limits = config.sglang
-        for spec, field in catalogue.SGLANG_LIMIT_GAUGES:
-            yield self._gauge(spec, None if limits is None else getattr(limits, field))
+        for name, metrics in catalogue.ENGINE_METRICS.items():
+            yield from self._own_series(metrics, self._engine_limits[name], self._engine_infos[name])
         for name, metrics in catalogue.BACKEND_METRICS.items():
             params = self._backend_params[name]
-            if metrics.info is not None:
-                backend_info = _family(metrics.info)
-                if params is not None:
-                    backend_info.add_metric(labels, {label: str(getattr(params, label)) for label in metrics.info_labels})
-                yield backend_info
-            for spec, field in metrics.gauges:
-                yield self._gauge(spec, None if params is None else getattr(params, field))
+            yield from self._own_series(metrics, params, None if params is None else {
+                label: str(getattr(params, label)) for label in metrics.info_labels})
             own = self._backend_counts() if self._backend_counts is not None and name == config.a2a_backend else {}
-            for spec, field in metrics.counters:
+            for spec, field in metrics.counters:  # its own counts, on its ranks alone
                 yield self._counter(spec, own.get(field, 0) if name == config.a2a_backend else None)
 
         yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
@@ -164,6 +158,17 @@ class DispatchCollector(Collector):
             yield self._counter(catalogue.REPORTS_MERGED, stats.merged)
             yield self._counter(catalogue.REPORT_AUTH_FAILURES, stats.auth_failures)
             yield self._counter(catalogue.REPORTER_ERRORS, stats.errors)
+
+    def _own_series(self, metrics: catalogue.OwnMetrics, values, info: dict[str, str] | None) -> Iterator[Metric]:
+        """A backend's or an engine's own series: its info with the labels ``info`` and its gauges read from
+        ``values`` (its parameters or limits); the families alone on a rank without them (``values`` None)."""
+        if metrics.info is not None:
+            family = _family(metrics.info)
+            if info is not None:
+                family.add_metric(self._label_values, info)
+            yield family
+        for spec, field in metrics.gauges:
+            yield self._gauge(spec, None if values is None else getattr(values, field))
 
     def _gauge(self, spec: MetricSpec, value: float | None) -> Metric:
         """A series for this rank, or the family alone (HELP and TYPE) while the value is unknown."""

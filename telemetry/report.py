@@ -14,7 +14,6 @@ from capwatch.backends import BACKEND_NAMES, DEFAULT_BACKEND, MAX_EP_SIZE, MAX_T
 from capwatch.engines import ENGINES
 from capwatch.sizing.caps import MAX_CAP_TOKENS
 from capwatch.sizing.checks import INT32_MAX, MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS
-from capwatch.sglang_engine.limits import FloorRule, SGLangLimits  # the wire's SGLang limits, re-exported
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -123,6 +122,15 @@ RankConfig = create_model(
     "RankConfig", __base__=_RankConfigFields, __module__=__name__,
     **{engine.NAME: (engine.LIMITS | None, None) for engine in ENGINES.values()},
     **{spec.name: (spec.params | None, None) for spec in SPECS.values() if spec.params is not None})
+
+
+def __getattr__(name: str):
+    """Each engine's limits model under its own name, as this module re-exported them before they moved to their
+    engine's home (``from capwatch.telemetry.report import <the engine's LIMITS>`` keeps working)."""
+    limits = {engine.LIMITS.__name__: engine.LIMITS for engine in ENGINES.values()}
+    if name in limits:
+        return limits[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class OverflowCount(_Strict):

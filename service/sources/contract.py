@@ -18,7 +18,8 @@ from typing import NamedTuple, Protocol
 
 from capwatch.advisor.history import SampleHistory
 from capwatch.backends import DEFAULT_BACKEND, SPECS
-from capwatch.telemetry.report import RankConfig, SGLangLimits
+from capwatch.engines import ENGINES
+from capwatch.telemetry.report import RankConfig
 
 
 class SourceUnavailable(RuntimeError):
@@ -36,7 +37,6 @@ class _UnpricedFields:
     allocated_workspace_bytes: int | None = None
     cuda_graph_max_batch_size: int | None = None
     speculative_tokens: int = 0
-    sglang: SGLangLimits | None = None
     a2a_backend: str = DEFAULT_BACKEND.name
     hidden_size: None = None  # not known: see UnpricedConfig
     top_k: None = None
@@ -45,10 +45,12 @@ class _UnpricedFields:
 
 # A rank's config without the model geometry: priced by the layout whose inputs are the bytes per token and its
 # backend's parameters alone (FlashInfer's ``moe_a2a``), never by a guessed geometry. The fields mean what
-# ``RankConfig``'s do, each backend's parameters under its name as there (None: not known, or not its rank).
+# ``RankConfig``'s do, each engine's limits and each backend's parameters under its name as there (None: not known,
+# or not its rank).
 UnpricedConfig = dataclasses.make_dataclass(
-    "UnpricedConfig", [(spec.name, f"{spec.params.__name__} | None", None)
-                       for spec in SPECS.values() if spec.params is not None],
+    "UnpricedConfig", [*((engine.NAME, f"{engine.LIMITS.__name__} | None", None) for engine in ENGINES.values()),
+                       *((spec.name, f"{spec.params.__name__} | None", None)
+                         for spec in SPECS.values() if spec.params is not None)],
     bases=(_UnpricedFields,), frozen=True)
 UnpricedConfig.__module__ = __name__
 

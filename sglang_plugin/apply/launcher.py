@@ -71,7 +71,7 @@ def start_check_step(environ) -> tuple[str | None, str | None]:
     """(the resolution step of SGLang's own start-up check of the cap in the installed release, None), the floor
     modules naming it (``START_CHECKS``); (None, why) where capwatch does not run on the release."""
     from capwatch.agent.switch import switch
-    from capwatch.sglang_plugin.floors import FLOORS
+    from capwatch.sglang_plugin.hooks import FLOORS
 
     try:
         allow_newer = switch(environ, "CAPWATCH_ALLOW_NEWER_SGLANG", default=False)
@@ -208,7 +208,7 @@ def _shape(server_args, view, settings: ApplySettings) -> Shape | str:
     from capwatch.advisor.floor import deployment_floor
     from capwatch.backends import SPECS
     from capwatch.agent.switch import switch
-    from capwatch.sglang_plugin.floors import FLOORS
+    from capwatch.sglang_plugin.hooks import FLOORS
 
     backend = str(view.moe_a2a_backend)
     applies = [name for name, module in FLOORS.items() if hasattr(module, "cap_params")]  # a floor module's opt-in

@@ -1,11 +1,11 @@
-"""One module per A2A backend (``--moe-a2a-backend``): what the plugin hooks in SGLang, per release.
+"""The SGLang plugin's one registry of A2A backends (``--moe-a2a-backend``): one hook module per backend, per release.
 
-A backend module provides ``NAME``, ``ADAPTERS`` (verified SGLang release -> its adapter), optionally ``PACKAGE``
-(its library's distribution, whose release the plugin reads and reports as ``<NAME>_version``),
-``problem(adapter, backend_version, newer)`` (why it cannot be instrumented, checked before any hook; the
-version is None without a ``PACKAGE``)
-and ``register(session, adapter, source)``; its floor lives in ``floors/<backend>.py``. A backend is one
-module here, one in ``floors/`` and one entry below (docs/sglang.md, "Adding a backend").
+A backend module provides ``NAME``, ``ADAPTERS`` (verified SGLang release -> its adapter), ``FLOOR`` (its floor
+module, ``floors/<backend>.py``), optionally ``PACKAGE`` (its library's distribution, whose release the plugin
+reads and reports as ``<NAME>_version``), ``problem(adapter, backend_version, newer)`` (why it cannot be
+instrumented, checked before any hook; the version is None without a ``PACKAGE``) and
+``register(session, adapter, source)``. A backend is one module here, one in ``floors/`` and one entry below
+(docs/sglang.md, "Adding a backend"); ``FLOORS`` is derived from it.
 """
 
 from __future__ import annotations
@@ -13,3 +13,4 @@ from __future__ import annotations
 from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, megamoe, mooncake, mori, nixl
 
 BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, megamoe)}
+FLOORS = {name: module.FLOOR for name, module in BACKENDS.items()}  # each backend's floor module, by its name

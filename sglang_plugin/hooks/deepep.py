@@ -11,22 +11,20 @@ shared signatures are checked before anything is hooked). The details: docs/sgla
 
 from __future__ import annotations
 
-import logging
 import pkgutil
 from dataclasses import dataclass
 
 import torch
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.dispatcher.counters import ExpertTraffic
-from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
+from capwatch.dispatcher.counting import LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
-from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.floors import deepep as FLOOR  # its cap's start-up floor, per release
+from capwatch.sglang_plugin.hooks import adoption
+from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
 from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
 
 DEEPEP = bind(DEEPEP_RULES)  # with SGLang's variable and default for its cap
-
-logger = logging.getLogger("capwatch.sglang")
 
 NAME = DEEPEP.name  # --moe-a2a-backend
 MODULE = "sglang.srt.layers.moe.token_dispatcher.deepep"
@@ -40,9 +38,6 @@ DEEPEP_CONFIG = Target(f"{MODULE}.DeepEPConfig.get_instance")
 # DeepEP's own, as SGLang calls it (a DeepEP whose signature moved is refused).
 LOW_LATENCY_DISPATCH = Target(f"{MODULE}.Buffer.low_latency_dispatch",
                               ("x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts"))
-CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
-                           ("moe_runner_config",))
-GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
 
 
 @dataclass(frozen=True)
@@ -52,8 +47,8 @@ class Adapter:
     releases: tuple[str, ...]
 
     def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, DISPATCH_B, GET_BUFFER, DEEPEP_CONFIG, LOW_LATENCY_DISPATCH, CREATE_DISPATCHER,
-                GET_FLAGS, *CAPTURE_TARGETS)
+        return (INIT, DISPATCH_A, DISPATCH_B, GET_BUFFER, DEEPEP_CONFIG, LOW_LATENCY_DISPATCH,
+                *adoption.COMMON_TARGETS)
 
 
 LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED)
@@ -73,35 +68,7 @@ def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str |
 
 def register(session, adapter: Adapter, source) -> None:
     """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
-    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
-
-    def around_create(original, moe_runner_config, *args, **kwargs):
-        creating.append(getattr(moe_runner_config, "layer_id", None))
-        try:
-            return original(moe_runner_config, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def around_init(original, dispatcher, *args, **kwargs):
-        original(dispatcher, *args, **kwargs)
-        try:
-            role = "draft" if get_flags().moe.speculative_context else "target"
-            adopt(session, dispatcher, role, creating[-1] if creating else None)
-        except Exception:
-            logger.exception("capwatch: this DeepEP dispatcher is not instrumented (adoption failed); it runs as "
-                             "SGLang's")
-
-    def around_capture(original, *args, **kwargs):
-        with session.capturing():
-            return original(*args, **kwargs)
-
-    HookRegistry.register(INIT.name, around_init, HookType.AROUND, source=source)
-    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
-    for target in CAPTURE_TARGETS:
-        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+    adoption.register(session, source, INIT, adopt, "DeepEP")
 
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
@@ -110,13 +77,13 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(), ep_size=group.size(),
                     hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
                     num_experts=dispatcher.num_experts)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, DEEPEP,
-                                traffic=lambda counters: counters.expert_traffic(dispatcher.num_experts),
-                                traffic_stride=None,
-                                lead_per_micro_batch=True)
-    overflows.watch(layer, DEEPEP.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
-    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
+    layer = adoption.count_layer(session, dispatcher, role, layer_id, geometry, DEEPEP,
+                                 lambda counters: counters.expert_traffic(dispatcher.num_experts),
+                                 lead_per_micro_batch=True)
+    traffic = Traffic.made(dispatcher, layer)
+    adoption.count_from_first_dispatch(session, dispatcher, layer, "dispatch_a",
+                                       lambda: describe_buffer(session, dispatcher, role),
+                                       lambda: counted_dispatches(dispatcher, layer, traffic))
 
 
 @dataclass(frozen=True)
@@ -146,8 +113,7 @@ def count_words(layout_range: torch.Tensor) -> torch.Tensor:
 
 def unadopt(dispatcher) -> None:
     """SGLang's dispatcher exactly as shipped again (the benchmark's bare side)."""
-    for name in ("dispatch_a", "dispatch_b"):
-        vars(dispatcher).pop(name, None)
+    adoption.unadopt(dispatcher, "dispatch_a", "dispatch_b")
 
 
 def describe_buffer(session, dispatcher, role: str) -> dict:
@@ -170,22 +136,11 @@ def describe_buffer(session, dispatcher, role: str) -> dict:
                                     normal_rdma_bytes=normal_rdma))
 
 
-def _first_dispatch(session, dispatcher, layer, traffic):
-    """The role's reports and series start at its first dispatch (the buffer exists then); after it, the
-    dispatcher's ``dispatch_a``/``dispatch_b`` are the counting ones, with no check left per call."""
-    role = layer.counters.role
-
-    def first(hidden_states, topk_output):
-        watch = session.roles[role]
-        if not watch.reported:
-            watch.reported = describe_buffer(session, dispatcher, role)
-        session.start_role_once(role)
-        dispatcher.dispatch_a = counted = counted_dispatch_a(type(dispatcher).dispatch_a.__get__(dispatcher),
-                                                             dispatcher, layer, traffic)
-        dispatcher.dispatch_b = counted_dispatch_b(type(dispatcher).dispatch_b.__get__(dispatcher), dispatcher,
-                                                   layer, traffic)
-        return counted(hidden_states, topk_output)
-    return first
+def counted_dispatches(dispatcher, layer: LayerCounting, traffic: Traffic) -> dict:
+    """The dispatcher's ``dispatch_a`` and ``dispatch_b`` counted (built at the role's first dispatch: the buffer
+    exists then, and the layer's lead and sample are elected)."""
+    return dict(dispatch_a=counted_dispatch_a(adoption.shipped(dispatcher, "dispatch_a"), dispatcher, layer, traffic),
+                dispatch_b=counted_dispatch_b(adoption.shipped(dispatcher, "dispatch_b"), dispatcher, layer, traffic))
 
 
 def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Traffic):
@@ -198,7 +153,7 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Tr
     def guarded(hidden_states, topk_output):
         local_tokens = hidden_states.shape[0]
         if local_tokens > cap:
-            count_overflow(layer, local_tokens)
+            adoption.count_overflow(layer, local_tokens)
             return None, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)  # DeepEP's assertion
         return local_tokens, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
 
@@ -246,12 +201,3 @@ def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic: Tr
         return output
 
     return counted_sampled
-
-
-def count_overflow(layer: LayerCounting, local_tokens: int) -> None:
-    """A batch DeepEP will refuse: counted, reported (bounded wait) and logged, never raised; DeepEP's own
-    assertion then ends the rank as it would without capwatch."""
-    try:
-        layer.guard(local_tokens, local_tokens)
-    except CapOverflowError as overflow:
-        logger.error("capwatch: %s (counted and reported; DeepEP's assertion ends the rank)", overflow)

@@ -22,8 +22,11 @@ from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.floors import flashinfer as FLOOR  # its cap's start-up floor, per release
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem, installed_version
+from capwatch.sglang_plugin.status import BackendUnavailable
 from capwatch.sizing.flashinfer_releases import FLASHINFER as FLASHINFER_RULES
+from capwatch.sizing.flashinfer_releases import MOE_ALLTOALL_REMOVED_IN, lacks_moe_alltoall
 
 FLASHINFER = bind(FLASHINFER_RULES)  # with SGLang's variable and default for its cap
 
@@ -114,9 +117,13 @@ ADAPTERS = {release: adapter for adapter in (ALL_GATHER_PREFILL, A2A_PREFILL, SP
 KNOWN_FLASHINFER = tuple(dict.fromkeys(v for adapter in ADAPTERS.values() for v in adapter.flashinfer))
 
 
-def problem(adapter: Adapter, flashinfer_version: str | None, newer: bool) -> str | None:
-    """Why this backend cannot be instrumented with ``adapter``, or None: FlashInfer's version (a newer
-    SGLang still needs a FlashInfer whose MoeAlltoAll capwatch knows), then every target and signature."""
+def problem(adapter: Adapter, flashinfer_version: str | None, newer: bool) -> str | BackendUnavailable | None:
+    """Why this backend cannot be instrumented with ``adapter``, or None: first whether SGLang can build its
+    dispatcher at all (:func:`unavailable`), then FlashInfer's version (a newer SGLang still needs a FlashInfer whose
+    MoeAlltoAll capwatch knows), then every target and signature."""
+    found = unavailable(adapter, flashinfer_version)
+    if found is not None:
+        return found
     accepted = KNOWN_FLASHINFER if newer else adapter.flashinfer
     if flashinfer_version not in accepted:
         beside = "a newer sglang" if newer else f"sglang {adapter.releases[0]}" + (
@@ -130,9 +137,33 @@ def problem(adapter: Adapter, flashinfer_version: str | None, newer: bool) -> st
     missing = [name for name in adapter.module_names if not hasattr(module, name)]
     if missing:
         return f"{MODULE} lacks {', '.join(missing)}"
-    if not getattr(module, "use_flashinfer", False):
-        return f"{MODULE} could not import flashinfer's MoE A2A (use_flashinfer is False)"
     return None
+
+
+def unavailable(adapter: Adapter, flashinfer_version: str | None) -> BackendUnavailable | None:
+    """SGLang's own ``FlashinferDispatcher`` cannot be built here, or None: its module could not import FlashInfer's
+    MoE A2A (``use_flashinfer`` False), so its constructor raises ImportError when SGLang builds the model, with or
+    without capwatch. Every release up to 0.5.23 imports ``flashinfer.comm.MoeAlltoAll``, which flashinfer 0.7.4
+    removed; a FlashInfer that is missing or fails to import ends the same way."""
+    try:
+        module = pkgutil.resolve_name(MODULE)
+    except Exception:  # noqa: BLE001 - the target checks name what failed
+        return None
+    if getattr(module, "use_flashinfer", True):
+        return None
+    sglang = f"sglang {installed_version('sglang')}'s FlashinferDispatcher cannot be built"
+    if flashinfer_version is None:
+        installed = f"{sglang}: flashinfer-python is not installed"
+    elif lacks_moe_alltoall(flashinfer_version):
+        installed = (f"{sglang} with flashinfer-python {flashinfer_version}: it calls flashinfer.comm.MoeAlltoAll, "
+                     f"which flashinfer {MOE_ALLTOALL_REMOVED_IN} removed (only flashinfer.moe_ep remains)")
+    else:
+        installed = (f"{sglang} with flashinfer-python {flashinfer_version}: {MODULE} could not import "
+                     "flashinfer's MoE A2A (use_flashinfer is False; `python -c 'import flashinfer.comm'` in the "
+                     "server's environment shows why)")
+    return BackendUnavailable(installed, (
+        f"install flashinfer-python {adapter.flashinfer[-1]} (what capwatch instruments beside sglang "
+        f"{adapter.releases[-1]}: {', '.join(adapter.flashinfer)}) or pick another --moe-a2a-backend"))
 
 
 # --- the hooks --------------------------------------------------------------------------------------

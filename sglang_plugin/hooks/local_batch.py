@@ -6,9 +6,10 @@ alone.
 - the guard: the rank's own batch (``hidden_states.shape[0]``, a host int) against the cap; a batch above it is
   counted, announced and the final report shipped (bounded wait) *before* the call reaches SGLang's own check
   (an assert, a ``ValueError``), which then ends the rank as it would without capwatch;
-- the step on the role's step leader; the (token, expert) pairs this rank sends to each rank, from the
-  ``topk_ids`` it dispatches (scratch made at adoption: a ``clamp``, a ``div_``, a ``ge``, a ``zero_``, a
-  ``scatter_add_``; no host read), on the traffic sample. These libraries keep no per-source receive counts
+- the step on the role's step leader; on the traffic sample (the leader's layer) the (token, expert) pairs this
+  rank sends, from the ``topk_ids`` it dispatches: one ``put_`` into the role's per-expert bins
+  (``dispatcher.counters.ExpertTraffic``, as DeepEP's hook counts them), after a ``copy_`` into int64 scratch made
+  at adoption where the ids are SGLang's int32; no host read. These libraries keep no per-source receive counts
   SGLang hands back, so the received row stays 0 (the group's sent rows say the same traffic);
 - the buffer's bytes once per process, at the role's first dispatch (``describe``: the backend's hook asks the
   process-wide buffer, which that dispatch builds anyway).
@@ -16,87 +17,43 @@ alone.
 
 from __future__ import annotations
 
-import logging
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from capwatch.dispatcher.counters import TrafficRecord
-from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
+from capwatch.dispatcher.counters import ExpertTraffic
+from capwatch.dispatcher.counting import LayerCounting
+from capwatch.sglang_plugin.hooks import adoption
 from capwatch.sizing.backends import BackendCapRules
 
-logger = logging.getLogger("capwatch.sglang")
-
-CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
-                           ("moe_runner_config",))
-GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
-COMMON_TARGETS = (CREATE_DISPATCHER, GET_FLAGS, *CAPTURE_TARGETS)
-
-
-def register(session, source, init: Target, adopt_one: Callable, what: str) -> None:
-    """Hook the construction of ``init``'s class (``adopt_one(session, dispatcher, role, layer_id)`` after SGLang's
-    own ``__init__``), ``create_moe_dispatcher`` (the layer id it is building) and the graph captures (snapshots
-    paused). ``what`` names the dispatcher in the line an adoption failure logs."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
-    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
-
-    def around_create(original, moe_runner_config, *args, **kwargs):
-        creating.append(getattr(moe_runner_config, "layer_id", None))
-        try:
-            return original(moe_runner_config, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def around_init(original, dispatcher, *args, **kwargs):
-        original(dispatcher, *args, **kwargs)
-        try:
-            role = "draft" if get_flags().moe.speculative_context else "target"
-            adopt_one(session, dispatcher, role, creating[-1] if creating else None)
-        except Exception:
-            logger.exception("capwatch: this %s dispatcher is not instrumented (adoption failed); it runs as "
-                             "SGLang's", what)
-
-    def around_capture(original, *args, **kwargs):
-        with session.capturing():
-            return original(*args, **kwargs)
-
-    HookRegistry.register(init.name, around_init, HookType.AROUND, source=source)
-    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
-    for target in CAPTURE_TARGETS:
-        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+# The construction hook and the targets it relies on, as the backends counted here register them (adoption.py).
+COMMON_TARGETS, register = adoption.COMMON_TARGETS, adoption.register
 
 
 @dataclass(frozen=True)
 class SentPairs:
-    """A dispatch's (token, expert) pairs sent to each rank (``counts[0]``), and the scratch that computes them:
-    all made at adoption, before any graph capture, so no call allocates."""
+    """Where a dispatch's (token, expert) pairs go: the role's per-expert bins (``ExpertTraffic``: ``sent`` per
+    expert; these libraries hand SGLang no per-source receive counts, so ``received`` stays 0), and what adds into
+    them without allocating, all made at adoption, before any graph capture."""
 
-    record: TrafficRecord  # the layer's way into the counters
-    destination: torch.Tensor  # [cap x top_k]: each pair's rank (a -1 expert's counts as rank 0 ...)
-    weight: torch.Tensor  # [cap x top_k]: ... with weight 0 here
-    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor (a Python int is wrapped anew each call)
+    bins: ExpertTraffic  # the layer's way into the counters
+    ones: torch.Tensor  # [cap x top_k]: one per pair, the put_'s source
+    ids: torch.Tensor  # [cap x top_k] int64: the put_'s index where SGLang's topk_ids are int32 (its top-k kernels')
 
     @classmethod
-    def made(cls, layer: LayerCounting, cap: int, top_k: int, num_experts: int) -> "SentPairs":
-        counters = layer.counters
-        device = counters.device
-        return cls(layer.traffic, torch.empty(cap * top_k, dtype=torch.int64, device=device),
-                   torch.empty(cap * top_k, dtype=torch.int64, device=device),
-                   torch.tensor(max(1, num_experts // counters.ep_size), dtype=torch.int64, device=device))
+    def made(cls, layer: LayerCounting, cap: int, top_k: int) -> "SentPairs":
+        """Scratch for ``layer``, whose way into the counters is the role's expert bins (``layer.traffic``)."""
+        device = layer.counters.device
+        return cls(layer.traffic, torch.ones(cap * top_k, dtype=torch.int64, device=device),
+                   torch.empty(cap * top_k, dtype=torch.int64, device=device))
 
     def count(self, topk_ids: torch.Tensor) -> None:
-        pairs = topk_ids.flatten()
-        destination, weight = self.destination[:pairs.numel()], self.weight[:pairs.numel()]
-        torch.clamp(pairs, min=0, out=destination).div_(self.experts_per_rank, rounding_mode="floor")
-        torch.ge(pairs, 0, out=weight)
-        sent = self.record.counts[0]
-        sent.zero_()
-        sent.scatter_add_(0, destination, weight)
+        """One ``put_`` of the ids into the bins (a -1 expert's pair wraps into the last bin: no rank's); int32 ids
+        are first copied into the int64 scratch ``put_`` needs for an index."""
+        pairs = topk_ids.numel()
+        if topk_ids.dtype != torch.int64:
+            topk_ids = self.ids[:pairs].view(topk_ids.shape).copy_(topk_ids)
+        self.bins.sent.put_(topk_ids, self.ones[:pairs], accumulate=True)
 
 
 @dataclass(frozen=True)
@@ -119,29 +76,13 @@ def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapR
           layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False) -> LayerCounting:
     """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
     reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, counted.geometry(), device, rules,
-                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
-                                lead_per_micro_batch=lead_per_micro_batch)
-    overflows.watch(layer, rules.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
-    sent = SentPairs.made(layer, counted.cap, counted.top_k, counted.num_experts)
-    counting = counted_dispatch(getattr(type(dispatcher), method).__get__(dispatcher), layer, sent)
-
-    def first(hidden_states, topk_output, *args, **kwargs):
-        watch = session.roles[role]
-        if not watch.reported:
-            watch.reported = describe()
-        session.start_role_once(role)
-        setattr(dispatcher, method, counting)
-        return counting(hidden_states, topk_output, *args, **kwargs)
-
-    setattr(dispatcher, method, first)
+    layer = adoption.count_layer(session, dispatcher, role, layer_id, counted.geometry(), rules,
+                                 lambda counters: counters.expert_traffic(counted.num_experts), lead_per_micro_batch)
+    sent = SentPairs.made(layer, counted.cap, counted.top_k)
+    adoption.count_from_first_dispatch(
+        session, dispatcher, layer, method, describe,
+        lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent)})
     return layer
-
-
-def unadopt(dispatcher, method: str) -> None:
-    """SGLang's dispatcher exactly as shipped again."""
-    vars(dispatcher).pop(method, None)
 
 
 def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
@@ -152,23 +93,14 @@ def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
     def counted(hidden_states, topk_output, *args, **kwargs):
         local_tokens = hidden_states.shape[0]
         if local_tokens > cap:
-            count_overflow(layer, local_tokens)
+            adoption.count_overflow(layer, local_tokens)
             return dispatch(hidden_states, topk_output, *args, **kwargs)  # SGLang's own check ends it
         output = dispatch(hidden_states, topk_output, *args, **kwargs)
         if layer.step_leader:
             record_step(local_tokens, local_tokens)  # no group R: each rank's own batch is what the cap bounds
         if layer.counts_traffic:
             sent.count(topk_output.topk_ids)
-        layer.count_dispatch()
+        layer.count_dispatch()  # the call: a host int eagerly, nothing captured
         return output
 
     return counted
-
-
-def count_overflow(layer: LayerCounting, local_tokens: int) -> None:
-    """A batch the backend will refuse: counted, reported (bounded wait) and logged, never raised; the backend's own
-    check then ends the rank as it would without capwatch."""
-    try:
-        layer.guard(local_tokens, local_tokens)
-    except CapOverflowError as overflow:
-        logger.error("capwatch: %s (counted and reported; %s)", overflow, layer.rules.overflow_outcome)

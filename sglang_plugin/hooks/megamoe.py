@@ -27,13 +27,12 @@ import logging
 import pkgutil
 from dataclasses import dataclass
 
-import torch
 from capwatch.backends import spec_of
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counting import suggested_cap
 from capwatch.sglang_engine.caps import bind, reported_backend
-from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_plugin.hooks import local_batch
+from capwatch.sglang_plugin.floors import megamoe as FLOOR  # its cap's start-up floor, per release
+from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.megamoe import MEGAMOE as MEGAMOE_RULES
@@ -161,7 +160,7 @@ class MegaMoEHooks:
                               buffer=lambda: self.run_buffer(experts, kwargs))
         runtime_tokens = max(self.pending_runtime_tokens.pop(id(experts), local_tokens), local_tokens)
         if local_tokens > layer.cap:
-            local_batch.count_overflow(layer, local_tokens)  # SGLang's assertion then ends the rank
+            adoption.count_overflow(layer, local_tokens)  # SGLang's assertion then ends the rank
             return None
         return layer, runtime_tokens, local_tokens
 
@@ -185,14 +184,12 @@ class MegaMoEHooks:
         cap = getattr(self.module.envs, MEGAMOE.cap_env_var).get()
         counted = local_batch.Counted(cap=cap, ep_rank=group.rank(), ep_size=group.size(), hidden_size=hidden_size,
                                       top_k=top_k, num_experts=experts.num_experts)
-        device = (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-                  else torch.device("cpu"))
-        role = "target"
-        layer = self.session.count_layer(experts, experts, role, getattr(experts, "layer_id", None),
-                                         counted.geometry(), device, MEGAMOE,
-                                         traffic=lambda counters: counters.traffic_record())
-        overflows.watch(layer, MEGAMOE.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
-        self.sent[id(experts)] = local_batch.SentPairs.made(layer, cap, top_k, experts.num_experts)
+        role = "target"  # the layers are adopted at their first call, when no draft model is being built
+        layer = adoption.count_layer(self.session, experts, role, getattr(experts, "layer_id", None),
+                                     counted.geometry(), MEGAMOE,
+                                     lambda counters: counters.expert_traffic(experts.num_experts),
+                                     lead_per_micro_batch=False)
+        self.sent[id(experts)] = local_batch.SentPairs.made(layer, cap, top_k)
         watch = self.session.roles[role]
         if not watch.reported:
             built = buffer()

@@ -39,10 +39,10 @@ import torch
 from capwatch.backends.mori import MoriOp, op_config
 from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, VERIFIED, Target, first_problem
-from capwatch.sglang_engine.caps import reported_backend
-from capwatch.sglang_plugin.apply import overflows
-from capwatch.sglang_engine.caps import bind
+from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_plugin.floors import mori as FLOOR  # its cap's start-up floor, per release
+from capwatch.sglang_plugin.hooks import adoption
+from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
 from capwatch.sizing.mori import MORI as MORI_RULES
 from capwatch.sizing.mori import mori_op_plan
 
@@ -58,9 +58,6 @@ INIT = Target(f"{BASE}.__init__", ("group", "router_topk", "permute_fusion", "nu
 DISPATCH_A = Target(f"{BASE}.dispatch_a", ("hidden_states", "topk_output"))
 INIT_OP = Target(f"{MODULE}.init_mori_op", ("group", "router_topk", "num_experts", "num_local_experts",
                                               "hidden_size", "params_dtype", "num_max_dispatch_tokens_per_rank"))
-CREATE_DISPATCHER = Target("sglang.srt.layers.moe.fused_moe_triton.layer.create_moe_dispatcher",
-                           ("moe_runner_config",))
-GET_FLAGS = Target("sglang.srt.runtime_context.get_flags")  # .moe.speculative_context: a draft model's layers
 GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .moe_ep_rank, .moe_ep_size
 EPV2_VARIABLE = "SGLANG_MORI_EP_V2"
 
@@ -72,7 +69,7 @@ class Adapter:
     releases: tuple[str, ...]
 
     def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, INIT_OP, CREATE_DISPATCHER, GET_FLAGS, GET_PARALLEL, *CAPTURE_TARGETS)
+        return (INIT, DISPATCH_A, INIT_OP, GET_PARALLEL, *adoption.COMMON_TARGETS)
 
 
 EPV1_ADAPTER = Adapter(releases=VERIFIED)
@@ -92,51 +89,22 @@ def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str |
 
 def register(session, adapter: Adapter, source) -> None:
     """Hook construction (adoption), ``create_moe_dispatcher`` (the layer id) and the graph captures."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    get_flags = pkgutil.resolve_name(GET_FLAGS.name)
-    get_parallel = pkgutil.resolve_name(GET_PARALLEL.name)
-    creating: list[int | None] = []  # the layer id create_moe_dispatcher is building, innermost last
-
-    def around_create(original, moe_runner_config, *args, **kwargs):
-        creating.append(getattr(moe_runner_config, "layer_id", None))
-        try:
-            return original(moe_runner_config, *args, **kwargs)
-        finally:
-            creating.pop()
-
-    def around_init(original, dispatcher, *args, **kwargs):
-        original(dispatcher, *args, **kwargs)
-        try:
-            role = "draft" if get_flags().moe.speculative_context else "target"
-            parallel = get_parallel()
-            adopt(session, dispatcher, role, creating[-1] if creating else None, parallel.moe_ep_rank,
-                  parallel.moe_ep_size)
-        except Exception:
-            logger.exception("capwatch: this MoRI dispatcher is not instrumented (adoption failed); it runs as "
-                             "SGLang's")
-
-    def around_capture(original, *args, **kwargs):
-        with session.capturing():
-            return original(*args, **kwargs)
-
-    HookRegistry.register(INIT.name, around_init, HookType.AROUND, source=source)
-    HookRegistry.register(CREATE_DISPATCHER.name, around_create, HookType.AROUND, source=source)
-    for target in CAPTURE_TARGETS:
-        HookRegistry.register(target.name, around_capture, HookType.AROUND, source=source)
+    adoption.register(session, source, INIT, adopt, "MoRI")
 
 
-def adopt(session, dispatcher, role: str, layer_id: int | None, ep_rank: int, ep_size: int) -> LayerCounting:
-    """Count one MoRI dispatcher impl (MoRI's op is SGLang's: nothing allocated but the counters and scratch)."""
-    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=ep_rank, ep_size=ep_size,
-                    hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
+def adopt(session, dispatcher, role: str, layer_id: int | None) -> LayerCounting:
+    """Count one MoRI dispatcher impl (MoRI's op is SGLang's: nothing allocated but the counters and scratch), in
+    the MoE expert-parallel group SGLang's runtime context names."""
+    parallel = pkgutil.resolve_name(GET_PARALLEL.name)()
+    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=parallel.moe_ep_rank,
+                    ep_size=parallel.moe_ep_size, hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
                     num_experts=dispatcher.num_experts)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, MORI,
-                                traffic=lambda counters: counters.traffic_record(), traffic_stride=None,
-                                lead_per_micro_batch=True)
-    overflows.watch(layer, MORI.cap_env_var)  # an overflow at a cap capwatch applied blocks it at later starts
-    dispatcher.dispatch_a = _first_dispatch(session, dispatcher, layer, Traffic.made(dispatcher, layer))
+    layer = adoption.count_layer(session, dispatcher, role, layer_id, geometry, MORI,
+                                 lambda counters: counters.traffic_record(), lead_per_micro_batch=True)
+    traffic = Traffic.made(dispatcher, layer)
+    adoption.count_from_first_dispatch(
+        session, dispatcher, layer, "dispatch_a", lambda: describe_op(session, dispatcher, role, layer.ep_size),
+        lambda: {"dispatch_a": counted_dispatch_a(adoption.shipped(dispatcher, "dispatch_a"), layer, traffic)})
     return layer
 
 
@@ -166,7 +134,7 @@ class Traffic:
 
 def unadopt(dispatcher) -> None:
     """SGLang's dispatcher exactly as shipped again."""
-    vars(dispatcher).pop("dispatch_a", None)
+    adoption.unadopt(dispatcher, "dispatch_a")
 
 
 def describe_op(session, dispatcher, role: str, ep_size: int) -> dict:
@@ -184,22 +152,6 @@ def describe_op(session, dispatcher, role: str, ep_size: int) -> dict:
                         int(config.max_num_inp_token_per_rank))
     session.count_buffer(role, id(op), plan.op_bytes)
     return dict(backend=reported_backend(MORI), a2a_backend=MORI.name, mori=reported)
-
-
-def _first_dispatch(session, dispatcher, layer, traffic):
-    """The role's reports and series start at its first dispatch (the op exists then); after it the dispatcher's
-    ``dispatch_a`` is the counting one, with no check left per call."""
-    role = layer.counters.role
-
-    def first(hidden_states, topk_output):
-        watch = session.roles[role]
-        if not watch.reported:
-            watch.reported = describe_op(session, dispatcher, role, layer.ep_size)
-        session.start_role_once(role)
-        dispatcher.dispatch_a = counted = counted_dispatch_a(type(dispatcher).dispatch_a.__get__(dispatcher),
-                                                             layer, traffic)
-        return counted(hidden_states, topk_output)
-    return first
 
 
 def counted_dispatch_a(dispatch_a, layer: LayerCounting, traffic: Traffic):

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
+from capwatch.sglang_plugin.floors import nixl as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import Target, first_problem
 from capwatch.sizing.nixl import NIXL as NIXL_RULES
 

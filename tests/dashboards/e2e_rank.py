@@ -22,7 +22,7 @@ import torch.distributed as dist
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.dispatcher.instrumented import InstrumentedDispatcher
 from capwatch.dispatcher.torch_backend import TorchA2ABackend
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import custom_geometry
 from capwatch.telemetry.exporter import ExporterOptions
 from capwatch.telemetry.rank import RankTelemetry, rank_config

@@ -23,7 +23,7 @@ import pytest
 from capwatch.dashboards import service_metrics
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.backends.flashinfer import RULES as FLASHINFER
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import custom_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
@@ -287,8 +287,7 @@ def test_every_named_metric_is_scraped(stack):
     expected = set(service_metrics.SERVICE_METRICS) - {service_metrics.INGEST_LATENCY_SECONDS}
     expected.add(service_metrics.INGEST_LATENCY_SECONDS + "_count")
     # Absent where the rank leaves the field unset, as these ranks (no SGLang, no CUDA graphs) do.
-    unset = {catalogue.CUDA_GRAPH_MAX_BATCH_SIZE, catalogue.SGLANG_INFO,
-             *(spec for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)}
+    unset = {catalogue.CUDA_GRAPH_MAX_BATCH_SIZE, *catalogue.ENGINE_METRICS["sglang"].metrics}
     # A backend's own series exist only on its ranks: the stack runs FlashInfer's and DeepEP's.
     unset |= {metric for name, backend in catalogue.BACKEND_METRICS.items()
               if name not in (FLASHINFER.name, DEEPEP.name) and not backend.on_shared_series

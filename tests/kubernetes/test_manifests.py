@@ -10,6 +10,7 @@ import copy
 import json
 import re
 import subprocess
+import types
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,7 +19,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from capwatch.backends import DEFAULT_BACKEND
 from capwatch.dashboards import kubernetes
+from capwatch.engines import ENGINES
+from capwatch.sglang_engine.deployment import ServerExample
 from capwatch.telemetry.ports import DEFAULT_BASE_PORT
 
 from tests.dashboards.conftest import DASHBOARDS_DIR, GRAFANA_DIR, RULES_FILE
@@ -65,6 +69,29 @@ def by_kind(kind: str) -> list[dict]:
 def test_the_committed_manifests_are_what_the_generator_writes():
     assert kubernetes.stale_files() == []
     assert set(committed()) == set(kubernetes.MANIFESTS)
+
+
+def test_each_engines_example_runs_the_server_its_home_states():
+    """The example Deployment's server (name, image, command, port, what loads the plugin) is the engine's
+    (``server_example`` in its home); the generator puts capwatch's environment and ports around it. An engine
+    capwatch does not ship (no second one exists yet) gets its own server, unchanged."""
+    assert {f"{engine.NAME}-deployment-example.yaml" for engine in ENGINES.values()} <= set(kubernetes.MANIFESTS)
+    other = types.SimpleNamespace(NAME="other", server_example=lambda backend, args, gpus: ServerExample(
+        app="other-x", component="other-example", container="other", image="other:1", command=("other-serve",),
+        args=("--a2a", backend, *args, "--gpus", str(gpus)), http_port=8000,
+        plugin_env=(("OTHER_PLUGINS", "capwatch"),)))
+    [deployment] = kubernetes.engine_example(other)
+    assert deployment["metadata"]["name"] == "other-x"
+    assert deployment["metadata"]["labels"]["app.kubernetes.io/component"] == "other-example"
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert (container["name"], container["image"], container["command"]) == ("other", "other:1", ["other-serve"])
+    assert container["args"] == ["--a2a", DEFAULT_BACKEND.name, *DEFAULT_BACKEND.example_server_args, "--gpus",
+                                 str(kubernetes.GPUS_PER_NODE)]
+    assert container["env"][0] == {"name": "OTHER_PLUGINS", "value": "capwatch"}  # first: it loads the plugin
+    assert {"name": "CAPWATCH_ENABLED", "value": "1"} in container["env"]
+    assert container["ports"][0] == {"name": "http", "containerPort": 8000, "protocol": "TCP"}
+    assert [port["containerPort"] for port in container["ports"][1:]] == [
+        DEFAULT_BASE_PORT + gpu for gpu in range(kubernetes.GPUS_PER_NODE)]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)

@@ -18,10 +18,11 @@ import pytest
 from tests.support.checkout import REPO_ROOT
 
 # Lowest first. `capwatch.vocabulary` is the shared words every layer may use, `capwatch.version` the installed
-# version every layer may state (the CLI's --version, the build-info metric); the rest of `capwatch/` is the
-# command line and the demo, on top.
+# version every layer may state (the CLI's --version, the build-info metric), `capwatch.series` the shape of a
+# backend's or an engine's own series (the engine homes, below the backends, state theirs with it); the rest of
+# `capwatch/` is the command line and the demo, on top.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version"),
+    ("capwatch.sizing", "capwatch.vocabulary", "capwatch.version", "capwatch.series"),
     ("capwatch.sglang_engine",),  # what SGLang defines (its limits, its floor), torch-free: one home for the engine
     ("capwatch.engines",),  # the engines' registry every layer above reads an engine's facts from
     ("capwatch.backends",),  # one spec per A2A backend over its sizing, and the registry every layer above loops over

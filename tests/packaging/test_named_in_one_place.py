@@ -18,25 +18,16 @@ FOLDERS = sorted(set(PACKAGE_DIRS.values()))
 BACKENDS = tuple(SPECS)  # a backend registered tomorrow is counted from its first day
 ENGINE = "sglang"
 ENGINE_HOMES = ("sglang_engine/", "sglang_plugin/", "sglang_logs/")
-# The registries: where every backend is listed once (the last: SGLang's variable, default and reserve per backend).
-REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_plugin/floors/__init__.py",
-              "sglang_engine/caps.py"}
+# The registries: where every backend is listed once (the specs; the SGLang plugin's hooks, each naming its floor
+# module; SGLang's variable, default and reserve per backend).
+REGISTRIES = {"backends/__init__.py", "sglang_plugin/hooks/__init__.py", "sglang_engine/caps.py"}
 # Where every engine is listed once.
 ENGINE_REGISTRIES = {"capwatch/engines.py"}
 
 STILL_NAMING: dict[str, set[str]] = {
-    "deepep": {
-        # SGLang's --deepep-mode also picks MoRI's kernel (low_latency: AsyncLL): its log reader reads the flag.
-        "backends/mori.py",
-    },
+    "deepep": set(),
     "flashinfer": set(),
-    ENGINE: {
-        "advisor/advice.py", "advisor/recommend.py", "backends/deepep.py", "backends/flashinfer.py",
-        "capwatch/commands/advise.py", "dashboards/kubernetes.py", "service/sources/contract.py",
-        "service/sources/prometheus/rank_config.py", "service/sources/prometheus/source.py",
-        "sizing/deepep_low_latency.py", "sizing/deepep_plan.py", "sizing/deepep_v2.py", "sizing/flashinfer_plan.py",
-        "telemetry/catalogue.py", "telemetry/collector.py", "telemetry/report.py",
-    },
+    ENGINE: set(),
 }
 
 

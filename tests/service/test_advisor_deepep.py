@@ -11,7 +11,9 @@ from capwatch.advisor.policy import AdvisorPolicy
 from capwatch.advisor.recommend import recommend, whatif
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sizing.checks import SizingError
-from capwatch.sizing.deepep_plan import SGLANG_DEEPEP_RESERVE_BYTES, DeepEPPricing, plan_deepep_buffer
+from capwatch.sglang_engine.deepep import RESERVE_BYTES as SGLANG_DEEPEP_RESERVE_BYTES
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
+from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.report import SGLangLimits
 from hypothesis import given, settings
@@ -85,6 +87,19 @@ def test_a_buffer_past_sglangs_reserve_is_warned_about():
     assert advice.over_sglang_reserve_bytes_recommended == over > 0
     assert any("more than the 2.00 GiB SGLang's automatic --mem-fraction-static reserves" in reason
                for reason in advice.reasons)
+
+
+def test_the_field_of_the_excess_over_the_reserve_is_the_engines():
+    """``over_sglang_reserve_bytes_recommended`` is declared where the reserve is (the engine's ``RESERVE_PRICE``,
+    capwatch.engines) and stays where ``/advice``'s JSON had it: right after the workspace's price."""
+    from capwatch.advisor.advice import ClusterAdvice, Price
+    from capwatch.engines import ENGINE
+
+    assert list(ENGINE.RESERVE_PRICE.model_fields) == ["over_sglang_reserve_bytes_recommended"]
+    assert issubclass(Price, ENGINE.RESERVE_PRICE)
+    fields = list(ClusterAdvice.model_fields)
+    assert fields[fields.index("kv_cache_tokens_per_rank_freed") + 1] == "over_sglang_reserve_bytes_recommended"
+    assert Price.none().over_sglang_reserve_bytes_recommended is None
 
 
 def test_the_policy_is_held_within_deepeps_rules():

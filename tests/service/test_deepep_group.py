@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.backends.deepep import RULES as DEEPEP
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.rank import rank_config
 from capwatch.backends.deepep import DeepEPBuffer

@@ -12,7 +12,7 @@ from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.config import Settings
 from capwatch.service.main import create_app
 from capwatch.backends.deepep import RULES as DEEPEP
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter

@@ -13,7 +13,7 @@ from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.deepep_low_latency import LOW_LATENCY_HIDDEN_SIZES
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, plan_deepep_buffer
+from capwatch.sglang_engine.deepep import DEEPEP_MODES, plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS
 from capwatch.telemetry import catalogue
 from capwatch.telemetry.collector import DispatchCollector
@@ -30,6 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.telemetry.promtool import promtool_findings
 
 EP_SIZE = 2
+SGLANG_METRICS = catalogue.ENGINE_METRICS["sglang"]  # moe_a2a_sglang_info and the gauges of SGLang's floor terms
+SGLANG_GAUGES = dict((field, spec) for spec, field in SGLANG_METRICS.gauges)
 UNIFIED = SGLangLimits(sglang_version="0.5.23", max_prefill_buffer_tokens=2048,
                        decode_cuda_graph_max_batch_size=256, tokens_per_request=4)
 
@@ -91,14 +93,15 @@ def exposition(config: RankConfig) -> bytes:
 
 
 def rebuilt(text: bytes) -> RankConfig | UnpricedConfig | None:
-    """What the Prometheus source reads of one rank: values by series name, the two info series' labels."""
+    """What the Prometheus source reads of one rank: values by series name, the info series' labels."""
     values: dict[str, float] = {}
     labels: dict[str, dict[str, str]] = {}
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
             values[sample.name] = sample.value
             labels[sample.name] = sample.labels
-    return rank_config_of(values, labels[catalogue.INFO.name], labels.get(catalogue.SGLANG_INFO.name),
+    return rank_config_of(values, labels[catalogue.INFO.name],
+                          {name: labels.get(metrics.info.name) for name, metrics in catalogue.ENGINE_METRICS.items()},
                           {name: labels.get(metrics.info.name) for name, metrics in catalogue.BACKEND_METRICS.items()
                            if not metrics.on_shared_series})
 
@@ -115,12 +118,12 @@ def test_sglang_series_lint_clean_and_carry_the_floor_inputs():
     text = exposition(config)
     assert promtool_findings(text) == []
     families = {family.name: family for family in text_string_to_metric_families(text.decode())}
-    info = families[catalogue.SGLANG_INFO.name].samples
+    info = families[SGLANG_METRICS.info.name].samples
     assert len(info) == 1 and info[0].value == 1 and info[0].labels == {
         "ep_group": "trip", "ep_rank": "1", "dispatcher": "target", "sglang_version": "0.5.23",
         "disaggregation_mode": "null", "cap_source": "operator", "floor_rule": "sglang", "advice_revision": ""}
-    assert families[catalogue.SGLANG_MAX_PREFILL_BUFFER_TOKENS.name].samples[0].value == 2048
-    assert families[catalogue.SGLANG_DECODE_CUDA_GRAPH_MAX_REQUESTS.name].samples[0].value == 256
+    assert families[SGLANG_GAUGES["max_prefill_buffer_tokens"].name].samples[0].value == 2048
+    assert families[SGLANG_GAUGES["decode_cuda_graph_max_batch_size"].name].samples[0].value == 256
     assert families[catalogue.MODEL_EXPERTS.name].samples[0].value == 128
 
 
@@ -128,8 +131,8 @@ def test_without_sglang_the_sglang_series_are_absent_and_the_config_says_none():
     config = rank_config(cap=128, ep_size=EP_SIZE, hidden_size=64, top_k=4, num_experts=8, backend="torch")
     text = exposition(config)
     families = {family.name: family for family in text_string_to_metric_families(text.decode())}
-    assert families[catalogue.SGLANG_INFO.name].samples == []
-    assert all(families[spec.name].samples == [] for spec, _ in catalogue.SGLANG_LIMIT_GAUGES)
+    assert families[SGLANG_METRICS.info.name].samples == []
+    assert all(families[spec.name].samples == [] for spec, _ in SGLANG_METRICS.gauges)
     assert families[catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name].samples == []  # not reported: absent, not 0
     assert rebuilt(text) == config and rebuilt(text).sglang is None
 
@@ -148,7 +151,7 @@ def test_labels_an_older_exporter_lacks_read_as_the_reports_defaults():
             if sample.name != catalogue.SPECULATIVE_TOKENS.name:
                 values[sample.name] = sample.value
             labels[sample.name] = {name: value for name, value in sample.labels.items() if name not in older}
-    read = rank_config_of(values, labels[catalogue.INFO.name], labels[catalogue.SGLANG_INFO.name])
+    read = rank_config_of(values, labels[catalogue.INFO.name], {"sglang": labels[SGLANG_METRICS.info.name]})
     assert isinstance(read, RankConfig) and read == config
     assert (read.flashinfer.payload_format, read.overflow_policy, read.a2a_backend, read.speculative_tokens) == (
         "bf16", "raise", "flashinfer", 0)
@@ -176,7 +179,7 @@ def test_series_no_rank_could_report_together_fall_back_to_the_unpriced_config()
     values = {spec.name: 1.0 for spec, _ in catalogue.RANK_CONFIG_GAUGES}
     values |= {catalogue.MODEL_TOP_K.name: 9.0, catalogue.MODEL_EXPERTS.name: 4.0,
                catalogue.CUDA_GRAPH_MAX_BATCH_SIZE.name: float("inf")}
-    config = rank_config_of(values, {"backend": "torch"}, {"disaggregation_mode": "decode"})
+    config = rank_config_of(values, {"backend": "torch"}, {"sglang": {"disaggregation_mode": "decode"}})
     assert isinstance(config, UnpricedConfig) and config.hidden_size is None and config.sglang is None
     assert config.cuda_graph_max_batch_size is None  # +Inf is not a batch size
 
@@ -197,9 +200,9 @@ def test_series_without_a_usable_cap_describe_no_rank(cap):
 
 
 DEEPEP_METRICS = catalogue.BACKEND_METRICS["deepep"]
-_names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *catalogue.SGLANG_LIMIT_GAUGES,
+_names = [spec.name for spec, _ in (*catalogue.RANK_CONFIG_GAUGES, *SGLANG_METRICS.gauges,
                                     *(gauge for metrics in catalogue.BACKEND_METRICS.values() for gauge in metrics.gauges))]
-_labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *catalogue.SGLANG_INFO_LABELS,
+_labels = st.dictionaries(st.sampled_from([*catalogue.INFO_CONFIG_LABELS, *SGLANG_METRICS.info_labels,
                                            *DEEPEP_METRICS.info_labels, "ep_size"]),
                           st.sampled_from(["deepep", "flashinfer", "auto", "low_latency"]) | st.text(max_size=40),
                           max_size=8)
@@ -213,7 +216,7 @@ def test_any_answer_from_prometheus_rebuilds_a_config_or_an_unpriced_one_never_a
     """Whatever a Prometheus holds under these names (a hand-written exporter, NaN, +Inf, negatives):
     no rank without a usable cap; else a config that validates, or one without geometry whose sizes are
     sizes a rank could have or unknown, and that prices or says why not (SizingError) — never a crash."""
-    config = rank_config_of({name: float(value) for name, value in values.items()}, info, sglang_info,
+    config = rank_config_of({name: float(value) for name, value in values.items()}, info, {"sglang": sglang_info},
                             {"deepep": deepep_info})
     cap = values.get(catalogue.CAP_TOKENS.name)
     if cap is None or not 1 <= float(cap) < float("inf"):
@@ -273,7 +276,7 @@ def test_a_cap_capwatch_applied_carries_its_revision_through_the_series():
         text = exposition(config)
         assert promtool_findings(text) == []
         families = {family.name: family for family in text_string_to_metric_families(text.decode())}
-        labels = families[catalogue.SGLANG_INFO.name].samples[0].labels
+        labels = families[SGLANG_METRICS.info.name].samples[0].labels
         assert (labels["cap_source"], labels["advice_revision"]) == ("capwatch", str(revision))
         assert rebuilt(text).sglang == limits
 

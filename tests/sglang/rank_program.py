@@ -11,7 +11,9 @@ SGLang's DP token counts published with ``set_dp_buffer_len``, dispatch, an expe
 (2 x the rows), combine. The one stand-in is FlashInfer's MoeAlltoAll (``standin.py``).
 
 Writes ``rank-<r>.pt`` (every combine output, and the routing) to the run folder, then
-``ready-<r>`` and waits for ``release`` (the test scrapes ``/metrics`` meanwhile) before exiting.
+``ready-<r>`` and waits for ``release`` (the test scrapes ``/metrics`` meanwhile) before exiting. A plan with
+``unbuildable`` (a FlashInfer SGLang cannot build its dispatcher with) builds one layer, writes what SGLang raised
+to ``build-error-<r>``, then ``ready-<r>`` and waits the same way.
 
     python [-O] -m tests.sglang.rank_program RUN_DIR RANK
 """
@@ -214,6 +216,15 @@ def main(run_dir: Path, rank: int) -> None:
 
     plan = json.loads((run_dir / "plan.json").read_text())
     sglang = start_rank(plan, rank)
+    if plan.get("unbuildable"):  # SGLang cannot build its dispatcher here: its own error, while the test scrapes
+        try:
+            sglang.build(plan["target_layers"][0])
+            error = "built"
+        except Exception as raised:  # noqa: BLE001 - whatever SGLang raises is the record
+            error = f"{type(raised).__name__}: {raised}"
+        (run_dir / f"build-error-{rank}").write_text(error)
+        wait_for_release(run_dir, rank)
+        return
     # Built out of order: the step leader must be the lowest layer id, not the first built.
     target = [sglang.build(layer_id) for layer_id in plan["target_layers"]]
     sp_prefill = [sglang.build(layer_id, enable_sp_prefill_a2a=True) for layer_id in plan.get("sp_prefill_layers", [])]
@@ -254,6 +265,11 @@ def main(run_dir: Path, rank: int) -> None:
             run_layers(draft if step.get("draft") else target, counts[rank])
 
     torch.save(record, run_dir / f"rank-{rank}.pt")
+    wait_for_release(run_dir, rank)
+
+
+def wait_for_release(run_dir: Path, rank: int) -> None:
+    """``ready-<rank>``, then wait until the test writes ``release`` (it scrapes ``/metrics`` meanwhile)."""
     (run_dir / f"ready-{rank}").write_text("")
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     while not (run_dir / "release").exists() and time.monotonic() < deadline:

@@ -47,7 +47,8 @@ def sglang_missing() -> str | None:
         return f"no sglang test venv at {python.parent.parent} (make test builds it)"
     absent = missing()
     if absent:
-        return f"the release folders of sglang {', '.join(absent)} are not installed (make test installs them)"
+        return (f"the SGLang tests' folders of {', '.join(absent)} (sglang releases, unpinned folders) are not "
+                "installed (make test installs them)")
     # find_spec, not import: importing sglang takes seconds.
     check = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('sglang') and u.find_spec('capwatch') else 1)"
     if launcher.run("-c", check, python=python, path_first=release_path(RELEASES[-1]), timeout_s=60).returncode != 0:

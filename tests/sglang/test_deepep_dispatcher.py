@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import custom_geometry
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT

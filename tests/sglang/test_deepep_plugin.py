@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 from capwatch.backends.deepep import RULES as DEEPEP
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun

@@ -1,6 +1,6 @@
-"""The FlashInfer and DeepEP hooks' counting, per call, in the main venv: exactly the torch ops the chosen design
-promises (docs/dispatcher.md, "Counting a GPU does not notice"), per kind of layer, eagerly and under a simulated
-CUDA graph capture; nothing allocated, nothing read back to the host, and the counts land.
+"""The FlashInfer, DeepEP and local-batch hooks' counting, per call, in the main venv: exactly the torch ops the
+chosen design promises (docs/dispatcher.md, "Counting a GPU does not notice"), per kind of layer, eagerly and under
+a simulated CUDA graph capture; nothing allocated, nothing read back to the host, and the counts land.
 
 The design: the step leader counts the step (on the host eagerly, one ``add_`` captured); every layer's call is a
 host int eagerly and no op captured; only the layers of the traffic sample add their per-rank counts, one ``add_``
@@ -228,3 +228,50 @@ def test_the_session_elects_places_in_model_order_with_micro_batch_twins_sharing
         else:  # places: 3 | 3 | 5 | 7 | 7 | None | None; every 2nd from the first
             assert leaders == [3] and counters.layers_per_step == 7
             assert sorted(sampled, key=lambda i: math.inf if i is None else i) == [3, 5, 7, None]
+
+
+# A local-batch backend's leader layer (DeepEP v2, Mooncake EP, NIXL EP), per counted call: one put_ of its topk_ids
+# into the role's expert bins, after a copy_ into int64 scratch where they are SGLang's int32. Any other layer: none.
+LOCAL_BATCH_OPS = {torch.int64: ["aten::put_"], torch.int32: ["aten::copy_", "aten::put_"]}
+
+
+@pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64], ids=["int32 ids", "int64 ids"])
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
+def test_a_counted_local_batch_dispatch_counts_the_sent_pairs_in_one_put(leader, captured, ids_dtype):
+    """``hooks/local_batch.py``'s counted dispatch: on the step leader's layer one ``put_`` (it was six ops: a clamp,
+    a div_, a ge, a zero_, a scatter_add_ and the record's add_), a ``copy_`` before it only for int32 ids; any other
+    layer none. Nothing allocated, nothing read back; the pairs sent per rank exact (a -1 expert's for none)."""
+    from capwatch.backends.mooncake import RULES as MOONCAKE
+    from capwatch.sglang_plugin.hooks.local_batch import SentPairs, counted_dispatch
+
+    experts, top_k = 8, 2
+    counters = DispatchCounters(CAP, EP_SIZE)
+    if captured:
+        counters._eager = lambda: False
+    layers = [LayerCounting(counters, 0, EP_SIZE, counters.expert_traffic(experts), rules=MOONCAKE)
+              for _ in range(3)]
+    elect(counters, layers, [0, 1, 2], traffic_stride=None)  # as the session elects a local-batch backend's layers
+    layer = layers[0 if leader else 1]
+    assert layer.counts_traffic == leader
+    sent = SentPairs.made(layer, CAP, top_k)
+    topk_ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=ids_dtype)  # ranks 0, 1 | 1, none | 0, 1
+    hidden = torch.zeros(3, 4)
+
+    def dispatch(hidden_states, topk_output):  # the library's launch
+        return hidden_states
+
+    counted = counted_dispatch(dispatch, layer, sent)
+    counted(hidden, SimpleNamespace(topk_ids=topk_ids))
+    with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        assert counted(hidden, SimpleNamespace(topk_ids=topk_ids)) is hidden
+    assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
+    expected = (LOCAL_BATCH_OPS[ids_dtype] if leader else []) + (["aten::add_"] if leader and captured else [])
+    assert top_level_ops(profiler) == sorted(expected)
+    snapshot = counters.snapshot()
+    assert snapshot.dispatch_calls == (2 if not captured else 2 * 3 if leader else 0)
+    assert snapshot.tokens_sent_per_rank == ((4, 6) if leader else (0, 0))
+    assert snapshot.tokens_received_per_rank == (0, 0)
+    assert snapshot.forward_steps == (2 if leader else 0)
+    if leader:
+        assert snapshot.local_tokens_histogram[3] == 2

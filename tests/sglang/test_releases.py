@@ -3,12 +3,16 @@ they are exactly the releases the plugin has adapters for, each beside the Flash
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import re
 
 import pytest
 
 from capwatch.sglang_plugin import releases
 from capwatch.sglang_plugin.floors import flashinfer as flashinfer_floor
+from capwatch.sglang_plugin import floors
+from capwatch.sglang_plugin.hooks import BACKENDS, FLOORS
 from capwatch.sglang_plugin.hooks import flashinfer as flashinfer_hooks
 from tests.sglang.releases import GROUPS, RELEASE_REQUIREMENTS, RELEASES, release_path
 
@@ -33,6 +37,23 @@ def pins_of(version: str) -> dict[str, str]:
 def test_the_tests_install_exactly_the_verified_releases():
     assert RELEASES == releases.VERIFIED
     assert set(flashinfer_hooks.ADAPTERS) == set(flashinfer_floor.FLOOR_RULES) == set(releases.VERIFIED)
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_each_backends_hook_module_names_its_own_floor_for_every_release_it_hooks(name):
+    """One registry (``hooks/__init__.py``): a backend's hook module names its floor module, which has a rule for
+    every release the hooks are verified on."""
+    hooks = BACKENDS[name]
+    assert hooks.NAME == hooks.FLOOR.NAME == name and FLOORS[name] is hooks.FLOOR
+    assert set(hooks.ADAPTERS) <= set(hooks.FLOOR.FLOOR_RULES)
+
+
+def test_every_floor_module_is_named_by_a_registered_backend():
+    """A ``floors/<backend>.py`` no hook module names would never run: it is a backend not registered."""
+    backends_floors = {
+        info.name for info in pkgutil.iter_modules(floors.__path__)
+        if hasattr(importlib.import_module(f"{floors.__name__}.{info.name}"), "FLOOR_RULES")}
+    assert backends_floors == {module.__name__.rsplit(".", 1)[-1] for module in FLOORS.values()}
 
 
 @pytest.mark.parametrize("version", RELEASES, ids=lambda version: f"sglang-{version}")

@@ -231,7 +231,7 @@ def test_a_deepep_server_is_advised_deepeps_variable_within_its_rules(tmp_path, 
     """A DeepEP server's log (issue #19): its default cap (128), its variable, DeepEP's buffer as SGLang sizes it
     (the mode, redundant experts), multiples of 128 up to 1024, and the floor term its mode lets through."""
     from capwatch.backends.deepep import RULES as DEEPEP
-    from capwatch.sizing.deepep_plan import plan_deepep_buffer
+    from capwatch.sglang_engine.deepep import plan_deepep_buffer
     from capwatch.sizing.model_presets import model_geometry
 
     lines = LOG.start(T0 - 30, moe_a2a_backend="deepep", deepep_mode=mode, ep_num_redundant_experts=32,

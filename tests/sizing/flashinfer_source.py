@@ -81,9 +81,13 @@ def package_version(package: Path) -> str:
 
 
 def packages_under_test() -> list[Path]:
-    """The installed package plus unpacked wheels named in CAPWATCH_FLASHINFER_PACKAGES (paths of
-    their ``flashinfer/`` folders, separated by ``os.pathsep``), to check other releases too."""
-    found = [package_dir()] + [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
+    """The installed package, the releases the SGLang tests unpacked (``.sglang-releases/flashinfer-python==*``:
+    0.7.4's among them, which cannot share the main venv), plus unpacked wheels named in
+    CAPWATCH_FLASHINFER_PACKAGES (paths of their ``flashinfer/`` folders, separated by ``os.pathsep``)."""
+    from tests.support.checkout import REPO_ROOT
+
+    unpacked = sorted((REPO_ROOT / ".sglang-releases").glob("flashinfer-python==*/flashinfer"))
+    found = [package_dir(), *unpacked] + [Path(p) for p in os.environ.get("CAPWATCH_FLASHINFER_PACKAGES", "").split(os.pathsep) if p]
     return [p for p in dict.fromkeys(found) if p is not None and (p / "_build_meta.py").is_file()]
 
 
@@ -251,3 +255,38 @@ class NVLinkOneSidedLayout:
         eplb, cft, lamport_tokens, lamport_format_id, hidden) -> the metainfo fields by name."""
         return [None if values is None else dict(zip(LAYOUT_FIELDS, values, strict=True))
                 for values in _run_batch(self.binary, rows)]
+
+
+class LamportRowGeometry:
+    """``lamportRowBytes``, ``lamportDispatchBlocksPerToken`` and ``lamportBytesPerRow`` of
+    ``csrc/nvlink_one_sided_alltoall.cu`` (flashinfer 0.7.4): what ``moe_a2a_lamport_row_bytes`` returns to
+    ``_default_lamport_max_tokens``, and the kernel constants that default reads (``layout_constants()``)."""
+
+    def __init__(self, package: Path, workdir: Path):
+        unit = _read(package / "data" / "csrc" / "nvlink_one_sided_alltoall.cu")
+        lamport = _read(package / "data" / "include" / "flashinfer/comm/moe_alltoall_lamport.cuh")
+        self.constants = {name: int(re.search(rf"constexpr int {name}\s*=\s*(\d+)", lamport).group(1))
+                          for name in ("kDispatchBlocksPerSM", "kMaxTokensPerRank")}
+        source = "\n".join([
+            CHECK_MACROS,
+            "namespace flashinfer { namespace moe_alltoall_lamport {",
+            _line(lamport, r"constexpr int kNumThreads"),
+            _block(lamport, r"^\S.*constexpr int topk_row_vectors").replace("__host__ __device__ ", ""),
+            _block(lamport, r"^enum PayloadFormat"), "}}",
+            "namespace lamport = flashinfer::moe_alltoall_lamport;",
+            _block(unit, r"^struct LamportRowBytes"),
+            _block(unit, r"^LamportRowBytes lamportRowBytes"),
+            _block(unit, r"^int64_t lamportDispatchBlocksPerToken"),
+            _block(unit, r"^int64_t lamportBytesPerRow"),
+            "int main() { long long format, hidden, topk;",
+            "  while (std::cin >> format >> hidden >> topk) {",
+            "    auto row = lamportRowBytes(format, hidden);",
+            "    std::printf(\"%lld %lld %lld %lld\\n\", (long long)row.payload, (long long)row.scale,",
+            "                (long long)lamportDispatchBlocksPerToken(row), (long long)lamportBytesPerRow(topk, row, hidden));",
+            "  } }",
+        ])
+        self.binary = _compile(source, workdir, "lamport_row_geometry")
+
+    def rows(self, rows: list[tuple[int, int, int]]) -> list[list[int]]:
+        """(format id, hidden, top_k) -> (hidden bytes, scale bytes, blocks per token, bytes per row)."""
+        return _run_batch(self.binary, rows)

@@ -29,7 +29,7 @@ from capwatch.sizing.deepep_normal import (
     nvl_buffer_bytes,
     rdma_buffer_bytes,
 )
-from capwatch.sizing.deepep_plan import DEEPEP_MODES, plan_deepep_buffer
+from capwatch.sglang_engine.deepep import DEEPEP_MODES, plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS
 
 from tests.sglang.ranks import MODEL_CONFIG, sglang_missing, sglang_python

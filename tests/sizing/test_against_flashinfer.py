@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_layout
-from capwatch.sizing.flashinfer_one_sided import nvlink_one_sided_layout
-from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion
+from capwatch.sizing.flashinfer_one_sided import built_workspace, default_lamport_max_tokens, nvlink_one_sided_layout
+from capwatch.sizing.flashinfer_releases import SUPPORTED_FLASHINFER_VERSIONS, FlashInferVersion, lacks_moe_alltoall
 from capwatch.sizing.payloads import MOE_EP_QUANT_FORMATS, hidden_bytes_per_token
 
 from tests.sizing import flashinfer_source as source
@@ -62,6 +62,12 @@ def nvlink(package, tmp_path_factory):
 EP_SIZES = [1, 2, 3, 7, 8, 16, 48, 64]
 TOKENS = [1, 7, 31, 32, 33, 127, 128, 1024, 4097, 16384]
 EPLB = [0, 1, 33, 256]
+
+
+def test_moe_alltoall_removal_matches_the_package(package):
+    # What the SGLang plugin's "backend unavailable" rests on: the release's flashinfer.comm exports MoeAlltoAll or not.
+    exported = "MoeAlltoAll" in (package / "comm" / "__init__.py").read_text()
+    assert lacks_moe_alltoall(source.package_version(package)) is not exported
 
 
 def test_aux_layout_matches_calculate_offsets(package, moe_a2a):
@@ -162,6 +168,51 @@ def test_nvlink_one_sided_layout_matches_flashinfer(nvlink):
             theirs["COMBINE_COMPLETION_FLAGS_OFFSET_INDEX"], theirs["COMBINE_INPUT_OFFSET_INDEX"],
             theirs["COMBINE_INPUT_SIZE_INDEX"], theirs["COMBINE_RECV_SIZE_INDEX"],
             theirs["LAMPORT_MAX_NUM_TOKENS_INDEX"], theirs["WORKSPACE_SIZE_INDEX"]), case
+
+
+def test_the_built_object_is_read_where_flashinfer_keeps_its_figures(package, nvlink):
+    # NVLinkOneSidedAlltoAll.__init__ keeps its layout in self.metainfo (WORKSPACE_SIZE_INDEX after the Lamport
+    # extension), its Lamport limit and bytes in self.lamport_max_tokens / self._lamport_workspace_bytes.
+    init = (package / "moe_ep/backends/split/comm/nvlink_one_sided/communication.py").read_text()
+    for kept in ("self.lamport_max_tokens = max_tokens", "self._lamport_workspace_bytes = (",
+                 "int(metainfo[index.WORKSPACE_SIZE_INDEX]) - size_before", 'self.metainfo: "torch.Tensor" = '):
+        assert kept in init, kept
+    for ep, tokens, cft, lamport_tokens in [(8, 1024, True, 227), (8, 1024, False, 159), (64, 128, True, 0),
+                                            (4, 100, False, 512), (2, 33, False, 0)]:
+        case = (ep, tokens, 8, 7168, "bf16", 0, cft, lamport_tokens)
+        base, = nvlink.layouts([_nvlink_row(*case[:7], 0)])
+        theirs, = nvlink.layouts([_nvlink_row(*case)])
+        metainfo = [theirs[name] for name in source.LAYOUT_FIELDS]
+        clamped = min(lamport_tokens, 512, tokens)
+        built = built_workspace(metainfo, {name: i for i, name in enumerate(source.LAYOUT_FIELDS)}, clamped,
+                                theirs["WORKSPACE_SIZE_INDEX"] - base["WORKSPACE_SIZE_INDEX"])
+        ours = nvlink_one_sided_layout(ep, tokens, 8, 7168, cft=cft, lamport_max_tokens=lamport_tokens)
+        assert (built.workspace_bytes_per_rank, built.cft, built.lamport_max_tokens, built.lamport_bytes) == (
+            ours.workspace_bytes_per_rank, cft, ours.lamport_max_tokens, ours.lamport_bytes), case
+        assert built.sized_offline == (not cft and not clamped)
+
+
+def test_the_default_lamport_limit_is_flashinfers_for_each_sm_count(package, nvlink, tmp_path):
+    # FlashInfer's own _default_lamport_max_tokens (its Python, from its source) over its own row geometry (the
+    # compiled C++ moe_a2a_lamport_row_bytes returns), capped by the capacity as __init__ caps it: the limit a run
+    # settles on from the SM count every rank votes, which is what no plan can know.
+    geometry = source.LamportRowGeometry(package, tmp_path)
+    namespace = source.python_definitions(
+        package / "moe_ep/backends/split/comm/nvlink_one_sided/communication.py",
+        ["_LAMPORT_MIN_DEFAULT_MAX_TOKENS", "_LAMPORT_MAX_DEFAULT_REGION_BYTES", "_default_lamport_max_tokens"],
+        {"Any": object})
+    index = SimpleNamespace(LAMPORT_DISPATCH_BLOCKS_PER_SM=geometry.constants["kDispatchBlocksPerSM"],
+                            LAMPORT_MAX_TOKENS_PER_RANK=geometry.constants["kMaxTokensPerRank"])
+    formats = {"bf16": "BF16", "mxfp8": "MXFP8", "deepseek-fp8": "FP8_BLOCK128", "nvfp4": "NVFP4"}
+    cases = [case for case in itertools.product(["bf16", "mxfp8", "deepseek-fp8", "nvfp4"], [2048, 4096, 7168],
+                                                [1, 8, 22]) if not (case[0] == "deepseek-fp8" and case[1] % 512)]
+    rows = geometry.rows([(source.LAMPORT_FORMAT_IDS[formats[fmt]], hidden, top_k) for fmt, hidden, top_k in cases])
+    for (fmt, hidden, top_k), row in zip(cases, rows, strict=True):
+        row = SimpleNamespace(hidden_bytes=row[0], scale_bytes=row[1], blocks_per_token=row[2], bytes_per_row=row[3])
+        for ep, num_sms, capacity in itertools.product([1, 2, 8, 64], [1, 20, 132, 148, 160], [64, 300, 4096]):
+            theirs = min(namespace["_default_lamport_max_tokens"](ep, num_sms, row, index), capacity)
+            ours = default_lamport_max_tokens(ep, num_sms, top_k, hidden, fmt, capacity)
+            assert ours == theirs, (fmt, hidden, top_k, ep, num_sms, capacity)
 
 
 def test_flashinfer_rejects_what_capwatch_rejects(nvlink):

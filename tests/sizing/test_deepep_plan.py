@@ -13,15 +13,14 @@ from capwatch.sizing.deepep_low_latency import (
     low_latency_rdma_bytes,
 )
 from capwatch.sizing.deepep_normal import DISPATCH_CONFIGS, default_configs
-from capwatch.sizing.deepep_plan import (
-    NVSHMEM_HEAP_STEP_BYTES,
-    SGLANG_DEEPEP_RESERVE_BYTES,
-    DeepEPPricing,
+from capwatch.sglang_engine.deepep import (
+    RESERVE_BYTES as SGLANG_DEEPEP_RESERVE_BYTES,
     NoDeepEPCapFits,
     buffer_experts,
     largest_deepep_plan_within,
     plan_deepep_buffer,
 )
+from capwatch.sizing.deepep_plan import NVSHMEM_HEAP_STEP_BYTES, DeepEPPricing
 from capwatch.sizing.model_presets import custom_geometry, model_geometry
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,3 +143,19 @@ def test_pricing_from_a_report_matches_the_plan_and_refuses_what_it_does_not_kno
     assert unknown.known_bytes_per_rank(256) is None
     with pytest.raises(SizingError, match="cannot be priced"):
         unknown.bytes_per_rank(256)
+
+
+def test_deepeps_own_limit_names_no_engine_and_sglangs_assert_says_sglang():
+    """1024 is DeepEP's (the low-latency dispatch counts below FINISHED_SUM_TAG); that SGLang asserts it at start is
+    SGLang's fact, said by its home."""
+    from capwatch.sglang_engine.deepep import check_cap
+    from capwatch.sizing.deepep_low_latency import check_dispatch_cap
+
+    with pytest.raises(SizingError) as library:
+        check_dispatch_cap(1025)
+    with pytest.raises(SizingError) as engine:
+        check_cap(1025)
+    assert "SGLang" not in str(library.value) and "FINISHED_SUM_TAG" in str(library.value)
+    assert "the most SGLang accepts for DeepEP's low-latency dispatch (it asserts the cap <= 1024" in str(engine.value)
+    assert check_cap(1024) == check_dispatch_cap(1024) == 1024
+

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from capwatch.sizing.deepep_low_latency import LOW_LATENCY_HIDDEN_SIZES
-from capwatch.sizing.deepep_plan import plan_deepep_buffer
+from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import MODEL_PRESETS, custom_geometry, model_geometry
 
 from tests.support.launcher import run_capwatch

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 from capwatch.sizing.model_presets import model_geometry
-from capwatch.sizing.flashinfer_plan import plan_workspace
+from capwatch.sglang_engine.flashinfer import plan_workspace
 
 from tests.support.launcher import run_capwatch
 
@@ -125,3 +125,24 @@ def test_bad_input_is_one_clear_line_and_exit_2(args, message):
     assert len(lines) == 1 and lines[0].startswith("capwatch plan: error: "), result.stderr
     assert message in lines[0]
     assert "Traceback" not in result.stderr
+
+
+def test_0_7_4_says_which_regions_it_could_not_size_offline():
+    fence = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--flashinfer-version", "0.7.4")
+    assert fence.returncode == 0, fence.stderr
+    said = " ".join(fence.stdout.split())  # the note wraps at the terminal's width
+    assert "not sized offline" in said and "CFT's combine receive inbox" in said and "Lamport transport's regions" in said
+    both = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--flashinfer-version", "0.7.4",
+                    "--cft", "--lamport-tokens", "159", "--json")
+    assert both.returncode == 0, both.stderr
+    plan = json.loads(both.stdout)
+    assert plan["cft"] is True and plan["lamport_bytes"] > 0
+    assert plan["workspace_bytes_per_rank"] == plan_workspace(
+        model_geometry("deepseek-v3"), 8, 1024, flashinfer_version="0.7.4", cft=True,
+        lamport_max_tokens=159).workspace_bytes_per_rank > 235_472_384  # the fence path's figure
+    only_cft = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--flashinfer-version", "0.7.4",
+                        "--cft")
+    said = " ".join(only_cft.stdout.split())
+    assert "not sized offline" in said and "CFT's" not in said and "Lamport transport's regions" in said
+    refused = capwatch("--model", "deepseek-v3", "--ep-size", "8", "--cap", "1024", "--cft")
+    assert refused.returncode != 0 and "only in flashinfer 0.7.4" in refused.stderr

@@ -7,7 +7,7 @@ import subprocess
 
 from capwatch.sizing.deepep_plan import DEEPEP_WORKSPACE_BYTES, NVSHMEM_HEAP_STEP_BYTES
 from capwatch.sizing.model_presets import model_geometry
-from capwatch.sizing.flashinfer_plan import plan_workspace
+from capwatch.sglang_engine.flashinfer import plan_workspace
 
 from tests.support.launcher import run_capwatch
 

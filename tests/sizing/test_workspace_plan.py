@@ -4,7 +4,7 @@ from capwatch.sizing.checks import SizingError
 from capwatch.sizing.flashinfer_moe_a2a import workspace_bytes_per_rank
 from capwatch.sizing.model_presets import MODEL_PRESETS, custom_geometry, model_geometry
 from capwatch.sizing.payloads import dispatch_bytes_per_token
-from capwatch.sizing.flashinfer_plan import largest_plan_within, plan_workspace
+from capwatch.sglang_engine.flashinfer import largest_plan_within, plan_workspace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -163,3 +163,20 @@ def test_monotone_in_cap_for_every_mode_and_preset():
             assert sizes == sorted(set(sizes)), (name, mode)
             assert all(size % 128 == 0 for size in sizes)
             assert align_up(sizes[0]) == sizes[0]
+
+
+def test_the_library_plan_is_flashinfers_own_formula_and_a_callers_allocation_changes_only_what_it_says():
+    """sizing's plan_workspace knows no engine: its default allocation is FlashInfer's formula (SGLang's mode
+    ``flashinfer``), and a caller's allocation sizes with its own dispatch bytes, tokens and added bytes."""
+    from capwatch.sizing import flashinfer_plan
+
+    own = flashinfer_plan.plan_workspace(DEEPSEEK, 8, 1024, "nvfp4")
+    assert own == plan_workspace(DEEPSEEK, 8, 1024, "nvfp4", mode="flashinfer")
+    caller = flashinfer_plan.Allocation("caller", lambda hidden, top_k, payload_format: 10_000, tokens_for_group=True,
+                                        namespace_bytes=64, refusal=lambda version, eplb: "refused" if eplb else None)
+    plan = flashinfer_plan.plan_workspace(DEEPSEEK, 8, 128, "nvfp4", allocation=caller)
+    assert (plan.mode, plan.max_num_tokens, plan.dispatch_bytes_per_token, plan.namespace_bytes) == (
+        "caller", 128 * 8, 10_000, 64)
+    with pytest.raises(SizingError, match="^refused$"):
+        flashinfer_plan.plan_workspace(DEEPSEEK, 8, 128, eplb_stats_num_experts=8, allocation=caller)
+

@@ -42,3 +42,20 @@ def test_runtime_buckets_are_fixed_and_cover_every_cap():
     assert not hasattr(catalogue, "runtime_token_buckets")  # nothing fits them to a cap any more
 
 
+
+
+@pytest.mark.parametrize("name", sorted(catalogue.ENGINE_METRICS))
+def test_an_engines_series_are_its_limits_under_its_name(name):
+    """Each registered engine's own series (its ``SERIES``) carry every field of its limits, once, under
+    ``moe_a2a_<engine>_``: the shared catalogue names no engine, and a field added to the limits without a series
+    (so lost on the way through Prometheus) fails here."""
+    from capwatch.engines import ENGINES
+
+    metrics = catalogue.ENGINE_METRICS[name]
+    assert metrics.info is not None and metrics.info.name == f"{catalogue.PREFIX}{name}_info"
+    assert metrics.info.labels == catalogue.RANK_LABELS + metrics.info_labels
+    assert all(spec.name.startswith(f"{catalogue.PREFIX}{name}_") and spec.type == "gauge" for spec, _ in metrics.gauges)
+    fields = [*metrics.info_labels, *(field for _, field in metrics.gauges)]
+    assert len(fields) == len(set(fields))
+    assert set(fields) == set(ENGINES[name].LIMITS.model_fields) - {"engine"}  # the discriminator is not on the wire
+    assert set(metrics.metrics) <= set(catalogue.METRICS)

@@ -75,7 +75,7 @@ def _deepep_config(**changes):
 
 
 def test_a_deepep_rank_reports_its_buffer_priced_as_sglang_allocates_it(sink):
-    from capwatch.sizing.deepep_plan import plan_deepep_buffer
+    from capwatch.sglang_engine.deepep import plan_deepep_buffer
     from capwatch.sizing.model_presets import model_geometry
 
     config = _deepep_config()

@@ -1,6 +1,6 @@
-"""A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES``,
-``SGLANG_LIMIT_GAUGES`` and each backend's (``BACKEND_METRICS``), the labels of ``moe_a2a_info`` (ep_size,
-versions, backend), of ``moe_a2a_sglang_info`` and of each backend's own info.
+"""A rank's config rebuilt from its series: the config gauges of ``catalogue.RANK_CONFIG_GAUGES``, each engine's
+(``ENGINE_METRICS``) and each backend's (``BACKEND_METRICS``), the labels of ``moe_a2a_info`` (ep_size, versions,
+backend), of each engine's own info and of each backend's.
 
 From an exporter of this release that is exactly the ``RankConfig`` its reports carry, validated once,
 here. Without the geometry gauges (an exporter older than them), or from series no rank could have
@@ -14,9 +14,10 @@ import dataclasses
 import math
 
 from capwatch.backends import SPECS, nest_params
+from capwatch.engines import ENGINES
 from capwatch.service.sources.contract import UnpricedConfig
 from capwatch.telemetry import catalogue
-from capwatch.telemetry.report import RankConfig, SGLangLimits
+from capwatch.telemetry.report import RankConfig
 from pydantic import ValidationError
 
 GEOMETRY = ("hidden_size", "top_k", "num_experts")
@@ -33,32 +34,31 @@ _REPORT_DEFAULTS = {name: _default(RankConfig, name) for name in (
 _UNPRICED_FIELDS = {item.name for item in dataclasses.fields(UnpricedConfig)} - set(GEOMETRY)
 
 
-def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: dict[str, str] | None,
+def rank_config_of(values: dict[str, float], info: dict[str, str],
+                   engine_infos: dict[str, dict[str, str] | None] | None,
                    backend_infos: dict[str, dict[str, str] | None] | None = None) -> RankConfig | UnpricedConfig | None:
-    """``values`` by metric name, the labels of ``moe_a2a_info``, of ``moe_a2a_sglang_info`` (None: not under
-    SGLang) and of each backend's own info by backend name (None or absent: not that backend's rank). None when
-    the series do not say the rank's cap (a positive number). A backend whose series are the shared ones
-    (``on_shared_series``) gives its parameters at the config's top level, as its ranks' series always said them:
-    RankConfig's own rule (``capwatch.backends.nest_params``) puts them under it, or on another backend's rank
-    accepts only their defaults."""
+    """``values`` by metric name, the labels of ``moe_a2a_info``, of each engine's own info by engine name (None or
+    absent: not under that engine) and of each backend's own info by backend name (None or absent: not that
+    backend's rank). None when the series do not say the rank's cap (a positive number). An engine's label or gauge
+    left out (an older exporter), or an empty label (Prometheus' absent one), stands for its limits' default. A
+    backend whose series are the shared ones (``on_shared_series``) gives its parameters at the config's top level,
+    as its ranks' series always said them: RankConfig's own rule (``capwatch.backends.nest_params``) puts them under
+    it, or on another backend's rank accepts only their defaults."""
     def number(spec: catalogue.MetricSpec) -> int | None:
         value = values.get(spec.name)
         return None if value is None or not math.isfinite(value) else int(value)
 
     config: dict = {**_REPORT_DEFAULTS, "backend": info.get("backend", "unknown"),
                     **{name: info.get(name, _default(RankConfig, name)) for name in ("overflow_policy", "a2a_backend")},
-                    "sglang": None}
+                    **dict.fromkeys(ENGINES)}
     for spec, name in catalogue.RANK_CONFIG_GAUGES:
         if number(spec) is not None:
             config[name] = number(spec)
-    if sglang_info is not None:
-        limits = {name: number(spec) for spec, name in catalogue.SGLANG_LIMIT_GAUGES if number(spec) is not None}
-        config["sglang"] = {"sglang_version": sglang_info.get("sglang_version") or None,
-                            **{name: sglang_info.get(name, _default(SGLangLimits, name))
-                               for name in ("disaggregation_mode", "cap_source")},
-                            "floor_rule": sglang_info.get("floor_rule") or _default(SGLangLimits, "floor_rule"),
-                            "advice_revision": sglang_info.get("advice_revision") or None,
-                            **limits}
+    for engine, metrics in catalogue.ENGINE_METRICS.items():
+        labels = (engine_infos or {}).get(engine)
+        if labels is not None:
+            config[engine] = {**{label: labels[label] for label in metrics.info_labels if labels.get(label)},
+                              **{name: number(spec) for spec, name in metrics.gauges if number(spec) is not None}}
     for backend, metrics in catalogue.BACKEND_METRICS.items():
         if metrics.on_shared_series:  # "none" on moe_a2a_info is None; a label or gauge left out, the default
             config.update({label: None if info[label] in ("", "none") else info[label]
@@ -76,7 +76,7 @@ def rank_config_of(values: dict[str, float], info: dict[str, str], sglang_info: 
             return RankConfig.model_validate(config, strict=False)
         except ValidationError:
             # Series no rank could report together: their limits and backend parameters are not trusted either.
-            config["sglang"] = None
+            config.update(dict.fromkeys(ENGINES))
             for backend, metrics in catalogue.BACKEND_METRICS.items():
                 if not metrics.on_shared_series:
                     config[backend] = None
@@ -100,9 +100,10 @@ def _unpriced(config: dict) -> UnpricedConfig:
                 fields[spec.name] = spec.params.model_validate(fields[spec.name], strict=False)
             except ValidationError:
                 fields[spec.name] = None
-    try:
-        fields["sglang"] = None if config["sglang"] is None else SGLangLimits.model_validate(config["sglang"],
-                                                                                             strict=False)
-    except ValidationError:
-        fields["sglang"] = None
+    for engine in ENGINES.values():  # limits a rank could report, or none
+        try:
+            fields[engine.NAME] = None if config[engine.NAME] is None else engine.LIMITS.model_validate(
+                config[engine.NAME], strict=False)
+        except ValidationError:
+            fields[engine.NAME] = None
     return UnpricedConfig(**fields)

@@ -34,14 +34,19 @@ from capwatch.telemetry import catalogue
 # What rank_states reads besides the cap, in one instant query.
 RANK_STATE_SERIES: tuple[str, ...] = (
     *(spec.name for spec, _ in catalogue.RANK_CONFIG_GAUGES if spec is not catalogue.CAP_TOKENS),
-    *(spec.name for spec, _ in catalogue.SGLANG_LIMIT_GAUGES),
-    *(spec.name for metrics in catalogue.BACKEND_METRICS.values() for spec in metrics.metrics),
-    catalogue.INFO.name, catalogue.SGLANG_INFO.name,
+    *(spec.name for metrics in (*catalogue.ENGINE_METRICS.values(), *catalogue.BACKEND_METRICS.values())
+      for spec in metrics.metrics),
+    catalogue.INFO.name,
     catalogue.RUNTIME_TOKENS_WINDOW_MAX.name,
     catalogue.RUNTIME_TOKENS_MAX.name, catalogue.FORWARD_STEPS.name, catalogue.LOCAL_TOKENS_WINDOW_MAX.name,
     catalogue.LOCAL_TOKENS_MAX.name,
 )
 RankSeriesKey = tuple[int, str]  # ep_rank, dispatcher
+
+
+def _own_infos(rank: dict[str, tuple[dict, float]], metrics: dict[str, catalogue.OwnMetrics]) -> dict[str, dict | None]:
+    """The labels of each engine's or backend's own info series among a rank's series, by its name (None: absent)."""
+    return {name: rank.get(own.info.name, (None, 1.0))[0] for name, own in metrics.items() if own.info is not None}
 
 
 def _rank_key(labels: dict) -> RankSeriesKey:
@@ -105,9 +110,8 @@ class PrometheusSource:
             values = {name: value for name, (_, value) in rank.items() if not math.isnan(value)}
             values[catalogue.CAP_TOKENS.name] = cap
             info = rank.get(catalogue.INFO.name, ({}, 1.0))[0]
-            config = rank_config_of(values, info, rank.get(catalogue.SGLANG_INFO.name, (None, 1.0))[0],
-                                    {name: rank.get(metrics.info.name, (None, 1.0))[0]
-                                     for name, metrics in catalogue.BACKEND_METRICS.items() if metrics.info is not None})
+            config = rank_config_of(values, info, _own_infos(rank, catalogue.ENGINE_METRICS),
+                                    _own_infos(rank, catalogue.BACKEND_METRICS))
             if config is None:
                 continue  # no usable cap: nothing to size or price
 
