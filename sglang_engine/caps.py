@@ -48,6 +48,7 @@ CAPS: dict[str, SGLangCap] = {
     # --deepep-mode picks MoRI's kernel too (low_latency: AsyncLL; auto becomes normal).
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096,
                       mode_setting=deepep.MODE_SETTING),
+    "pplx": SGLangCap("SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),  # environ.py, pplx.py:224
     "megamoe": SGLangCap("SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK", default_cap=8192),  # read per call
 }
 

@@ -5,8 +5,10 @@
   #running-req: N, ...`` (until about October 2025) and ``Decode batch. iter: N, #running-req: ...``;
 - overflow assertions: ``runtime_max_tokens_per_rank=R > max_num_tokens=C`` (SGLang 0.5.19+, the cap in
   use is C), FlashInfer's bare ``runtime_max_tokens_per_rank exceeds max_num_tokens`` (0.5.13-0.5.18, no
-  numbers), and ``runtime_max_tokens_per_rank=R < x.shape[0]=N: MoeAlltoAll recv buffer would overflow``
-  (0.5.16+, the local batch N overran R);
+  numbers), ``runtime_max_tokens_per_rank=R < x.shape[0]=N: MoeAlltoAll recv buffer would overflow``
+  (0.5.16+, the local batch N overran R), and a dispatcher's own check of the rank's batch, ``num_tokens (N)
+  exceeds num_max_dispatch_tokens_per_rank (C); raise <its variable> ...`` (0.5.19+ ``token_dispatcher/pplx.py``
+  ``dispatch_a`` and ``combine_a``: the batch N against the cap C);
 - the start-up args line, ``server_args=`` (read by ``server_args.py``).
 
 A decode line is read as ``<anything> <stamp> <anything> Decode batch...``: the stamp is the last one
@@ -31,6 +33,8 @@ from capwatch.sglang_logs.stamps import STAMP, nearest_day, stamp_unix_s
 
 DECODE_MARK = "Decode batch"
 OVERFLOW_MARK = "runtime_max_tokens_per_rank"
+LOCAL_BATCH_OVERFLOW_MARK = "exceeds num_max_dispatch_tokens_per_rank"
+OVERFLOW_MARKS = (OVERFLOW_MARK, LOCAL_BATCH_OVERFLOW_MARK)  # a line with either may be an overflow assertion
 # Every shape of the message's start, up to the number of running requests.
 _MESSAGE = r"Decode batch(?: \[\d+\])?(?:,|\.(?: iter: \d+,)?) #running-req: "
 _DECODE_MESSAGE = re.compile(_MESSAGE + r"(\d+),")
@@ -46,6 +50,10 @@ _OVERFLOW = re.compile(
     r"AssertionError: " + (f"(?:{_PREFIXES})?" if _PREFIXES else "") +
     r"runtime_max_tokens_per_rank(?:=(\d{1,10}) > max_num_tokens=(\d{1,10})(?!\d)| exceeds max_num_tokens"
     r"|=(\d{1,10}) < x\.shape\[0\]=(\d{1,10})(?!\d))")
+# A dispatcher's check of the rank's own batch against its cap, the variable to raise named after it.
+_LOCAL_BATCH_OVERFLOW = re.compile(
+    r"AssertionError: num_tokens \((\d{1,10})\) exceeds num_max_dispatch_tokens_per_rank \((\d{1,10})\); raise "
+    r"[A-Z][A-Z0-9_]{0,99}")
 
 
 @dataclass(frozen=True)
@@ -198,9 +206,13 @@ def parse_overflow(text: str) -> Overflow | str:
     lines); any other text: why an assertion about it cannot be read."""
     if "AssertionError" not in text:
         return NOT_OVERFLOW
+    local_batch = _LOCAL_BATCH_OVERFLOW.search(text)
+    if local_batch is not None:
+        return Overflow(int(local_batch.group(1)), int(local_batch.group(2)))
     found = _OVERFLOW.search(text)
     if found is None:
-        return "an assertion about runtime_max_tokens_per_rank that does not read"
+        mark = OVERFLOW_MARK if OVERFLOW_MARK in text else "num_max_dispatch_tokens_per_rank"
+        return f"an assertion about {mark} that does not read"
     over, cap, under, local = found.groups()
     if over is not None:
         return Overflow(int(over), int(cap))

@@ -28,7 +28,7 @@ from typing import BinaryIO, NamedTuple
 from capwatch.sglang_logs.line_shapes import (
     DECODE_MARK,
     NOT_OVERFLOW,
-    OVERFLOW_MARK,
+    OVERFLOW_MARKS,
     Overflow,
     Template,
     Unstamped,
@@ -152,8 +152,14 @@ class FileCounts:
 
 
 _ARGS = ARGS_MARK.encode()
-_OVERFLOW = OVERFLOW_MARK.encode()
+_OVERFLOWS = tuple(mark.encode() for mark in OVERFLOW_MARKS)
 _DECODE = DECODE_MARK.encode()
+
+
+def _next_overflow(text: bytes | bytearray, position: int, end: int) -> int:
+    """Where the next overflow mark (any of them) starts in ``text[position:end]``; -1 if none."""
+    found = [at for at in (text.find(mark, position, end) for mark in _OVERFLOWS) if at >= 0]
+    return min(found) if found else -1
 
 
 STDIN = "-"  # the path that names standard input (``kubectl logs ... | capwatch advise --sglang-log -``)
@@ -281,7 +287,7 @@ class LogFile:
         if self._assembly is not None:
             position = self._continue_assembly(text, position, end, specials)
         next_args = text.find(_ARGS, position, end)
-        next_overflow = text.find(_OVERFLOW, position, end)
+        next_overflow = _next_overflow(text, position, end)
         while position < end:
             marks = [at for at in (next_args, next_overflow) if at >= 0]
             if not marks:
@@ -296,7 +302,7 @@ class LogFile:
             if 0 <= next_args < position:
                 next_args = text.find(_ARGS, position, end)
             if 0 <= next_overflow < position:
-                next_overflow = text.find(_OVERFLOW, position, end)
+                next_overflow = _next_overflow(text, position, end)
         self._line_base += lines
         window_s = self.window_s
         records: list[LogRecord] = [WindowRecord(index * window_s, WINDOW, self.index, index, *window)
@@ -448,7 +454,7 @@ class LogFile:
                     return self._continue_assembly(text, line_end + 1, end, specials)
                 self._args(content.text, candidate, content.outer_time, line, specials)
                 return line_end + 1
-        if OVERFLOW_MARK in raw:
+        if any(mark in raw for mark in OVERFLOW_MARKS):
             content = unwrap(raw)
             parsed = parse_overflow(content.text)
             if isinstance(parsed, Overflow):

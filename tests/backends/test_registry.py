@@ -12,6 +12,7 @@ from pydantic import BaseModel, ValidationError
 from capwatch.backends import BACKEND_NAMES, SPECS, pricing_of, spec_of
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.backends.mori import MoriOp
+from capwatch.backends.pplx import PplxAllToAll
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counters import DispatchCounters
 from capwatch.service.sources.prometheus.rank_config import rank_config_of
@@ -39,11 +40,14 @@ EXAMPLES: dict[str, dict] = {
                  mori=MoriOp(kernel="IntraNode", experts_per_rank=32)),
     "nixl": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-nixl",
                  nixl=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
+    "pplx": dict(hidden_size=2048, top_k=8, num_experts=128, backend="sglang-pplx",  # Qwen3-30B-A3B: its max cap fits the wire
+                 pplx=PplxAllToAll(transport="intranode", dp_size=1)),
     "megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-megamoe",
                     megamoe=ReportedBuffer(buffer_bytes=5 << 30, dispatch_format="fp8")),
 }
 # What each example rank's server logged beyond the model (the log reader's view of it; absent: the defaults).
-EXAMPLE_SETTINGS: dict[str, dict] = {"deepep": {"deepep_mode": "low_latency"}}
+EXAMPLE_SETTINGS: dict[str, dict] = {"deepep": {"deepep_mode": "low_latency"},
+                                     "pplx": {"tp_size": 8, "attn_dp_size": 8}}
 
 
 def example(name: str, cap: int = 256) -> RankConfig:
