@@ -82,6 +82,9 @@ class RankSession:
         self.boot_id = new_boot_id()
         self.roles: dict[str, RoleWatch] = {}
         self._layers: dict[int, LayerCounting] = {}  # id(counted object) -> its counting
+        # Called with each counted layer as it is made (the engine plugin's: e.g. recording an overflow at a cap it
+        # applied at start); the plugin's entry point adds them, so the backend hooks need not know them.
+        self.layer_watchers: list[Callable[[LayerCounting], None]] = []
         self.status = status
         self.role_series = RolesCollector()
         options = settings.exporter(local_gpu_index)
@@ -109,6 +112,8 @@ class RankSession:
         if watch.telemetry is not None:
             counting.on_overflow.append(watch.telemetry.on_overflow)
         self._layers[id(counted)] = counting
+        for watcher in self.layer_watchers:
+            watcher(counting)
         return counting
 
     def count_buffer(self, role: str, key: int, size_bytes: int) -> None:

@@ -20,6 +20,7 @@ from capwatch.agent.session import RankSession
 from capwatch.backends import spec_of
 from capwatch.sglang_engine.limits import cap_source_text, report_fields
 from capwatch.sglang_plugin import releases
+from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.hooks import BACKENDS
 from capwatch.sglang_plugin.settings import PluginSettings, SettingsError, load
 from capwatch.sglang_plugin.start_check import check_cap_at_start
@@ -97,8 +98,9 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
                      error.strerror or error, settings.metrics_base_port, local_gpu_index)
         return None
     atexit.register(session.close)
+    session.layer_watchers.append(overflows.watch)  # an overflow at a cap capwatch applied blocks it later
     rules = spec_of(backend.NAME).rules
-    _check_cap_at_start(session, limits, rules)
+    _check_cap_at_start(session, limits, rules, getattr(backend, "cap_at_start", None))
     _register(session, backend, adapter)
     logger.info("capwatch: enabled on %s (%s backend, GPU %d); /metrics on %s; its cap: %s", choice.describe(),
                 backend.NAME, local_gpu_index, session.exporter.url,
@@ -106,20 +108,23 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
     return session
 
 
-def _check_cap_at_start(session: RankSession, limits, rules) -> None:
+def _check_cap_at_start(session: RankSession, limits, rules, resolved_cap=None) -> None:
     """The start-up check SGLang lacks (``start_check.py``), on the cap the dispatchers will read, served beside
-    the info metric."""
+    the info metric. ``resolved_cap()``: the backend's own resolution of its cap, where SGLang derives it when the
+    variable is unset or 0 (a hook module's ``cap_at_start``: (cap, where it comes from))."""
     from sglang.srt.environ import envs
 
     if rules.below_floor is None:
         return
     try:
-        if hasattr(envs, rules.cap_env_var):
+        if resolved_cap is not None:
+            cap = resolved_cap()[0]
+        elif hasattr(envs, rules.cap_env_var):
             cap = getattr(envs, rules.cap_env_var).get()
         else:  # read raw by its dispatcher (Mooncake EP: get_int_env_var(variable, default))
             raw = os.environ.get(rules.cap_env_var)
             cap = rules.default_cap if raw is None else int(raw)
-    except ValueError as error:  # the dispatcher will say so itself; the check has no cap to compare
+    except Exception as error:  # the dispatcher will say so itself; the check has no cap to compare
         logger.warning("capwatch: at start: %s cannot be read (%s): the cap is not checked", rules.cap_env_var, error)
         return
     if cap is None:

@@ -1,6 +1,6 @@
 """In a scheduler: an overflow at a cap the launcher applied is recorded in the apply state file (``state.py``), so
 no later start applies that cap or a lower one until newer advice. Attached to each counted layer by the backend
-hooks; nothing where the cap was not applied by capwatch."""
+session (``RankSession.layer_watchers``); nothing where the cap was not applied by capwatch."""
 
 from __future__ import annotations
 
@@ -44,8 +44,9 @@ def recorder(variable: str, environ: Mapping[str, str] = os.environ) -> Callable
     return on_overflow
 
 
-def watch(counting, variable: str) -> None:
-    """Attach the recorder to one counted layer (``LayerCounting``) where its cap was applied."""
-    callback = recorder(variable)
+def watch(counting) -> None:
+    """Attach the recorder to one counted layer (``LayerCounting``) where its cap (``counting.rules``' variable) was
+    applied: a ``RankSession.layer_watchers`` entry (``plugin.py``)."""
+    callback = recorder(counting.rules.cap_env_var)
     if callback is not None:
         counting.on_overflow.append(callback)

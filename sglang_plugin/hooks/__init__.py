@@ -10,7 +10,9 @@ instrumented, checked before any hook; the version is None without a ``PACKAGE``
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import deepep, deepep_v2, flashinfer, megamoe, mooncake, mori, nixl, pplx
+from capwatch.sglang_plugin.hooks import (deepep, deepep_v2, flashinfer, flashinfer_megamoe, megamoe, mooncake, mori,
+                                          nixl, pplx)
 
-BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, pplx, megamoe)}
+BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, pplx,
+                                                 flashinfer_megamoe, megamoe)}
 FLOORS = {name: module.FLOOR for name, module in BACKENDS.items()}  # each backend's floor module, by its name

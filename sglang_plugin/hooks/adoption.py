@@ -4,8 +4,7 @@ the backends counted through ``local_batch.py``); SGLang's classes are left alon
 - ``register``: a ``HookRegistry`` hook around the dispatcher's ``__init__`` adopts each one SGLang constructs,
   with its role (``"draft"`` in SGLang's speculative context, else ``"target"``) and the layer id
   ``create_moe_dispatcher`` is building; graph captures pause the session's snapshots;
-- ``count_layer``: the adopted dispatcher as one layer in its role's counters, on this process's device, its
-  overflows watched for applied caps (``apply/overflows.py``);
+- ``count_layer``: the adopted dispatcher as one layer in its role's counters, on this process's device;
 - ``count_from_first_dispatch``: the dispatcher's entry method shadowed by an instance attribute that, at the role's
   first dispatch (its layers all adopted and elected then), describes the role's reports, starts its series and
   shadows the methods with the counting ones, which check nothing more per call; ``unadopt`` undoes it.
@@ -19,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target
 from capwatch.sizing.backends import BackendCapRules
 
@@ -69,12 +67,10 @@ def register(session, source, init: Target, adopt_one: Callable, what: str) -> N
 def count_layer(session, dispatcher, role: str, layer_id: int | None, geometry: dict, rules: BackendCapRules,
                 traffic: Callable, lead_per_micro_batch: bool) -> LayerCounting:
     """``dispatcher`` as one layer of its role's counters (made with the role's first layer, on this process's GPU or
-    the CPU), its way into them ``traffic(counters)``; the role's traffic sample is its leader's layer alone. An
-    overflow at a cap capwatch applied blocks that cap at later starts."""
+    the CPU), its way into them ``traffic(counters)``; the role's traffic sample is its leader's layer alone."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, rules, traffic=traffic,
                                 traffic_stride=None, lead_per_micro_batch=lead_per_micro_batch)
-    overflows.watch(layer, rules.cap_env_var)
     return layer
 
 

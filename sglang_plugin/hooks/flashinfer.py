@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from capwatch.dispatcher.counting import TRAFFIC_SAMPLE_STRIDE, CapOverflowError, CounterWords
 from capwatch.dispatcher.flashinfer_backend import FlashInferMoeAlltoAllBackend
 from capwatch.sglang_engine.caps import bind, reported_backend
-from capwatch.sglang_plugin.apply import overflows
 from capwatch.sglang_plugin.floors import flashinfer as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem, installed_version
 from capwatch.sglang_plugin.status import BackendUnavailable
@@ -220,7 +219,6 @@ def adopt(session, adapter: Adapter, module, dispatcher, layer_id: int | None) -
         words = CounterWords(backend.traffic_counts())
         layer = session.count_layer(alltoall, dispatcher, role, layer_id, geometry, backend.device, FLASHINFER,
                                     traffic=lambda counters: words, traffic_stride=TRAFFIC_SAMPLE_STRIDE)
-        overflows.watch(layer, FLASHINFER.cap_env_var)  # an overflow at a cap capwatch applied blocks it later
         session.roles[role].reported = dict(backend=reported_backend(FLASHINFER),
                                             flashinfer_version=session.versions["flashinfer"])
         session.count_buffer(role, alltoall.workspace.data_ptr(), int(alltoall.workspace_size_per_rank))

@@ -42,6 +42,8 @@ EXAMPLES: dict[str, dict] = {
                  nixl=ReportedBuffer(buffer_bytes=1 << 30, dispatch_format="fp8")),
     "pplx": dict(hidden_size=2048, top_k=8, num_experts=128, backend="sglang-pplx",  # Qwen3-30B-A3B: its max cap fits the wire
                  pplx=PplxAllToAll(transport="intranode", dp_size=1)),
+    "flashinfer_megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-flashinfer_megamoe",
+                               flashinfer_megamoe=ReportedBuffer(buffer_bytes=5 << 30)),
     "megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-megamoe",
                     megamoe=ReportedBuffer(buffer_bytes=5 << 30, dispatch_format="fp8")),
 }

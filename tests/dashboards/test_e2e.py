@@ -292,6 +292,9 @@ def test_every_named_metric_is_scraped(stack):
     unset |= {metric for name, backend in catalogue.BACKEND_METRICS.items()
               if name not in (FLASHINFER.name, DEEPEP.name) and not backend.on_shared_series
               for metric in backend.metrics}
+    # The bytes a FlashInfer 0.7.4 object reports as built: these ranks run an older FlashInfer, or none.
+    unset |= {metric for metric in catalogue.BACKEND_METRICS[FLASHINFER.name].metrics
+              if metric.name.endswith("_built_workspace_bytes")}
     for spec in catalogue.METRICS:
         if spec is catalogue.WORKSPACE_ALLOCATED_BYTES:
             continue  # only where the backend knows its allocation; the torch backend does not

@@ -34,7 +34,8 @@ def legacy_body(rank: SimulatedRank, start: float, peak: int) -> dict:
 def nested_body(body: dict, cluster: str) -> dict:
     """The same report as this release's plugin sends it: the parameters under ``config.flashinfer``."""
     config = {name: value for name, value in body["config"].items() if name not in FlashInferParams.model_fields}
-    config["flashinfer"] = {name: body["config"][name] for name in FlashInferParams.model_fields}
+    config["flashinfer"] = {name: body["config"][name] for name in FlashInferParams.model_fields
+                            if name in body["config"]}  # the fields a body of before the move had
     return {**body, "identity": {**body["identity"], "cluster": cluster}, "config": config}
 
 

@@ -1,0 +1,27 @@
+"""FlashInfer MegaMoE's cap's floor inputs (``SGLangLimits``), computed by capwatch: SGLang checks nothing of it at
+start-up (``floors/computed.py``: the prefill chunk, the prefill CUDA-graph batch and the decode/verify CUDA-graph
+batch x tokens per request, every one of which reaches the layer as a rank's own batch).
+
+Its variable's 0 (the default) means SGLang derives the cap when it builds each layer
+(``_resolve_max_tokens_per_rank``: ``cutedsl_moe_max_num_tokens()``, which takes the prefill tokens, not the
+smaller chunk, so a derived cap meets these terms). A 0 the operator exported is that same default, reported as
+SGLang's, not as a number the operator chose.
+"""
+
+from __future__ import annotations
+
+import os
+
+from capwatch.sglang_plugin.floors.computed import computed_floor
+from capwatch.sizing.flashinfer_megamoe import FLASHINFER_MEGAMOE
+
+_FLOOR = computed_floor(FLASHINFER_MEGAMOE)
+NAME, FLOOR_RULES, cap_params, targets = _FLOOR.NAME, _FLOOR.FLOOR_RULES, _FLOOR.cap_params, _FLOOR.targets
+
+
+def limits(server_args, sglang_version: str | None, release: str):
+    """The computed terms; the cap's source is SGLang's default where the variable says 0 (derived)."""
+    found = _FLOOR.limits(server_args, sglang_version, release)
+    if found.cap_source == "operator" and os.environ.get(_FLOOR.rules.cap_env_var, "").strip() == "0":
+        return found.model_copy(update={"cap_source": "default"})
+    return found
