@@ -57,6 +57,9 @@ class Deployment(BaseModel):
     top_k: int | None = None
     workspace_bytes_per_rank_current: int | None  # None where the cap in use is unknown
     workspace_bytes_group_current: int | None
+    # Whether those bytes are exact (a reported-bytes buffer: the cap in use is the cap they were reported at) or an
+    # estimate; None where they are not priced.
+    workspace_bytes_exact_current: bool | None = None
     floor_cap: int | None
     floor_binds: str | None = None  # which term of the floor sets it
     budget_cap: int | None
@@ -115,10 +118,25 @@ class WorkspacePrice(BaseModel):
     kv_cache_tokens_per_rank_freed: int | None = None  # > 0: the change frees room for that many KV tokens
 
 
-# The workspace's fields, then the engine's (pydantic lists a later base's fields first).
-class Price(ENGINE.RESERVE_PRICE, WorkspacePrice):
-    """What the recommended cap costs: workspace bytes, the KV-cache tokens they free, and the bytes beyond the
-    engine's own reserve for the backend's buffer (the engine's ``RESERVE_PRICE``)."""
+class PriceBasisPart(BaseModel):
+    """Whether the price's bytes are exact or an estimate (``advisor/pricing.py`` ``price_basis``), after the
+    engine's reserve in the JSON (added fields come last)."""
+
+    # Whether the recommended cap's bytes are exact (None: nothing priced). A reported-bytes backend's buffer
+    # (backends/reported.py) is exact only at the cap a rank reported it for; at any other cap it is priced in
+    # proportion, an estimate, and so are the group delta and the KV-cache tokens priced from it.
+    workspace_bytes_exact_recommended: bool | None = None
+    # This price in words: "exact", or "estimated in proportion to the X GiB per rank reported at cap N, exact only
+    # there" where any of its figures is an estimate; None where nothing is priced.
+    workspace_bytes_basis: str | None = None
+    # The cap whose reported bytes an estimated price is in proportion to; None where the price is exact.
+    workspace_bytes_reported_cap: int | None = None
+
+
+# The workspace's fields, then the engine's, then their basis (pydantic lists a later base's fields first).
+class Price(PriceBasisPart, ENGINE.RESERVE_PRICE, WorkspacePrice):
+    """What the recommended cap costs: workspace bytes, the KV-cache tokens they free, the bytes beyond the
+    engine's own reserve for the backend's buffer (the engine's ``RESERVE_PRICE``), and whether they are exact."""
 
     @classmethod
     def none(cls) -> Price:
@@ -162,3 +180,5 @@ class WhatIf(BaseModel):
     predicted_overflow_windows_per_day_low: float | None = None
     predicted_overflow_windows_per_day_high: float | None = None
     kv_cache_tokens_per_rank_freed: int | None = None  # against the current cap (< 0: the cap costs KV room)
+    # Whether this cap's bytes are exact or an estimate (a reported-bytes buffer away from its reported cap)
+    workspace_bytes_exact: bool | None = None

@@ -18,7 +18,7 @@ from capwatch.advisor.floor import Floor, deployment_floor
 from capwatch.advisor.history import SampleHistory
 from capwatch.advisor.peaks import Estimate, estimate
 from capwatch.advisor.policy import AdvisorPolicy
-from capwatch.advisor.pricing import Pricing
+from capwatch.advisor.pricing import PriceBasis, Pricing, price_basis
 from capwatch.advisor.tail import TailModel, tail_model
 from capwatch.advisor.trend import Trend, daily_trend, hourly_trend
 from capwatch.backends import DEFAULT_BACKEND
@@ -74,6 +74,11 @@ class Evidence:
     @cached_property
     def current_bytes_per_rank(self) -> int:
         return self.group.pricing.bytes_per_rank(self.group.cap)
+
+    @cached_property
+    def current_basis(self) -> PriceBasis:
+        """Whether the cap in use is priced exactly (a reported-bytes buffer: at the cap it was reported at)."""
+        return price_basis(self.group.pricing, self.group.cap)
 
     @property
     def rules(self) -> BackendCapRules:

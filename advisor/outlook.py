@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from capwatch.advisor.kv import kv_tokens
+from capwatch.advisor.pricing import PriceBasis, price_basis
 
 if TYPE_CHECKING:
     from capwatch.advisor.evidence import Evidence
@@ -27,6 +28,8 @@ class Outlook:
     overflow_windows_per_day: float | None
     overflow_windows_per_day_low: float | None
     overflow_windows_per_day_high: float | None
+    # How its bytes are known: exact, or an estimate (a reported-bytes buffer away from the cap it was reported at)
+    basis: PriceBasis | None = None
 
 
 def outlook(given: Evidence, cap: int) -> Outlook:
@@ -40,7 +43,8 @@ def outlook(given: Evidence, cap: int) -> Outlook:
     else:
         overflows = (None, None, None, None)
     return Outlook(cap, per_rank, per_rank * pricing.ep_size, (per_rank - current_bytes) * pricing.ep_size,
-                   kv_tokens(current_bytes - per_rank, given.group.kv_bytes_per_token), *overflows)
+                   kv_tokens(current_bytes - per_rank, given.group.kv_bytes_per_token), *overflows,
+                   basis=price_basis(pricing, cap))
 
 
 def rounded(value: float) -> float:

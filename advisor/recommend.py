@@ -97,6 +97,7 @@ def deployment_of(given: Evidence) -> Deployment:
         current_cap=given.current_cap, ep_size=pricing.ep_size, hidden_size=group.hidden_size,
         num_experts=group.num_experts, top_k=group.top_k, workspace_bytes_per_rank_current=current_bytes,
         workspace_bytes_group_current=None if current_bytes is None else current_bytes * pricing.ep_size,
+        workspace_bytes_exact_current=None if current_bytes is None else given.current_basis.exact,
         floor_cap=given.floor_cap, floor_binds=None if given.floor is None else given.floor.binds,
         budget_cap=given.budget_cap, kv_bytes_per_token=group.kv_bytes_per_token,
         max_cap_tokens=given.rules.max_cap_tokens, cap_alignment=given.policy.alignment, cap_known=group.cap_known,
@@ -140,36 +141,43 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
     current, current_bytes = given.current_cap, given.current_bytes_per_rank
     recommended_bytes = recommended.bytes_per_rank
     ep_size, rules = given.group.pricing.ep_size, given.rules
+    # The price is exact only where every figure in it is: the recommended cap's bytes, and (for a change) the
+    # current cap's; a reported-bytes buffer is exact only at the cap it was reported at.
+    bases = (recommended.basis,) if action == "set" else (recommended.basis, given.current_basis)
+    basis = next((basis for basis in bases if not basis.exact), bases[0])
+    estimate = "" if basis.exact else f", {basis.words()}"
     reasons = []
     if action == "set":  # the cap in use is unknown: the recommended cap's own bytes, no change priced
         reasons.append(f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank "
-                       f"({format_gib(recommended.bytes_group)} across {ep_size} ranks)")
+                       f"({format_gib(recommended.bytes_group)} across {ep_size} ranks){estimate}")
     elif action != "hold":
         reasons.append(
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended.cap} changes the "
             f"{rules.memory} from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
-            f"({format_gib(recommended.bytes_group_delta)} across {ep_size} ranks)")
+            f"({format_gib(recommended.bytes_group_delta)} across {ep_size} ranks){estimate}")
     if action == "raise" and rules.over_cap_fallback is not None and current >= (given.floor_cap or 0):
         more = "" if current_bytes is None else f"{format_gib(recommended_bytes - current_bytes)} more "
         reasons.append(
             f"raise to stop the fallback: above the cap an eager step {rules.over_cap_fallback} (no error, nothing "
             f"logged); {current} -> {recommended.cap} trades {more}{rules.memory} per rank for the faster path, "
-            f"memory for speed: no rank is at risk at {current}")
+            f"memory for speed: no rank is at risk at {current}{estimate}")
     traded = (kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token) if action != "set"
               else kv_trade("hold", recommended_bytes, recommended_bytes, given.group.kv_bytes_per_token))
     if traded:
-        reasons.append(traded)
+        reasons.append(traded + estimate)
     reserve = rules.engine_reserve_bytes
     over = None if reserve is None else max(0, recommended_bytes - reserve)
     if over:
         reasons.append(
-            f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank, "
+            f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank{estimate}, "
             f"{format_gib(over)} more than {ENGINE.over_reserve_text(reserve, over, given.group.mem_fraction_static)}")
     known = given.group.cap_known
     return Step(Price(workspace_bytes_per_rank_recommended=recommended_bytes,
                       workspace_bytes_group_recommended=recommended.bytes_group,
                       workspace_bytes_group_delta=recommended.bytes_group_delta if known else None,
                       kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed if known else None,
+                      workspace_bytes_exact_recommended=recommended.basis.exact, workspace_bytes_basis=basis.words(),
+                      workspace_bytes_reported_cap=basis.reported_cap,
                       **dict(ENGINE.RESERVE_PRICE.of(over))),
                 tuple(reasons))
 
@@ -193,5 +201,6 @@ def whatif(history: SampleHistory, group: GroupConfig, caps: list[int], policy: 
             predicted_overflow_windows_per_day_low=row.overflow_windows_per_day_low,
             predicted_overflow_windows_per_day_high=row.overflow_windows_per_day_high,
             kv_cache_tokens_per_rank_freed=row.kv_cache_tokens_per_rank_freed if group.cap_known else None,
+            workspace_bytes_exact=row.basis.exact,
         ))
     return results

@@ -71,6 +71,19 @@ def _current_cap(advice: dict) -> str:
     return text if advice.get("cap_known", True) else f"unknown (assumed {text})"
 
 
+def _estimated(advice: dict, which: str) -> str:
+    """"≈ " before a workspace figure that is an estimate (a reported-bytes buffer away from its reported cap)."""
+    return "≈ " if advice.get(f"workspace_bytes_exact_{which}") is False else ""
+
+
+def _priced(advice: dict) -> str:
+    """How the price's bytes are known: "exact", or in proportion to the bytes reported at which cap."""
+    reported_cap = advice.get("workspace_bytes_reported_cap")
+    if reported_cap is not None:
+        return f"estimate from cap {reported_cap}'s report"
+    return advice.get("workspace_bytes_basis") or "-"
+
+
 # (label, how the value reads): the card's lines and the table's columns, in this order.
 ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("action", _action),
@@ -89,9 +102,14 @@ ADVICE_FIELDS: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("overflow windows/day after", lambda advice: _per_day(
         advice.get("predicted_overflow_windows_per_day_recommended"),
         advice.get("predicted_overflow_windows_per_day_recommended_high"))),
-    ("workspace/rank now -> after", lambda advice: f"{_gib(advice['workspace_bytes_per_rank_current'])} -> "
-                                                   f"{_gib(advice['workspace_bytes_per_rank_recommended'])}"),
-    ("group change", lambda advice: _signed_gib(advice["workspace_bytes_group_delta"])),
+    ("workspace/rank now -> after", lambda advice: (
+        f"{_estimated(advice, 'current')}{_gib(advice['workspace_bytes_per_rank_current'])} -> "
+        f"{_estimated(advice, 'recommended')}{_gib(advice['workspace_bytes_per_rank_recommended'])}")),
+    ("group change", lambda advice: (
+        ("≈ " if _estimated(advice, "current") or _estimated(advice, "recommended") else "")
+        + _signed_gib(advice["workspace_bytes_group_delta"]))),
+    # exact, or an estimate: a reported-bytes buffer (DeepEP v2, NIXL, Mooncake) is exact only at its reported cap
+    ("workspace priced", _priced),
     ("windows seen", lambda advice: f"{plural(advice['sample_count'], 'window')}, {advice['overflow_windows']:,} "
                                     "overflowed"),
 )

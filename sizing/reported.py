@@ -55,6 +55,13 @@ class ReportedPricing:
     def exact_at(self, cap: int) -> bool:
         return self.known_bytes_per_rank(cap) is not None
 
+    def estimated_from(self, cap: int) -> tuple[int, int] | None:
+        """What ``bytes_per_rank(cap)`` is in proportion to, (reported cap, reported bytes); None where it is exact
+        (the reported cap) or nothing was reported. The advice prices in it and says so (``backends.spec.PriceBasis``)."""
+        if self.buffer_cap is None or self.buffer_bytes is None or self.exact_at(cap):
+            return None
+        return self.buffer_cap, self.buffer_bytes
+
     def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
                            max_cap: int = 1 << 20) -> int | None:
         return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment, max_cap)

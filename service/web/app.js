@@ -94,6 +94,7 @@
   // A critical finding (ranks on different caps, a rank missing) contradicts any cap advice: the card says so
   // first and offers no line to copy until it is fixed. The advice's own caveats (a cap it did not know, low
   // confidence) come first on the card too.
+  const estimated = (exact) => (exact === false ? "≈ " : "");
   function renderAdvice(advice, critical) {
     const action = first(advice, ["action"], "insufficient_data");
     const badge = $("action");
@@ -127,9 +128,13 @@
       ["group peak R (all history)", tokens(first(advice, ["max_peak_runtime_tokens", "observed_peak_runtime_tokens"]))],
       ["overflow rate now", percent(first(advice, ["predicted_overflow_rate_current"]))],
       ["overflow rate after", percent(first(advice, ["predicted_overflow_rate_recommended"]))],
-      ["workspace / rank now", gib(first(advice, ["workspace_bytes_per_rank_current"]))],
-      ["workspace / rank after", gib(first(advice, ["workspace_bytes_per_rank_recommended"]))],
-      ["change across group", signedGib(first(advice, ["workspace_bytes_group_delta"]))],
+      // "≈" before a figure that is an estimate: a reported-bytes buffer (DeepEP v2, NIXL, Mooncake) is exact only
+      // at the cap its ranks reported it for, priced in proportion elsewhere; "workspace priced" says from what
+      ["workspace / rank now", estimated(advice.workspace_bytes_exact_current) + gib(first(advice, ["workspace_bytes_per_rank_current"]))],
+      ["workspace / rank after", estimated(advice.workspace_bytes_exact_recommended) + gib(first(advice, ["workspace_bytes_per_rank_recommended"]))],
+      ["change across group", estimated(advice.workspace_bytes_exact_current === false ? false : advice.workspace_bytes_exact_recommended)
+        + signedGib(first(advice, ["workspace_bytes_group_delta"]))],
+      ["workspace priced", first(advice, ["workspace_bytes_basis"], "–")],
       ["windows (overflowed)", advice.sample_count === undefined ? "–"
         : `${tokens(advice.sample_count)} (${tokens(advice.overflow_windows || 0)})`],
     ];

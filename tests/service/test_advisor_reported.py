@@ -68,7 +68,8 @@ def test_a_backend_that_falls_back_is_told_to_raise_to_stop_the_fallback_as_memo
     more = advice.workspace_bytes_per_rank_recommended - reported
     assert stop == [f"raise to stop the fallback: above the cap an eager step {spec.rules.over_cap_fallback} (no "
                     f"error, nothing logged); 512 -> {advice.recommended_cap} trades {more / GIB:.2f} GiB more "
-                    f"{spec.rules.memory} per rank for the faster path, memory for speed: no rank is at risk at 512"]
+                    f"{spec.rules.memory} per rank for the faster path, memory for speed: no rank is at risk at 512, "
+                    f"{advice.workspace_bytes_basis}"]  # the recommended cap's bytes: in proportion, an estimate
 
 
 def test_below_the_floor_a_fallback_backend_is_not_told_its_rank_is_safe():
@@ -79,3 +80,29 @@ def test_below_the_floor_a_fallback_backend_is_not_told_its_rank_is_safe():
     advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 60)), cap=128), config, POLICY)
     assert advice.action == "raise" and advice.floor_cap == 256
     assert not any("no rank is at risk" in reason for reason in advice.reasons), advice.reasons
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_a_change_priced_in_proportion_says_it_is_an_estimate(name):
+    """Away from the cap the ranks reported their bytes at, the advice's bytes and KV-cache tokens are an estimate:
+    said in a field and in the reasons; at the reported cap itself the bytes are exact."""
+    config, reported = group(name, 512, kv_bytes_per_token=70_000)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 90)), cap=512), config, POLICY)
+    assert advice.action == "lower" and advice.recommended_cap == 128
+    assert advice.workspace_bytes_exact_current is True  # the bytes the ranks reported, at 512
+    assert advice.workspace_bytes_exact_recommended is False and advice.workspace_bytes_reported_cap == 512
+    assert advice.workspace_bytes_basis == ("estimated in proportion to the 2.00 GiB per rank reported at cap 512, "
+                                            "exact only there")
+    priced = [reason for reason in advice.reasons if "per rank" in reason and ("changes" in reason or "KV" in reason)]
+    assert len(priced) == 2 and all(advice.workspace_bytes_basis in reason for reason in priced), advice.reasons
+
+
+@pytest.mark.parametrize("name", REPORTED)
+def test_the_reported_cap_itself_is_priced_exact(name):
+    config, reported = group(name, 256)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(150, 200)), cap=256), config, POLICY)
+    assert advice.action == "hold" and advice.recommended_cap == 256, (advice.action, advice.recommended_cap)
+    assert advice.workspace_bytes_per_rank_recommended == reported
+    assert (advice.workspace_bytes_exact_current, advice.workspace_bytes_exact_recommended) == (True, True)
+    assert (advice.workspace_bytes_basis, advice.workspace_bytes_reported_cap) == ("exact", None)
+    assert not any("estimated" in reason for reason in advice.reasons)
