@@ -1,9 +1,10 @@
-"""The plugin on SGLang 0.5.23's own Mooncake EP dispatcher classes in gloo ranks (Mooncake EP's ``Buffer`` the one
-stand-in, ``mooncake_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
-While the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the
-pairs sent, the buffer's bytes as Mooncake EP's own size hint gives them for SGLang's arguments, once per process)
-and the service advises Mooncake's own variable; then one rank's batch above the cap is counted and its final
-report reaches the service before Mooncake EP's assertion ends that rank (SGLang checks nothing)."""
+"""The plugin on SGLang 0.5.19's and 0.5.23's own Mooncake EP dispatcher classes in gloo ranks (Mooncake EP's
+``Buffer`` the one stand-in, ``mooncake_standin.py``): loaded by ``load_plugins()``, started by
+``configure_scheduler_process``. While the ranks are alive their /metrics say what they dispatched (each rank's own
+batch against the cap, the pairs sent, the buffer's bytes as Mooncake EP's own size hint gives them for SGLang's
+arguments, once per process) and the service advises Mooncake's own variable; then one rank's batch above the cap is
+counted and its final report reaches the service before Mooncake EP's assertion ends that rank (SGLang checks
+nothing)."""
 
 from __future__ import annotations
 
@@ -28,15 +29,16 @@ OVERFLOW = {"tokens": [CAP + 1, 3]}
 
 
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_reported_before_mooncakes_assertion(tmp_path, service):
-    cluster = "mooncake-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"], ids=lambda release: f"sglang-{release}")
+def test_counted_reported_advised_then_the_overflow_reported_before_mooncakes_assertion(tmp_path, release, service):
+    cluster = f"mooncake-{release.replace('.', '-')}"
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", MOONCAKE.cap_env_var: str(CAP)}
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.mooncake_rank_program").start(plan)
     try:
         run.wait_ready("paused")
@@ -55,7 +57,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_mooncakes_as
     buffer_bytes = size_hint(CAP, MODEL["hidden_size"], WORLD, MODEL["num_experts"])
     for rank in range(WORLD):
         log = run.log(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (mooncake backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (mooncake backend, GPU {rank})" in log, log[-3000:]
         assert run.record(rank)["buffers"] == [buffer_bytes]  # what SGLang allocated: the library's own hint
         metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         steps = run.record(rank)["steps"]

@@ -1,9 +1,9 @@
-"""The plugin on SGLang 0.5.23's own NIXL EP dispatcher classes in gloo ranks (NIXL EP's ``Buffer`` the one
-stand-in, ``nixl_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
-While the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the
-pairs sent, the buffer's bytes as NIXL EP's own size hint gives them for SGLang's arguments, once per process)
-and the service advises NIXL's own variable; then one rank's batch above the cap is counted and its final
-report reaches the service before NIXL EP's assertion ends that rank (SGLang checks nothing)."""
+"""The plugin on SGLang 0.5.19's and 0.5.23's own NIXL EP dispatcher classes in gloo ranks (NIXL EP's ``Buffer`` the
+one stand-in, ``nixl_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``. While
+the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the pairs sent,
+the buffer's bytes as NIXL EP's own size hint gives them for SGLang's arguments, once per process) and the service
+advises NIXL's own variable; then one rank's batch above the cap is counted and its final report reaches the service
+before NIXL EP's assertion ends that rank (SGLang checks nothing)."""
 
 from __future__ import annotations
 
@@ -29,15 +29,16 @@ OVERFLOW = {"tokens": [CAP + 1, 3]}
 
 
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_assertion(tmp_path, service):
-    cluster = "nixl-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"], ids=lambda release: f"sglang-{release}")
+def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_assertion(tmp_path, release, service):
+    cluster = f"nixl-{release.replace('.', '-')}"
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", NIXL.cap_env_var: str(CAP)}
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.nixl_rank_program").start(plan)
     try:
         run.wait_ready("paused")
@@ -56,7 +57,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_ass
     buffer_bytes = size_hint(CAP, MODEL["hidden_size"], WORLD, MODEL["num_experts"])
     for rank in range(WORLD):
         log = run.log(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (nixl backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (nixl backend, GPU {rank})" in log, log[-3000:]
         assert run.record(rank)["buffers"] == [buffer_bytes]  # what SGLang allocated: the library's own hint
         metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         steps = run.record(rank)["steps"]
