@@ -8,7 +8,6 @@ Each backend's own rules live in its sizing module (``FLASHINFER`` in ``flashinf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import SizingError
@@ -52,8 +51,9 @@ class BackendCapRules:
     mode_setting: str | None = None
     # The engine's own code for the backend (how it allocates the backend's memory, what it asserts of the cap,
     # ``capwatch plan``'s engine modes), bound by the engine's home (sglang_engine/caps.py); None: nothing beyond
-    # the facts above.
-    engine_side: Any = field(default=None, compare=False, repr=False)
+    # the facts above. What a spec calls on it is a Protocol in the spec's module, read through
+    # ``capwatch.backends.spec.engine_side`` (e.g. backends/deepep.py ``DeepEPEngineSide``).
+    engine_side: object = field(default=None, compare=False, repr=False)
 
     def check_cap(self, cap: int) -> None:
         """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""
