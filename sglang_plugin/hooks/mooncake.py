@@ -46,7 +46,7 @@ class Adapter:
         return (INIT, DISPATCH_A, GET_BUFFER, EP_BUFFER, SIZE_HINT, *local_batch.COMMON_TARGETS)
 
 
-# SGLang's mooncake.py is one file in every verified release (tests/sglang/test_mooncake_plugin.py: 0.5.19, 0.5.23).
+# SGLang's mooncake.py is one file in every verified release (tests/sglang/test_deepep_api_plugins.py: 0.5.19, 0.5.23).
 ADAPTER = Adapter(releases=VERIFIED)
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 

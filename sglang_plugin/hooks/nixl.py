@@ -62,7 +62,7 @@ class Adapter:
 
 LOADED = Adapter(releases=("0.5.21", "0.5.22", "0.5.23"), load=LOAD)
 IMPORTED = Adapter(releases=("0.5.19", "0.5.20"), load=USE_NIXL)
-# Verified on 0.5.19 and 0.5.23 (tests/sglang/test_nixl_plugin.py); 0.5.20 - 0.5.22 share their adapter's targets.
+# Verified on 0.5.19 and 0.5.23 (tests/sglang/test_deepep_api_plugins.py); 0.5.20 - 0.5.22 share their targets.
 ADAPTERS = {release: adapter for adapter in (IMPORTED, LOADED) for release in adapter.releases}
 
 
