@@ -6,7 +6,7 @@ reads its modes from its settings is the engine's (``RULES.engine_side``: SGLang
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from capwatch.backends.spec import (
     BackendSeries,
@@ -17,6 +17,8 @@ from capwatch.backends.spec import (
     Planner,
     PlanTable,
     RankSizes,
+    SettingsReader,
+    engine_side,
 )
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
@@ -26,8 +28,65 @@ from capwatch.sizing.deepep_plan import DEEPEP, DEEPEP_WORKSPACE_BYTES, NVSHMEM_
 from capwatch.sizing.model_presets import ModelGeometry
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+
+
+class DeepEPEnginePlan(Protocol):
+    """One cap's buffer as the engine allocates it (``DeepEPEngineSide.plan_deepep_buffer``): what the spec reads."""
+
+    model: str
+    hidden_size: int
+    num_experts: int
+    ep_size: int
+    cap: int
+    deepep_mode: str
+    redundant_experts: int
+    fused_shared_experts: int
+    buffer_experts: int  # what DeepEP is given: routed + redundant + fused shared slots
+    low_latency_rdma_bytes: int
+    normal_nvl_bytes: int
+    normal_rdma_bytes: int
+    buffer_bytes_per_rank: int
+    buffer_bytes_group: int
+    nvshmem_qp_depth: int
+    nvshmem_heap_bytes_at_least: int
+    memory_bytes_per_rank: int  # what a budget is held against
+
+    @property
+    def over_reserve_bytes(self) -> int: ...  # buffer bytes beyond the engine's reserve for DeepEP (0: within)
+
+    def as_dict(self) -> dict: ...
+
+
+@runtime_checkable
+class DeepEPEngineSide(Protocol):
+    """What the engine supplies for DeepEP (``RULES.engine_side``; SGLang's: ``sglang_engine/deepep.py``): its
+    --deepep-mode values, what it asserts of the cap and the experts, how it allocates the buffer per cap, and how
+    its logged settings read."""
+
+    DEEPEP_MODES: tuple[str, ...]  # the modes with a low-latency buffer (a cap); the first is the default
+    RESERVE_COLUMN: str  # the plan table's column of each cap's buffer against the engine's reserve
+
+    def check_cap(self, cap: int) -> int: ...
+
+    def check_buffer_experts(self, experts: int, ep_size: int) -> int: ...
+
+    def prefill_dispatched(self, deepep_mode: str) -> bool: ...
+
+    def settings_params(self, settings: SettingsReader) -> tuple[tuple[str, object], ...]: ...
+
+    def plan_deepep_buffer(self, geometry: ModelGeometry, ep_size: int, cap: int, deepep_mode: str = "auto",
+                           redundant_experts: int = 0, fused_shared_experts: int = 0, *,
+                           qp_depth_environment: int | None = None) -> DeepEPEnginePlan: ...
+
+    def largest_deepep_plan_within(self, budget_bytes: int, geometry: ModelGeometry, ep_size: int,
+                                   deepep_mode: str = "auto", redundant_experts: int = 0,
+                                   fused_shared_experts: int = 0, *, alignment: int = ...) -> DeepEPEnginePlan: ...
+
+    def reserve_warning(self, plan: DeepEPEnginePlan, cap_variable: str) -> str: ...
+
+
 RULES = ENGINE.bind_rules(DEEPEP)  # with the engine's variable for the cap, its words and its side
-ALLOCATION = RULES.engine_side  # how the engine allocates the buffer: its modes, asserts, plan (DeepEPBufferPlan)
+ALLOCATION = engine_side(RULES, DeepEPEngineSide)  # how the engine allocates the buffer: its modes, asserts, plan
 
 DeepEPMode = Literal[ALLOCATION.DEEPEP_MODES]  # type: ignore[valid-type]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from capwatch.backends.spec import (
     BackendSeries,
@@ -20,6 +20,7 @@ from capwatch.backends.spec import (
     Planner,
     PlanTable,
     RankSizes,
+    engine_side,
 )
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
@@ -91,10 +92,31 @@ class FlashInferParams(BaseModel):
 
 DEFAULT_PARAMS = FlashInferParams()
 
+@runtime_checkable
+class FlashInferEngineSide(Protocol):
+    """What the engine supplies for FlashInfer (``RULES.engine_side``; SGLang's: ``sglang_engine/flashinfer.py``):
+    how its dispatcher sizes the workspace it asks for, as ``capwatch plan``'s modes, each an allocation of
+    ``sizing/flashinfer_plan.py``."""
+
+    MODES: tuple[str, ...]  # --mode's values
+    MODES_HELP: str  # the planner's paragraph on them
+    MODE_OPTION_HELP: str
+    DRAFT_OPTION_HELP: str
+
+    def default_mode(self, flashinfer_version: str | None, eplb_stats_num_experts) -> str: ...
+
+    def plan_workspace(self, geometry: ModelGeometry, ep_size: int, cap: int, payload_format: str = "bf16",
+                       eplb_stats_num_experts: int = 0, flashinfer_version: str | None = None,
+                       mode: str = "flashinfer", draft: bool = False, **layout_options) -> WorkspacePlan: ...
+
+    def largest_plan_within(self, budget_bytes: int, geometry: ModelGeometry, ep_size: int,
+                            payload_format: str = "bf16", eplb_stats_num_experts: int = 0,
+                            flashinfer_version: str | None = None, mode: str = "flashinfer", draft: bool = False,
+                            **options) -> WorkspacePlan: ...
+
+
 RULES = ENGINE.bind_rules(FLASHINFER)  # with the engine's variable for the cap and its side
-# How the engine's dispatcher sizes the workspace it asks for: capwatch plan's modes (SGLang's:
-# sglang_engine/flashinfer.py), each an allocation of sizing/flashinfer_plan.py.
-ALLOCATIONS = RULES.engine_side
+ALLOCATIONS = engine_side(RULES, FlashInferEngineSide)  # capwatch plan's modes: the engine's allocations
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from capwatch.series import GaugeSeries, OwnSeries  # GaugeSeries re-exported: the backend modules import it here
+from capwatch.series import CounterSeries, GaugeSeries, OwnSeries  # re-exported: the backend modules import them here
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.model_presets import ModelGeometry
 from capwatch.sizing.price_basis import ESTIMATED, EXACT, PriceBasis
@@ -46,6 +46,23 @@ class SettingsReader(Protocol):
         """A parallel size or a count; UnreadableArgs below ``least`` or beyond any cluster."""
 
     def flag(self, key: str) -> bool: ...
+
+
+Side = TypeVar("Side")
+
+
+def engine_side(rules: BackendCapRules, contract: type[Side]) -> Side:
+    """The engine's own code for a backend (``rules.engine_side``, bound by the engine's home), checked against what
+    the backend's spec calls on it (``contract``: a runtime-checkable Protocol in the backend's module): a missing
+    member fails at import, naming it, not at a user's first ``capwatch plan``."""
+    side = rules.engine_side
+    if not isinstance(side, contract):
+        members = [*getattr(contract, "__annotations__", {}),
+                   *(name for name, value in vars(contract).items() if callable(value) and not name.startswith("_"))]
+        missing = [name for name in members if not hasattr(side, name)]
+        raise TypeError(f"the engine binds no {contract.__name__} for the {rules.name} A2A "
+                        f"(rules.engine_side is {getattr(side, '__name__', type(side).__name__)}; missing: {', '.join(sorted(missing)) or 'all'})")
+    return side
 
 
 @dataclass(frozen=True)

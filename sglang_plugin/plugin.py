@@ -74,8 +74,9 @@ def start_scheduler(server_args, gpu_id: int | None) -> RankSession | None:
         reason = (f"--moe-a2a-backend is {server_args.moe_a2a_backend!r}; capwatch instruments "
                   f"{', '.join(repr(name) for name in BACKENDS)}: nothing to instrument")
     if reason is None and choice.adapter not in backend.ADAPTERS:
+        why = getattr(backend, "UNSUPPORTED", {}).get(choice.adapter)  # what differs there, where known
         reason = (f"capwatch's {backend.NAME} hooks are verified on sglang {', '.join(backend.ADAPTERS)}, not "
-                  f"{choice.adapter}")
+                  f"{choice.adapter}" + (f": {why}" if why else ""))
     if reason is None:
         adapter, floor = backend.ADAPTERS[choice.adapter], backend.FLOOR
         reason = backend.problem(adapter, found.get(backend.NAME), choice.newer) \

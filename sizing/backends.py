@@ -8,7 +8,6 @@ Each backend's own rules live in its sizing module (``FLASHINFER`` in ``flashinf
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from capwatch.sizing.caps import CAP_ALIGNMENT, MAX_CAP_TOKENS
 from capwatch.sizing.checks import SizingError
@@ -40,6 +39,9 @@ class BackendCapRules:
     # runtime_max_tokens_per_rank): R is the local batch, and an overflow message says so.
     local_batch_cap: bool = False
     overflow_outcome: str = "the dispatch is refused"  # what a batch above the cap does, in words
+    # What an eager step above the cap does instead of failing, in words (None: it fails): a slower path (DeepGEMM
+    # Mega MoE's fallback). Raising the cap then buys speed with memory, no rank is at risk; advice and findings say so.
+    over_cap_fallback: str | None = None
     memory: str = "workspace"  # what the cap sizes, in the advice's words
     sized_by: str = "its formula"  # what capwatch prices it with, in the findings' words
     mismatch_hint: str = "check the payload sizes"  # where a reported size that differs comes from
@@ -52,8 +54,9 @@ class BackendCapRules:
     mode_setting: str | None = None
     # The engine's own code for the backend (how it allocates the backend's memory, what it asserts of the cap,
     # ``capwatch plan``'s engine modes), bound by the engine's home (sglang_engine/caps.py); None: nothing beyond
-    # the facts above.
-    engine_side: Any = field(default=None, compare=False, repr=False)
+    # the facts above. What a spec calls on it is a Protocol in the spec's module, read through
+    # ``capwatch.backends.spec.engine_side`` (e.g. backends/deepep.py ``DeepEPEngineSide``).
+    engine_side: object = field(default=None, compare=False, repr=False)
 
     def check_cap(self, cap: int) -> None:
         """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""

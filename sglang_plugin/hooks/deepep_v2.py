@@ -1,4 +1,4 @@
-"""DeepEP v2 in SGLang (``--moe-a2a-backend deepep_v2``): what the plugin hooks, on 0.5.23.
+"""DeepEP v2 in SGLang (``--moe-a2a-backend deepep_v2``): what the plugin hooks, on 0.5.22 - 0.5.23.
 
 SGLang builds one ``DeepEPv2Dispatcher`` per MoE layer (``create_moe_dispatcher``); every dispatch, prefill and
 decode, goes through ``DeepEPv2Dispatcher.dispatch(hidden_states, topk_output)``, whose ``_DeepEPv2Impl`` raises
@@ -42,8 +42,16 @@ class Adapter:
         return (INIT, DISPATCH, GET_BUFFER, VALIDATE, *local_batch.COMMON_TARGETS)
 
 
-ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_deepep_v2_plugin.py)
+ADAPTER = Adapter(releases=("0.5.22", "0.5.23"))  # verified on both (tests/sglang/test_deepep_v2_plugin.py)
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+# Why the hooks do not run on the older releases (the plugin's one line says it).
+_OLDER_FLOOR = ("its start-up check of the cap is another rule (validate_deepep_v2_dispatch_token_budget inline, "
+                "without _decode_graph_dispatch_tokens_per_rank) that capwatch's floor does not read")
+UNSUPPORTED = {
+    "0.5.19": f"{_OLDER_FLOOR}, and its DeepEPv2Dispatcher takes no use_fp8_dispatch",
+    "0.5.20": f"{_OLDER_FLOOR}, and its DeepEPv2Dispatcher takes no use_fp8_dispatch",
+    "0.5.21": _OLDER_FLOOR,
+}
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:

@@ -1,4 +1,4 @@
-"""Mooncake EP in SGLang (``--moe-a2a-backend mooncake``): what the plugin hooks, on 0.5.23.
+"""Mooncake EP in SGLang (``--moe-a2a-backend mooncake``): what the plugin hooks, on 0.5.19 - 0.5.23.
 
 SGLang builds one ``_MooncakeEPDispatcherImpl`` per ``MooncakeEPDispatcher`` (low-latency mode only; one per
 micro-batch with two-batch overlap) and drives it like DeepEP's: ``dispatch_a(hidden_states, topk_output)``, whose
@@ -19,7 +19,7 @@ from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import mooncake as FLOOR  # its cap's start-up floor, per release
-from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
 from capwatch.sizing.mooncake import MOONCAKE as MOONCAKE_RULES
 
 MOONCAKE = bind(MOONCAKE_RULES)  # with SGLang's variable and default for its cap
@@ -45,7 +45,8 @@ class Adapter:
         return (INIT, DISPATCH_A, GET_BUFFER, EP_BUFFER, SIZE_HINT, *local_batch.COMMON_TARGETS)
 
 
-ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_mooncake_plugin.py)
+# SGLang's mooncake.py is one file in every verified release (tests/sglang/test_deepep_api_plugins.py: 0.5.19, 0.5.23).
+ADAPTER = Adapter(releases=VERIFIED)
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 
 

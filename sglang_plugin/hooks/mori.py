@@ -72,7 +72,7 @@ class Adapter:
         return (INIT, DISPATCH_A, INIT_OP, GET_PARALLEL, *adoption.COMMON_TARGETS)
 
 
-EPV1_ADAPTER = Adapter(releases=VERIFIED)
+EPV1_ADAPTER = Adapter(releases=VERIFIED)  # tests/sglang/test_mori_plugin.py: on 0.5.19 and 0.5.23
 ADAPTERS = {release: EPV1_ADAPTER for release in EPV1_ADAPTER.releases}
 
 

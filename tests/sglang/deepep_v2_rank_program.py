@@ -1,5 +1,5 @@
-"""One SGLang 0.5.23 scheduler rank with ``--moe-a2a-backend deepep_v2``, as far as the MoE A2A goes: run by the
-sglang venv's python.
+"""One SGLang 0.5.22 - 0.5.23 scheduler rank with ``--moe-a2a-backend deepep_v2``, as far as the MoE A2A goes: run
+by the sglang venv's python.
 
 Does what ``run_scheduler_process`` does before the model is built — ``load_plugins()`` first, ``publish``,
 ``configure_scheduler_process`` (where the capwatch plugin starts), ``initialize_moe_config()`` — then builds each
@@ -16,6 +16,7 @@ dispatch SGLang refuses ends the rank with SGLang's ``ValueError``, as it would 
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
 import types
@@ -70,10 +71,11 @@ def build(create_moe_dispatcher, model: dict, world: int, layer_id: int):
     from sglang.srt.layers.moe.utils import MoeRunnerBackend
 
     experts = model["num_experts"]
-    config = MoeRunnerConfig(num_experts=experts, num_local_experts=experts // world,
-                             hidden_size=model["hidden_size"], layer_id=layer_id, top_k=model["top_k"],
-                             num_fused_shared_experts=0, params_dtype=torch.bfloat16,
-                             runner_backend=MoeRunnerBackend.DEEP_GEMM)
+    fields = dict(num_experts=experts, num_local_experts=experts // world, hidden_size=model["hidden_size"],
+                  layer_id=layer_id, top_k=model["top_k"], num_fused_shared_experts=0, params_dtype=torch.bfloat16,
+                  runner_backend=MoeRunnerBackend.DEEP_GEMM)  # runner_backend: 0.5.23 on
+    accepted = inspect.signature(MoeRunnerConfig).parameters
+    config = MoeRunnerConfig(**{name: value for name, value in fields.items() if name in accepted})
     # BF16 experts (SGLang's unquantized method): DeepEP v2 then dispatches bf16 (FP8 needs SGLang's GPU kernel).
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 

@@ -64,7 +64,11 @@ class Buffer(deepep_standin.Buffer):
 
 
 def install() -> None:
-    """``from nixl_ep import Buffer, topk_idx_t`` finds the stand-in."""
+    """``from nixl_ep import Buffer, topk_idx_t`` finds the stand-in; SGLang 0.5.19 - 0.5.20 import it with their
+    own module (``Buffer``, ``use_nixl``), which a rank forked from a zygote imported before: as if it had worked."""
     module = types.ModuleType("nixl_ep")
     module.Buffer, module.topk_idx_t = Buffer, torch.int64
     sys.modules["nixl_ep"] = module
+    sglang_module = sys.modules.get("sglang.srt.layers.moe.token_dispatcher.nixl")
+    if sglang_module is not None and hasattr(sglang_module, "use_nixl"):
+        sglang_module.Buffer, sglang_module.use_nixl = Buffer, True

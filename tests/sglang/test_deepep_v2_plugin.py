@@ -1,9 +1,9 @@
-"""The plugin on SGLang 0.5.23's own ``DeepEPv2Dispatcher`` in gloo ranks (``deep_ep.ElasticBuffer`` the one
-stand-in, ``deepep_v2_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
-While the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the
-pairs sent, the ElasticBuffer's bytes once per process) and the service advises DeepEP v2's own variable from
-their reports, priced from those bytes; then one rank's batch above the cap is counted and its final report
-reaches the service before SGLang's ``ValueError`` ends that rank."""
+"""The plugin on SGLang 0.5.22's and 0.5.23's own ``DeepEPv2Dispatcher`` in gloo ranks (``deep_ep.ElasticBuffer`` the
+one stand-in, ``deepep_v2_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
+While the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the pairs
+sent, the ElasticBuffer's bytes once per process) and the service advises DeepEP v2's own variable from their reports,
+priced from those bytes; then one rank's batch above the cap is counted and its final report reaches the service
+before SGLang's ``ValueError`` ends that rank."""
 
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ def check_steps(run: RankRun) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_value_error(tmp_path, service):
-    cluster = "deepep-v2-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.22", "0.5.23"], ids=lambda release: f"sglang-{release}")
+def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_value_error(tmp_path, release, service):
+    cluster = f"deepep-v2-{release.replace('.', '-')}"
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5",
@@ -51,7 +52,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_v2_rank_program").start(plan)
     try:
         run.wait_ready("paused")
@@ -67,7 +68,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
     buffer_bytes = standin_num_bytes(CAP, MODEL["hidden_size"], MODEL["top_k"], WORLD)
     for rank in range(WORLD):
         log = run.log(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (deepep_v2 backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (deepep_v2 backend, GPU {rank})" in log, log[-3000:]
         assert run.record(rank)["buffers"] == [(buffer_bytes, CAP)]  # one ElasticBuffer a process
         metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         steps = run.record(rank)["steps"]
@@ -96,6 +97,34 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
     final = wait_for(lambda: _final_rank_zero(service, cluster))
     assert final["overflow_events"] == {"runtime_over_cap/raised": 1}, final
     assert final["forward_steps_total"] == len(BATCHES[0]) + 1  # the refused batch is in the histogram too
+
+
+@pytest.mark.timeout(600)
+def test_an_older_release_is_refused_in_one_line_and_sglang_runs_on(tmp_path):
+    """0.5.21 checks DeepEP v2's cap at start by a rule capwatch's floor does not read: the plugin says so in one
+    line, serves its info metric disabled and hooks nothing (no dispatcher is built: the start is what is checked)."""
+    base_port = free_port()
+    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "deepep-v2-0-5-21",
+           "CAPWATCH_METRICS_BASE_PORT": str(base_port), DEEPEP_V2.cap_env_var: str(CAP)}
+    # 0.5.21's prefill budget is the whole chunk (0.5.22 on: scattered over the TP ranks): within its cap here.
+    plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": [],
+            "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16}, "steps": []}
+    run = RankRun(tmp_path, WORLD, env, sglang_release="0.5.21", metrics_base_port=base_port,
+                  program="tests.sglang.deepep_v2_rank_program").start(plan)
+    try:
+        run.wait_ready()
+        scraped = run.metrics(0)
+        assert run.release() == [0] * WORLD
+    finally:
+        run.kill()
+    for rank in range(WORLD):
+        lines = [line for line in run.log(rank).splitlines() if "capwatch:" in line]
+        assert len(lines) == 1, lines
+        assert ("capwatch: disabled: capwatch's deepep_v2 hooks are verified on sglang 0.5.22, 0.5.23, not 0.5.21: "
+                "its start-up check of the cap is another rule") in lines[0], lines
+    info = [labels for (name, labels), v in scraped.items() if name == "capwatch_sglang_plugin_info" and v == 1]
+    assert info and all(dict(labels)["state"] == "disabled" for labels in info), scraped
+    assert not any(name.startswith("moe_a2a_") for name, _ in scraped), scraped
 
 
 def _view(service, cluster: str) -> dict:

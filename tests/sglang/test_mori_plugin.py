@@ -1,9 +1,9 @@
-"""The plugin on SGLang 0.5.23's own MoRI dispatcher classes in gloo ranks (``mori`` and aiter's quantizer lookup the
-stand-ins, ``mori_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``. While the
-ranks are alive their /metrics must say what they dispatched (each rank's own batch against the cap, the tokens
-sent, the op's bytes) and the service must advise MoRI's variable from their reports; then one rank's batch above
-the cap is counted, its final report reaches the service and the dispatch is refused *before* MoRI sees it (MoRI
-itself would take it silently: the second test, without capwatch)."""
+"""The plugin on SGLang 0.5.19's and 0.5.23's own MoRI dispatcher classes in gloo ranks (``mori`` and aiter's
+quantizer lookup the stand-ins, ``mori_standin.py``): loaded by ``load_plugins()``, started by
+``configure_scheduler_process``. While the ranks are alive their /metrics must say what they dispatched (each rank's
+own batch against the cap, the tokens sent, the op's bytes) and the service must advise MoRI's variable from their
+reports; then one rank's batch above the cap is counted, its final report reaches the service and the dispatch is
+refused *before* MoRI sees it (MoRI itself would take it silently: the second test, without capwatch)."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ OVERFLOW = {"tokens": [CAP + 1, 3]}  # rank 0 alone
 MORI = spec_of("mori").rules
 
 
-def run_ranks(tmp_path, env: dict, plan: dict) -> RankRun:
-    run = RankRun(tmp_path, WORLD, {MORI.cap_env_var: str(CAP), **env}, sglang_release="0.5.23",
+def run_ranks(tmp_path, env: dict, plan: dict, release: str = "0.5.23") -> RankRun:
+    run = RankRun(tmp_path, WORLD, {MORI.cap_env_var: str(CAP), **env}, sglang_release=release,
                   metrics_base_port=int(env.get("CAPWATCH_METRICS_BASE_PORT", 0)),
                   program="tests.sglang.mori_rank_program")
     return run.start({"master_port": free_port(), "mori_model": MODEL, "layers": LAYERS,
@@ -54,12 +54,13 @@ def service(tmp_path_factory):
 
 
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_refused_before_mori_sees_it(tmp_path, service):
-    cluster = "mori-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"], ids=lambda release: f"sglang-{release}")
+def test_counted_reported_advised_then_the_overflow_refused_before_mori_sees_it(tmp_path, release, service):
+    cluster = f"mori-{release.replace('.', '-')}"
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5"}
-    run = run_ranks(tmp_path, env, {"plugins": True, "steps": [*STEPS, {"pause": True}, OVERFLOW]})
+    run = run_ranks(tmp_path, env, {"plugins": True, "steps": [*STEPS, {"pause": True}, OVERFLOW]}, release)
     try:
         run.wait_ready("paused")
         scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
@@ -76,7 +77,7 @@ def test_counted_reported_advised_then_the_overflow_refused_before_mori_sees_it(
     planned = mori_op_plan(op_config(WORLD, MODEL["hidden_size"], MODEL["top_k"], op), CAP).op_bytes
     for rank in range(WORLD):
         log = run.log(rank)
-        assert "capwatch: enabled on sglang 0.5.23 (mori backend" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (mori backend" in log, log[-3000:]
         metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         record = run.record(rank)
         assert record["ops"] == [(CAP, "IntraNode", WORLD * CAP)]  # one op, shared by both layers

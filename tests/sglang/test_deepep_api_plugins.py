@@ -1,17 +1,24 @@
-"""The plugin on SGLang 0.5.23's own NIXL EP dispatcher classes in gloo ranks (NIXL EP's ``Buffer`` the one
-stand-in, ``nixl_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
-While the ranks are alive their /metrics say what they dispatched (each rank's own batch against the cap, the
-pairs sent, the buffer's bytes as NIXL EP's own size hint gives them for SGLang's arguments, once per process)
-and the service advises NIXL's own variable; then one rank's batch above the cap is counted and its final
-report reaches the service before NIXL EP's assertion ends that rank (SGLang checks nothing)."""
+"""The plugin on SGLang 0.5.19's and 0.5.23's own Mooncake EP and NIXL EP dispatcher classes (DeepEP's low-latency
+API shape; one body, each backend a case) in gloo ranks (the library's ``Buffer`` the one stand-in,
+``mooncake_standin.py``, ``nixl_standin.py``; ``deepep_api_rank_program.py``): loaded by ``load_plugins()``, started
+by ``configure_scheduler_process``. While the ranks are alive their /metrics say what they dispatched (each rank's
+own batch against the cap, the pairs sent, the buffer's bytes as the library's own size hint gives them for
+SGLang's arguments, once per process) and the service advises the backend's own variable; then one rank's batch
+above the cap is counted and its final report reaches the service before the library's assertion ends that rank
+(SGLang checks nothing)."""
 
 from __future__ import annotations
 
-import pytest
-from capwatch.backends.nixl import RULES as NIXL
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import pytest
+from capwatch.backends.mooncake import RULES as MOONCAKE
+from capwatch.backends.nixl import RULES as NIXL
+from capwatch.sizing.backends import BackendCapRules
+
+from tests.sglang import mooncake_standin, nixl_standin
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
-from tests.sglang.nixl_standin import size_hint
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun
 from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
@@ -28,17 +35,33 @@ BATCHES = {0: [3, CAP, 0], 1: [5, 1, 7]}
 OVERFLOW = {"tokens": [CAP + 1, 3]}
 
 
+@dataclass(frozen=True)
+class Case:
+    rules: BackendCapRules
+    size_hint: Callable[[int, int, int, int], int]  # the library's own, as the stand-in computes it
+    assertion: str  # what the library's assertion says when a batch is above the cap
+
+
+CASES = {"mooncake": Case(MOONCAKE, mooncake_standin.size_hint, mooncake_standin.MOONCAKE_ASSERT),
+         "nixl": Case(NIXL, nixl_standin.size_hint, DEEPEP_ASSERT)}  # NIXL EP's C++ assert is DeepEP's text
+
+
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_assertion(tmp_path, service):
-    cluster = "nixl-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.23"], ids=lambda release: f"sglang-{release}")
+@pytest.mark.parametrize("backend", list(CASES))
+def test_counted_reported_advised_then_the_overflow_reported_before_the_librarys_assertion(tmp_path, backend, release,
+                                                                                          service):
+    case = CASES[backend]
+    rules = case.rules
+    cluster = f"{backend}-{release.replace('.', '-')}"
     base_port = free_port()
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", NIXL.cap_env_var: str(CAP)}
-    plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
+           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", rules.cap_env_var: str(CAP)}
+    plan = {"master_port": free_port(), "backend": backend, "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
-                  program="tests.sglang.nixl_rank_program").start(plan)
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
+                  program="tests.sglang.deepep_api_rank_program").start(plan)
     try:
         run.wait_ready("paused")
         scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
@@ -53,10 +76,10 @@ def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_ass
         run.kill()
 
     assert check_steps(run) == len(LAYERS) * len(STEPS)  # SGLang's outputs and received counts as without capwatch
-    buffer_bytes = size_hint(CAP, MODEL["hidden_size"], WORLD, MODEL["num_experts"])
+    buffer_bytes = case.size_hint(CAP, MODEL["hidden_size"], WORLD, MODEL["num_experts"])
     for rank in range(WORLD):
         log = run.log(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (nixl backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} ({backend} backend, GPU {rank})" in log, log[-3000:]
         assert run.record(rank)["buffers"] == [buffer_bytes]  # what SGLang allocated: the library's own hint
         metrics, series = scraped[rank], {"dispatcher": "target", "ep_rank": rank, "ep_group": cluster}
         steps = run.record(rank)["steps"]
@@ -67,17 +90,17 @@ def test_counted_reported_advised_then_the_overflow_reported_before_nixl_eps_ass
         sampled = steps[::len(LAYERS)]
         assert value(metrics, "moe_a2a_tokens_sent_total", **series) == sum(step["ids"].numel() for step in sampled)
         assert value(metrics, "moe_a2a_workspace_allocated_bytes", **series) == buffer_bytes
-        assert value(metrics, "moe_a2a_nixl_buffer_bytes", **series) == buffer_bytes
-        assert value(metrics, "moe_a2a_info", a2a_backend="nixl", backend="sglang-nixl", **series) == 1
+        assert value(metrics, f"moe_a2a_{backend}_buffer_bytes", **series) == buffer_bytes
+        assert value(metrics, "moe_a2a_info", a2a_backend=backend, backend=f"sglang-{backend}", **series) == 1
         assert not any(v for (n, _), v in metrics.items() if n == "moe_a2a_overflow_events_total")
     assert view["cap"] == CAP and view["group_max_runtime_tokens"] == CAP
     assert (advice["a2a_backend"], advice["cap_variable"], advice["current_cap"]) == \
-        (NIXL.name, NIXL.cap_env_var, CAP), advice
+        (rules.name, rules.cap_env_var, CAP), advice
     assert advice["workspace_bytes_per_rank_current"] == buffer_bytes
-    assert advice["recommended_cap"] is None or advice["recommended_cap"] <= NIXL.max_cap_tokens
+    assert advice["recommended_cap"] is None or advice["recommended_cap"] <= rules.max_cap_tokens
 
     assert code != 0
-    assert DEEPEP_ASSERT in run.log(0), run.log(0)[-3000:]
-    assert f"{NIXL.cap_env_var}=128" in run.log(0)  # capwatch's line before NIXL EP's assertion
+    assert case.assertion in run.log(0), run.log(0)[-3000:]
+    assert f"{rules.cap_env_var}=128" in run.log(0)  # capwatch's line before the library's assertion
     final = wait_for(lambda: _final_rank_zero(service, cluster))
     assert final["overflow_events"] == {"runtime_over_cap/raised": 1}, final
