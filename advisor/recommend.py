@@ -155,6 +155,12 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
             f"{'raising' if action == 'raise' else 'lowering'} {current} -> {recommended.cap} changes the "
             f"{rules.memory} from {format_gib(current_bytes)} to {format_gib(recommended_bytes)} per rank "
             f"({format_gib(recommended.bytes_group_delta)} across {ep_size} ranks){estimate}")
+    if action == "raise" and rules.over_cap_fallback is not None and current >= (given.floor_cap or 0):
+        more = "" if current_bytes is None else f"{format_gib(recommended_bytes - current_bytes)} more "
+        reasons.append(
+            f"raise to stop the fallback: above the cap an eager step {rules.over_cap_fallback} (no error, nothing "
+            f"logged); {current} -> {recommended.cap} trades {more}{rules.memory} per rank for the faster path, "
+            f"memory for speed: no rank is at risk at {current}{estimate}")
     traded = (kv_trade(action, current_bytes, recommended_bytes, given.group.kv_bytes_per_token) if action != "set"
               else kv_trade("hold", recommended_bytes, recommended_bytes, given.group.kv_bytes_per_token))
     if traded:

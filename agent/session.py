@@ -47,6 +47,8 @@ class RoleWatch:
     reported: dict = field(default_factory=dict)
     lead_per_micro_batch: bool = False  # every dispatcher of the lowest layer id leads (DeepEP's two-batch overlap)
     traffic_stride: int | None = None  # the traffic sample (dispatcher.counting.elect): the backend's hook says
+    # The backend's own counts (its spec's BackendSeries.counters, by field), host ints its hook adds to.
+    backend_counts: dict[str, int] = field(default_factory=dict)
     telemetry: RankTelemetry | None = None
     started: bool = False  # a start was tried (at the role's first dispatch)
 
@@ -151,7 +153,8 @@ class RankSession:
                                 host=socket.gethostname())
         telemetry = RankTelemetry(watch.counters, identity, self.config(watch), exporter=None,
                                   reporter=self.settings.reporter(),
-                                  final_report_timeout_s=self.settings.final_report_timeout_s).start()
+                                  final_report_timeout_s=self.settings.final_report_timeout_s,
+                                  backend_counts=lambda: watch.backend_counts).start()
         for _, counting, _ in watch.layers:
             counting.on_overflow.append(telemetry.on_overflow)
         self.role_series.collectors.append(telemetry.collector)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from capwatch.backends import deepep, deepep_v2, flashinfer, flashinfer_megamoe, mooncake, mori, nixl, pplx
+from capwatch.backends import deepep, deepep_v2, flashinfer, flashinfer_megamoe, megamoe, mooncake, mori, nixl, pplx
 from capwatch.backends.spec import BackendSpec, Pricing
 from capwatch.engines import ENGINE
 from capwatch.sizing.checks import SizingError
@@ -16,7 +16,7 @@ from capwatch.sizing.checks import SizingError
 # Each spec with the engine's side of its cap (its variable, default and reserve: capwatch.engines) in its rules.
 SPECS: dict[str, BackendSpec] = {module.SPEC.name: replace(module.SPEC, rules=ENGINE.bind_rules(module.SPEC.rules))
                                  for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, pplx,
-                                                flashinfer_megamoe)}
+                                                flashinfer_megamoe, megamoe)}
 BACKEND_NAMES: tuple[str, ...] = tuple(SPECS)
 DEFAULT_BACKEND: BackendSpec = next(iter(SPECS.values()))  # what a config that names none runs (the wire's first)
 # The wire's bounds on a rank's geometry: the largest any backend's ranks can report.

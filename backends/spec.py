@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from capwatch.series import GaugeSeries, OwnSeries  # GaugeSeries re-exported: the backend modules import it here
+from capwatch.series import CounterSeries, GaugeSeries, OwnSeries  # re-exported: the backend modules import them here
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.model_presets import ModelGeometry

@@ -22,6 +22,16 @@ class GaugeSeries:
 
 
 @dataclass(frozen=True)
+class CounterSeries:
+    """One count a backend's ranks keep of their own (``moe_a2a_<name>_<field>_total``): the engine's hook counts it
+    on the host (``RoleWatch.backend_counts``), the collector exports it on that backend's ranks."""
+
+    field: str
+    help: str
+    unit: str
+
+
+@dataclass(frozen=True)
 class OwnSeries:
     """A backend's or an engine's own series beside ``moe_a2a_info``, read from its parameters or limits: an info
     (``moe_a2a_<name>_info``, its ``info_labels``) and one gauge per number.
@@ -33,6 +43,7 @@ class OwnSeries:
     info_help: str | None
     info_labels: tuple[str, ...]
     gauges: tuple[GaugeSeries, ...]
+    counters: tuple[CounterSeries, ...] = ()  # its own counts (backends only)
 
     @property
     def on_shared_series(self) -> bool:

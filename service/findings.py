@@ -15,6 +15,8 @@ from capwatch.backends import pricing_of, spec_of
 from capwatch.engines import ENGINE, engine_of, limits_of
 from capwatch.service.sources.contract import RankState
 from capwatch.sizing.byte_units import format_gib
+from capwatch.sizing.caps import align_up
+from capwatch.sizing.checks import SizingError
 from pydantic import BaseModel
 
 if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
@@ -22,7 +24,7 @@ if TYPE_CHECKING:  # cluster_view.py imports this module for Finding
 
 Severity = Literal["critical", "warning", "info"]
 FINDING_KINDS = ("backend_mismatch", "cap_mismatch", "cap_source_mismatch", "cap_below_decode_graph", "ep_size_mismatch",
-                 "double_counted_workspace", "missing_rank", "stale_rank", "workspace_mismatch")
+                 "double_counted_workspace", "missing_rank", "stale_rank", "workspace_mismatch", "cap_fallback")
 # Reported bytes within this share of the cap x ep_size size count as the double count.
 DOUBLE_COUNT_TOLERANCE = 0.02
 
@@ -102,6 +104,7 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
             kind="workspace_mismatch", severity="info", ranks=sorted(s.ep_rank for s, _, _ in mismatched),
             message=(f"rank {state.ep_rank} reports {reported} {rules.memory} bytes; {rules.sized_by} gives "
                      f"{expected} for its configuration ({rules.mismatch_hint})")))
+    findings += _fallback_findings(live)
     missing = sorted(view.ep_rank for view in views if view.state == "missing")
     if missing:
         findings.append(Finding(
@@ -114,6 +117,33 @@ def consistency_findings(states: list[RankState], views: list[RankView], ep_size
             kind="stale_rank", severity="warning", ranks=stale,
             message=f"rank(s) {_ranks_text(stale)} have not reported recently; their numbers may be out of date"))
     return findings
+
+
+def _fallback_findings(live: list[RankState]) -> list[Finding]:
+    """Ranks of a backend that runs a step above its cap on a slower path instead of failing
+    (``rules.over_cap_fallback``: Mega MoE) whose R went above the cap: they fell back, which nothing else shows.
+    Raising the cap stops it, priced in the backend's bytes; memory for speed, no rank at risk."""
+    above = {state.ep_rank: state for state in live
+             if spec_of(state.config.a2a_backend).rules.over_cap_fallback is not None
+             and state.max_runtime_tokens > state.cap}
+    if not above:
+        return []
+    state = max(above.values(), key=lambda state: state.max_runtime_tokens)
+    rules = spec_of(state.config.a2a_backend).rules
+    needed = max(rules.alignment, align_up(state.max_runtime_tokens, rules.alignment))
+    pricing = pricing_of(state.config, state.ep_size)
+    try:
+        price = (f"; the {rules.memory} goes from {format_gib(pricing.bytes_per_rank(state.cap))} to "
+                 f"{format_gib(pricing.bytes_per_rank(needed))} per rank"
+                 + ("" if pricing.known_bytes_per_rank(needed) is not None else " (in proportion, an estimate)"))
+    except SizingError:
+        price = ""
+    return [Finding(
+        kind="cap_fallback", severity="info", ranks=sorted(above),
+        message=(f"rank(s) {_ranks_text(sorted(above))} ran steps with R up to {state.max_runtime_tokens} tokens per "
+                 f"rank, above the cap {state.cap}: there the {rules.name} A2A {rules.over_cap_fallback}, with no "
+                 f"error and nothing logged. Set {rules.env_line(needed)} to stop the fallback{price}: memory for "
+                 "speed, no rank is at risk"))]
 
 
 def _cap_source_findings(live: list[RankState]) -> list[Finding]:

@@ -51,6 +51,7 @@ CAPS: dict[str, SGLangCap] = {
     "pplx": SGLangCap("SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),  # environ.py, pplx.py:224
     # 0 (its default) = derived per rank: flashinfer_megamoe._resolve_max_tokens_per_rank (no fixed number)
     "flashinfer_megamoe": SGLangCap("SGLANG_FLASHINFER_MEGAMOE_MAX_TOKENS_PER_RANK"),
+    "megamoe": SGLangCap("SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK", default_cap=8192),  # read per call
 }
 
 

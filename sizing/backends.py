@@ -39,6 +39,9 @@ class BackendCapRules:
     # runtime_max_tokens_per_rank): R is the local batch, and an overflow message says so.
     local_batch_cap: bool = False
     overflow_outcome: str = "the dispatch is refused"  # what a batch above the cap does, in words
+    # What an eager step above the cap does instead of failing, in words (None: it fails): a slower path (DeepGEMM
+    # Mega MoE's fallback). Raising the cap then buys speed with memory, no rank is at risk; advice and findings say so.
+    over_cap_fallback: str | None = None
     memory: str = "workspace"  # what the cap sizes, in the advice's words
     sized_by: str = "its formula"  # what capwatch prices it with, in the findings' words
     mismatch_hint: str = "check the payload sizes"  # where a reported size that differs comes from

@@ -169,6 +169,7 @@ class OwnMetrics:
     info: MetricSpec | None
     info_labels: tuple[str, ...]
     gauges: tuple[tuple[MetricSpec, str], ...]
+    counters: tuple[tuple[MetricSpec, str], ...] = ()  # (counter, the count's field), from the rank's own counts
 
     @property
     def on_shared_series(self) -> bool:
@@ -176,7 +177,8 @@ class OwnMetrics:
 
     @property
     def metrics(self) -> tuple[MetricSpec, ...]:
-        return (*((self.info,) if self.info is not None else ()), *(spec for spec, _ in self.gauges))
+        return (*((self.info,) if self.info is not None else ()), *(spec for spec, _ in self.gauges),
+                *(spec for spec, _ in self.counters))
 
 
 def own_metrics(name: str, series: OwnSeries) -> OwnMetrics:
@@ -187,7 +189,9 @@ def own_metrics(name: str, series: OwnSeries) -> OwnMetrics:
         MetricSpec(f"{PREFIX}{name}_info", "info", series.info_help, "", RANK_LABELS + series.info_labels),
         series.info_labels,
         tuple((MetricSpec(gauge.metric or f"{PREFIX}{name}_{gauge.field}", "gauge", gauge.help, gauge.unit),
-               gauge.field) for gauge in series.gauges))
+               gauge.field) for gauge in series.gauges),
+        tuple((MetricSpec(f"{PREFIX}{name}_{counter.field}_total", "counter", counter.help, counter.unit),
+               counter.field) for counter in series.counters))
 
 
 # Each engine's series (its ``SERIES``), read from its limits: present only on ranks under that engine.

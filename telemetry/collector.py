@@ -7,7 +7,7 @@ turns it into the series of the catalogue. Names, help and labels come from ``ca
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from capwatch.backends import spec_of
 from capwatch.telemetry import catalogue
@@ -58,6 +58,7 @@ class DispatchCollector(Collector):
         *,
         interval_s: float | None = None,
         reporter_stats: Callable[[], ReporterStats] | None = None,
+        backend_counts: Callable[[], Mapping[str, int]] | None = None,
         peak_window_s: float = DEFAULT_PEAK_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
     ):
@@ -69,6 +70,7 @@ class DispatchCollector(Collector):
         self._config = config
         self._interval_s = interval_s
         self._reporter_stats = reporter_stats
+        self._backend_counts = backend_counts  # the rank's backend's own counts (its series' counters), by field
         self._label_values = [identity.cluster, str(identity.ep_rank), identity.role]
         # Each backend's own series, from its parameters (absent on other backends' ranks: None; a backend whose
         # series are the shared ones says its parameters' defaults there).
@@ -114,6 +116,9 @@ class DispatchCollector(Collector):
             params = self._backend_params[name]
             yield from self._own_series(metrics, params, None if params is None else {
                 label: str(getattr(params, label)) for label in metrics.info_labels})
+            own = self._backend_counts() if self._backend_counts is not None and name == config.a2a_backend else {}
+            for spec, field in metrics.counters:  # its own counts, on its ranks alone
+                yield self._counter(spec, own.get(field, 0) if name == config.a2a_backend else None)
 
         yield self._counter(catalogue.DISPATCH_CALLS, snapshot.dispatch_calls)
         yield self._counter(catalogue.FORWARD_STEPS, snapshot.forward_steps)

@@ -16,7 +16,7 @@ Wiring a rank (the demo copies this)::
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from capwatch.dispatcher.counters import DispatchCounters
@@ -97,6 +97,7 @@ class RankTelemetry:
         final_report_timeout_s: float = 2.0,
         peak_window_s: float = DEFAULT_PEAK_WINDOW_S,
         clock: Callable[[], float] | None = None,
+        backend_counts: Callable[[], Mapping[str, int]] | None = None,
     ):
         self.identity = identity
         self.exporter_options = exporter
@@ -108,7 +109,7 @@ class RankTelemetry:
             tracker, identity, config,
             interval_s=None if self.reporter is not None else DEFAULT_INTERVAL_S,
             reporter_stats=self.reporter.stats if self.reporter is not None else None,
-            peak_window_s=peak_window_s,
+            peak_window_s=peak_window_s, backend_counts=backend_counts,
         )
         self.exporter = RankExporter(self.collector,
                                      legacy_group_label=exporter is not None and exporter.legacy_group_label)

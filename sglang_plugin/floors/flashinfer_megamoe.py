@@ -3,9 +3,11 @@ start-up (``floors/computed.py``: the prefill chunk, the prefill CUDA-graph batc
 batch x tokens per request, every one of which reaches the layer as a rank's own batch).
 
 Its variable's 0 (the default) means SGLang derives the cap when it builds each layer
-(``_resolve_max_tokens_per_rank``: ``cutedsl_moe_max_num_tokens()``, which takes the prefill tokens, not the
-smaller chunk, so a derived cap meets these terms). A 0 the operator exported is that same default, reported as
-SGLang's, not as a number the operator chose.
+(``_resolve_max_tokens_per_rank``: ``cutedsl_moe_max_num_tokens()``, from the same kinds of terms: the prefill
+tokens rather than the smaller chunk, the prefill CUDA-graph batch only when piecewise, the decode graph without the
+running-requests bound), so a derived cap normally meets these terms; the start-up check compares them with the cap
+SGLang resolves (``hooks/flashinfer_megamoe.py`` ``cap_at_start``), never with the 0. A 0 the operator exported is
+that same default, reported as SGLang's, not as a number the operator chose.
 """
 
 from __future__ import annotations

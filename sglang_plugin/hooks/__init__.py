@@ -12,9 +12,9 @@ cannot build the dispatcher with what is installed) and
 
 from __future__ import annotations
 
-from capwatch.sglang_plugin.hooks import (deepep, deepep_v2, flashinfer, flashinfer_megamoe, mooncake, mori, nixl,
-                                          pplx)
+from capwatch.sglang_plugin.hooks import (deepep, deepep_v2, flashinfer, flashinfer_megamoe, megamoe, mooncake, mori,
+                                          nixl, pplx)
 
 BACKENDS = {module.NAME: module for module in (flashinfer, deepep, deepep_v2, mooncake, mori, nixl, pplx,
-                                                 flashinfer_megamoe)}
+                                                 flashinfer_megamoe, megamoe)}
 FLOORS = {name: module.FLOOR for name, module in BACKENDS.items()}  # each backend's floor module, by its name

@@ -44,6 +44,8 @@ EXAMPLES: dict[str, dict] = {
                  pplx=PplxAllToAll(transport="intranode", dp_size=1)),
     "flashinfer_megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-flashinfer_megamoe",
                                flashinfer_megamoe=ReportedBuffer(buffer_bytes=5 << 30)),
+    "megamoe": dict(hidden_size=7168, top_k=8, num_experts=256, backend="sglang-megamoe",
+                    megamoe=ReportedBuffer(buffer_bytes=5 << 30, dispatch_format="fp8")),
 }
 # What each example rank's server logged beyond the model (the log reader's view of it; absent: the defaults).
 EXAMPLE_SETTINGS: dict[str, dict] = {"deepep": {"deepep_mode": "low_latency"},
@@ -119,11 +121,18 @@ def test_its_series_are_exported_and_read_back_by_the_prometheus_source(name):
     spec = spec_of(name)
     config = example(name)
     identity = RankIdentity(cluster="c", ep_rank=0, ep_size=EP_SIZE, boot_id="b")
-    collector = DispatchCollector(IntervalTracker(DispatchCounters(config.cap, EP_SIZE)), identity, config)
+    own_counts = {counter.field: 3 + index for index, counter in
+                  enumerate(spec.series.counters if spec.series is not None else ())}
+    collector = DispatchCollector(IntervalTracker(DispatchCounters(config.cap, EP_SIZE)), identity, config,
+                                  backend_counts=lambda: own_counts)
     families = {family.name: family for family in collector.collect()}
     assert (spec.series is None) == (name not in catalogue.BACKEND_METRICS) == (spec.params is None)
     for other, metrics in catalogue.BACKEND_METRICS.items():
         assert all(metric in catalogue.METRICS for metric in metrics.metrics)
+        for counter, field in metrics.counters:  # its own counts: on its ranks alone, as the hook counted them
+            assert counter.name == f"{catalogue.PREFIX}{other}_{field}_total" and counter.type == "counter"
+            samples = families[counter.name.removesuffix("_total")].samples
+            assert [sample.value for sample in samples] == ([own_counts[field]] if other == name else [])
         if metrics.on_shared_series:  # its labels on moe_a2a_info, its gauges on every rank (defaults elsewhere)
             assert set(metrics.info_labels) <= set(catalogue.INFO.labels)
             if other != name:

@@ -54,6 +54,35 @@ def test_never_below_sglangs_floor_nor_above_the_backends_limit(name):
 
 
 @pytest.mark.parametrize("name", REPORTED)
+def test_a_backend_that_falls_back_is_told_to_raise_to_stop_the_fallback_as_memory_for_speed(name):
+    """Mega MoE runs an eager step above its cap on a slower path (no error): its raise says so, priced; a backend
+    whose steps above the cap fail says nothing of a fallback."""
+    spec = SPECS[name]
+    config, reported = group(name, 512)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(400, 700)), cap=512), config, POLICY)
+    assert advice.action == "raise" and advice.recommended_cap > 700
+    stop = [reason for reason in advice.reasons if reason.startswith("raise to stop the fallback")]
+    if spec.rules.over_cap_fallback is None:
+        assert stop == [] and not any("no rank is at risk" in reason for reason in advice.reasons)
+        return
+    more = advice.workspace_bytes_per_rank_recommended - reported
+    assert stop == [f"raise to stop the fallback: above the cap an eager step {spec.rules.over_cap_fallback} (no "
+                    f"error, nothing logged); 512 -> {advice.recommended_cap} trades {more / GIB:.2f} GiB more "
+                    f"{spec.rules.memory} per rank for the faster path, memory for speed: no rank is at risk at 512, "
+                    f"{advice.workspace_bytes_basis}"]  # the recommended cap's bytes: in proportion, an estimate
+
+
+def test_below_the_floor_a_fallback_backend_is_not_told_its_rank_is_safe():
+    """A captured graph above the cap takes Mega MoE's path anyway and asserts: the floor's raise is no fallback."""
+    name = next(name for name, spec in SPECS.items() if spec.rules.over_cap_fallback is not None)
+    limits = SGLangLimits(decode_cuda_graph_max_batch_size=256, tokens_per_request=1, max_prefill_buffer_tokens=64)
+    config, _ = group(name, 128, engine_limits=limits)
+    advice = recommend(history_from(day_of(lambda rng, window, rank: rng.randint(20, 60)), cap=128), config, POLICY)
+    assert advice.action == "raise" and advice.floor_cap == 256
+    assert not any("no rank is at risk" in reason for reason in advice.reasons), advice.reasons
+
+
+@pytest.mark.parametrize("name", REPORTED)
 def test_a_change_priced_in_proportion_says_it_is_an_estimate(name):
     """Away from the cap the ranks reported their bytes at, the advice's bytes and KV-cache tokens are an estimate:
     said in a field and in the reasons; at the reported cap itself the bytes are exact."""
