@@ -53,7 +53,8 @@ def start_rank(plan: dict, rank: int):
 
     from tests.sglang import deepep_standin
 
-    deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
+    if not plan.get("unbuildable"):  # unbuildable: deep_ep does not import here, as in a server without DeepEP
+        deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
     if plan.get("resolved_server_args"):  # resolved by a launcher (apply_launcher_program.py), as SGLang passes them
         server_args = pickle.loads(Path(plan["resolved_server_args"]).read_bytes())
     else:
@@ -133,6 +134,16 @@ def main(run_dir: Path, rank: int) -> None:
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world = plan["deepep_model"], plan["world"]
     deepep, create_moe_dispatcher = start_rank(plan, rank)
+    if plan.get("unbuildable"):  # SGLang's own constructor refuses: its error, while the test scrapes
+        from tests.sglang.rank_program import wait_for_release
+        try:
+            build(create_moe_dispatcher, model, world, plan["layers"][0])
+            error = "built"
+        except Exception as raised:  # noqa: BLE001 - whatever SGLang raises is the record
+            error = f"{type(raised).__name__}: {raised}"
+        (run_dir / f"build-error-{rank}").write_text(error)
+        wait_for_release(run_dir, rank)
+        return
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
     layers = [built[layer_id] for layer_id in sorted(built)]  # built in the plan's order, run in the model's
     generator = torch.Generator().manual_seed(1000 + rank)
