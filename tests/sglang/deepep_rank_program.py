@@ -185,5 +185,40 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.05)
 
 
+def run_planned_steps(run_dir: Path, rank: int, plan: dict, model: dict, layers: list, seed: int, dispatch_one,
+                      record: dict, before_save=lambda: None) -> None:
+    """The plan's steps through every layer, as the one-dispatcher-per-layer rank programs run them (Mooncake EP,
+    NIXL EP, MoRI): random tokens, experts and weights from a per-rank ``seed``; ``dispatch_one(layer, x, ids,
+    weights)`` -> (combined, received) recorded per layer; the record saved before each dispatch (it survives one
+    that ends the rank, ``before_save`` refreshing what it holds), a ``pause`` step waiting for ``resume``; then
+    ``ready`` and a wait for ``release``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + rank)
+
+    def save() -> None:
+        before_save()
+        torch.save(record, run_dir / f"rank-{rank}.pt")
+
+    for planned in plan["steps"]:
+        if planned.get("pause"):
+            save()
+            (run_dir / f"paused-{rank}").write_text("")
+            _wait_for(run_dir / "resume")
+            continue
+        tokens = planned["tokens"][rank]
+        for layer in layers:
+            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
+            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
+            weights = torch.rand(tokens, model["top_k"], generator=generator)
+            save()  # what happened so far survives a dispatch that ends the rank
+            combined, received = dispatch_one(layer, x, ids, weights)
+            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
+                                    "received": received})
+    save()
+    (run_dir / f"ready-{rank}").write_text("")
+    _wait_for(run_dir / "release")
+
+
 if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]))
