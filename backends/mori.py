@@ -126,10 +126,7 @@ def plan_mori_op(*, cap: int, geometry: ModelGeometry, ep_size: int, low_latency
 def largest_mori_plan_within(budget: int, *, geometry: ModelGeometry, ep_size: int, low_latency: bool = False,
                              alignment: int = CAP_ALIGNMENT) -> MoriOpPlan:
     pricing = MoriPricing(ep_size, _op_at(geometry, ep_size, low_latency, alignment))
-    cap = pricing.largest_cap_within(budget, alignment)
-    if cap is None:
-        raise SizingError(f"no cap fits {budget} bytes per rank: the smallest aligned cap, {alignment}, already "
-                          f"needs {pricing.bytes_per_rank(alignment)}")
+    cap = pricing.largest_cap_fitting(budget, alignment)
     return plan_mori_op(cap=cap, geometry=geometry, ep_size=ep_size, low_latency=low_latency)
 
 

@@ -110,10 +110,7 @@ def plan_pplx(*, cap: int, geometry: ModelGeometry, ep_size: int, all_to_all: Pp
 def largest_pplx_plan_within(budget: int, *, geometry: ModelGeometry, ep_size: int, all_to_all: PplxAllToAll,
                              alignment: int = CAP_ALIGNMENT) -> PplxPlan:
     pricing = PplxPricing(ep_size, config_of(ep_size, geometry.hidden_size, geometry.num_experts, all_to_all))
-    cap = pricing.largest_cap_within(budget, alignment)
-    if cap is None:
-        raise SizingError(f"no cap fits {budget} bytes per rank: the smallest aligned cap, {alignment}, already "
-                          f"needs {pricing.bytes_per_rank(alignment)}")
+    cap = pricing.largest_cap_fitting(budget, alignment)
     return plan_pplx(cap=cap, geometry=geometry, ep_size=ep_size, all_to_all=all_to_all)
 
 

@@ -80,3 +80,11 @@ class PricedByFormula:
         (the bytes grow with the cap)."""
         limit = self.MAX_CAP if max_cap is None else min(max_cap, self.MAX_CAP)
         return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment, limit)
+
+    def largest_cap_fitting(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT) -> int:
+        """``largest_cap_within``, or a SizingError that says what the smallest aligned cap already needs."""
+        cap = self.largest_cap_within(budget_bytes_per_rank, alignment)
+        if cap is None:
+            raise SizingError(f"no cap fits {budget_bytes_per_rank} bytes per rank: the smallest aligned cap, "
+                              f"{alignment}, already needs {self.bytes_per_rank(alignment)}")
+        return cap

@@ -32,3 +32,28 @@ def test_a_budget_below_the_first_step_or_a_range_below_the_alignment_has_no_ans
     assert largest_aligned_cap(lambda cap: True, 128, 128) == 128
     with pytest.raises(ValueError, match="alignment must be positive"):
         largest_aligned_cap(lambda cap: True, 0, 1024)
+
+
+def test_a_pricing_by_formula_answers_within_its_largest_cap_and_says_when_no_cap_fits():
+    from dataclasses import dataclass
+
+    from capwatch.sizing.caps import PricedByFormula
+    from capwatch.sizing.checks import SizingError
+
+    @dataclass(frozen=True)
+    class Linear(PricedByFormula):
+        MAX_CAP = 1024
+        bytes_per_token: int | None
+
+        def bytes_per_rank(self, cap: int) -> int:
+            if self.bytes_per_token is None:
+                raise SizingError("not known")
+            return cap * self.bytes_per_token
+
+    pricing = Linear(10)
+    assert pricing.known_bytes_per_rank(300) == 3000 and Linear(None).known_bytes_per_rank(300) is None
+    assert pricing.largest_cap_within(5000) == 384 and pricing.largest_cap_fitting(5000, 64) == 448
+    assert pricing.largest_cap_within(10 ** 9) == 1024 and pricing.largest_cap_within(10 ** 9, max_cap=512) == 512
+    with pytest.raises(SizingError, match="no cap fits 1000 bytes per rank: the smallest aligned cap, 128, already "
+                                          "needs 1280"):
+        pricing.largest_cap_fitting(1000)
