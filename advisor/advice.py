@@ -126,10 +126,11 @@ class PriceBasisPart(BaseModel):
     # (backends/reported.py) is exact only at the cap a rank reported it for; at any other cap it is priced in
     # proportion, an estimate, and so are the group delta and the KV-cache tokens priced from it.
     workspace_bytes_exact_recommended: bool | None = None
-    # This price in words: "exact", or "estimated in proportion to the X GiB per rank reported at cap N, exact only
-    # there" where any of its figures is an estimate; None where nothing is priced.
+    # This price in words: "exact", or where any of its figures is not, how it was made ("estimated in proportion to
+    # the X GiB per rank reported at cap N, exact only there"; FlashInfer 0.7.4 as built: "a lower bound: ...");
+    # None where nothing is priced.
     workspace_bytes_basis: str | None = None
-    # The cap whose reported bytes an estimated price is in proportion to; None where the price is exact.
+    # The cap whose reported (or built) bytes an estimated price is made from; None where the price is exact.
     workspace_bytes_reported_cap: int | None = None
 
 

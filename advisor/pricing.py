@@ -5,6 +5,7 @@ estimate (``price_basis``: a reported-bytes buffer away from the cap it was repo
 from __future__ import annotations
 
 from capwatch.backends import Pricing, pricing_of
-from capwatch.backends.spec import PriceBasis, price_basis
+from capwatch.backends.spec import price_basis
+from capwatch.sizing.price_basis import PriceBasis
 
 __all__ = ["Pricing", "PriceBasis", "price_basis", "pricing_of"]

@@ -145,7 +145,7 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
     # current cap's; a reported-bytes buffer is exact only at the cap it was reported at.
     bases = (recommended.basis,) if action == "set" else (recommended.basis, given.current_basis)
     basis = next((basis for basis in bases if not basis.exact), bases[0])
-    estimate = "" if basis.exact else f", {basis.words()}"
+    estimate = "" if basis.exact else f", {basis.words}"
     reasons = []
     if action == "set":  # the cap in use is unknown: the recommended cap's own bytes, no change priced
         reasons.append(f"at {recommended.cap} the {rules.memory} takes {format_gib(recommended_bytes)} per rank "
@@ -176,7 +176,7 @@ def price(given: Evidence, action: str, recommended: Outlook) -> Step[Price]:
                       workspace_bytes_group_recommended=recommended.bytes_group,
                       workspace_bytes_group_delta=recommended.bytes_group_delta if known else None,
                       kv_cache_tokens_per_rank_freed=recommended.kv_cache_tokens_per_rank_freed if known else None,
-                      workspace_bytes_exact_recommended=recommended.basis.exact, workspace_bytes_basis=basis.words(),
+                      workspace_bytes_exact_recommended=recommended.basis.exact, workspace_bytes_basis=basis.words,
                       workspace_bytes_reported_cap=basis.reported_cap,
                       **dict(ENGINE.RESERVE_PRICE.of(over))),
                 tuple(reasons))

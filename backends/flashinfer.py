@@ -41,6 +41,7 @@ from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per
 from capwatch.sizing.payloads import SIZING_PAYLOAD_FORMATS, hidden_bytes_per_token
 from capwatch.sizing.flashinfer_plan import WorkspacePlan, plan_workspace
 from capwatch.sizing.reported import MAX_BUFFER_BYTES
+from capwatch.sizing.price_basis import ESTIMATED, EXACT, PriceBasis
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # Built from sizing's own tuple, so a format it gains is accepted on the wire too (an enum in the OpenAPI schema).
@@ -165,6 +166,18 @@ class WorkspacePricing:
 
     def bytes_per_rank(self, cap: int) -> int:
         return _bytes_per_rank(self, cap)
+
+    def basis_at(self, cap: int) -> PriceBasis:
+        """Exact, but for one case of 0.7.4 as built: where the cap clamped the Lamport limit (limit = built cap),
+        a larger cap could let the run pick more, so its price counts the Lamport regions at the built limit: a
+        lower bound (docs/sizing.md, "0.7.4 as built")."""
+        if (self.built is not None and 0 < self.lamport_max_tokens == self.built[0] < cap
+                and self.lamport_max_tokens < LAMPORT_MAX_TOKENS_PER_RANK):
+            return PriceBasis(False, f"a lower bound: the Lamport regions priced at the {self.lamport_max_tokens} "
+                                     f"tokens built at cap {self.built[0]} (the cap clamped them); a larger cap may "
+                                     f"let the run pick more, up to {LAMPORT_MAX_TOKENS_PER_RANK}",
+                              self.built[0], self.built[1])
+        return EXACT if self.known_bytes_per_rank(cap) is not None else ESTIMATED
 
     def known_bytes_per_rank(self, cap: int) -> int | None:
         """``bytes_per_rank``, or None where this configuration cannot be priced (e.g. an unknown flashinfer

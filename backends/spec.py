@@ -10,8 +10,8 @@ from typing import Any, Protocol, TypeVar
 
 from capwatch.series import CounterSeries, GaugeSeries, OwnSeries  # re-exported: the backend modules import them here
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.byte_units import format_gib
 from capwatch.sizing.model_presets import ModelGeometry
+from capwatch.sizing.price_basis import ESTIMATED, EXACT, PriceBasis
 from pydantic import BaseModel
 
 
@@ -24,43 +24,16 @@ class Pricing(Protocol):
 
     def known_bytes_per_rank(self, cap: int) -> int | None: ...
 
-    # Optionally, ``estimated_from(cap) -> (reported cap, reported bytes) | None``: where ``bytes_per_rank(cap)`` is
-    # an estimate in proportion to bytes a rank reported at another cap (sizing/reported.py). A pricing without it
-    # is exact wherever ``known_bytes_per_rank`` knows the cap (``price_basis``).
-
-
-@dataclass(frozen=True)
-class PriceBasis:
-    """How a pricing knows one cap's bytes: exact (the backend's own arithmetic, or the bytes a rank reported at
-    that very cap), or an estimate — in proportion to ``reported_bytes_per_rank`` reported at ``reported_cap``
-    where the pricing says so. The advice carries it, so no price states an estimate as a fact."""
-
-    exact: bool
-    reported_cap: int | None = None
-    reported_bytes_per_rank: int | None = None
-
-    def words(self) -> str:
-        """"exact", or how the estimate was made."""
-        if self.exact:
-            return "exact"
-        if self.reported_cap is None or self.reported_bytes_per_rank is None:
-            return "estimated"
-        return (f"estimated in proportion to the {format_gib(self.reported_bytes_per_rank)} per rank reported at "
-                f"cap {self.reported_cap}, exact only there")
-
-
-EXACT = PriceBasis(exact=True)
+    # Optionally, ``basis_at(cap) -> PriceBasis``: where ``bytes_per_rank(cap)`` is not exact (sizing/price_basis.py).
 
 
 def price_basis(pricing: Pricing, cap: int) -> PriceBasis:
-    """Whether ``pricing.bytes_per_rank(cap)`` is exact or an estimate (and from what): an estimate where the
-    pricing says it is one (``estimated_from``) or where it prices a cap it does not know exactly
-    (``known_bytes_per_rank`` None)."""
-    estimated_from = getattr(pricing, "estimated_from", None)
-    source = estimated_from(cap) if estimated_from is not None else None
-    if source is not None:
-        return PriceBasis(exact=False, reported_cap=source[0], reported_bytes_per_rank=source[1])
-    return EXACT if pricing.known_bytes_per_rank(cap) is not None else PriceBasis(exact=False)
+    """Whether ``pricing.bytes_per_rank(cap)`` is exact or an estimate, and from what: the pricing's own
+    ``basis_at`` where it has one, else exact wherever ``known_bytes_per_rank`` knows the cap."""
+    basis_at = getattr(pricing, "basis_at", None)
+    if basis_at is not None:
+        return basis_at(cap)
+    return EXACT if pricing.known_bytes_per_rank(cap) is not None else ESTIMATED
 
 
 class SettingsReader(Protocol):

@@ -35,7 +35,7 @@ from capwatch.advisor.sample import GroupSample
 from capwatch.sizing.caps import CAP_ALIGNMENT, align_up
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.payloads import combine_bytes_per_token, dispatch_bytes_per_token
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 WINDOW_S = 60.0
 DAY_WINDOWS = 1440

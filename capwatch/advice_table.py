@@ -72,8 +72,9 @@ def _current_cap(advice: dict) -> str:
 
 
 def _estimated(advice: dict, which: str) -> str:
-    """"≈ " before a workspace figure that is an estimate (a reported-bytes buffer away from its reported cap)."""
-    return "≈ " if advice.get(f"workspace_bytes_exact_{which}") is False else ""
+    """"≈ " before a workspace figure that is an estimate (a reported-bytes buffer away from its reported cap):
+    ``which`` names the field (``workspace_bytes_exact_<which>``; "" for a what-if row's ``workspace_bytes_exact``)."""
+    return "≈ " if advice.get("workspace_bytes_exact" + (f"_{which}" if which else "")) is False else ""
 
 
 def _priced(advice: dict) -> str:
@@ -178,8 +179,14 @@ def print_whatif(rows: list[dict], console=None) -> None:
         low = row.get("predicted_overflow_windows_per_day_low")
         high = row.get("predicted_overflow_windows_per_day_high")
         freed = row.get("kv_cache_tokens_per_rank_freed")
-        table.add_row(str(row["cap"]), _per_day(row.get("predicted_overflow_windows_per_day")),
+        # "≈" after a cap whose bytes (and the change and KV tokens priced from them) are an estimate
+        table.add_row(str(row["cap"]) + (" ≈" if _estimated(row, "") else ""),
+                      _per_day(row.get("predicted_overflow_windows_per_day")),
                       "-" if low is None else f"{_count(low)}..{_count(high)}", _gib(row["workspace_bytes_per_rank"]),
                       _signed_gib(row["workspace_bytes_group_delta"]), "-" if freed is None else f"{freed:,}",
                       "yes" if row["below_floor"] else "no")
     console.print(table)
+    if any(row.get("workspace_bytes_exact") is False for row in rows):
+        console.print("≈ after a cap: its workspace, group change and KV tokens are estimates (the buffer's bytes are "
+                      "known exactly only at the cap they were reported at)", soft_wrap=True, markup=False,
+                      highlight=False)

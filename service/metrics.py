@@ -60,7 +60,9 @@ FAMILIES: tuple[tuple[str, str, str | None], ...] = (
     (names.RECOMMENDED_CAP_TOKENS, "Advisor's recommended per-rank cap.", None),
     (names.RECOMMENDED_CAP_LOWER_TOKENS, "Lower bound of the recommended cap.", None),
     (names.RECOMMENDED_CAP_UPPER_TOKENS, "Upper bound of the recommended cap.", None),
-    (names.RECOMMENDED_WORKSPACE_BYTES, "A2A workspace bytes per rank at the recommended cap.", None),
+    (names.RECOMMENDED_WORKSPACE_BYTES, "A2A workspace bytes per rank at the recommended cap (for a reported-bytes "
+     "backend away from its reported cap, an estimate in proportion: /advice's workspace_bytes_exact_recommended).",
+     None),
     (names.CLUSTER_WORKSPACE_BYTES, "A2A workspace bytes across the EP group now.", None),
     (names.ADVICE_ACTION, "1 for the advisor's current action, 0 for the others.", "action"),
     (names.CONSISTENCY_FINDINGS, "Ranks named by each active consistency finding (0: the finding is not active).",

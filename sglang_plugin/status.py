@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capwatch.agent.status import StatusCollector
+from capwatch.sglang_plugin.releases import installed_version
 
 PLUGIN_INFO = "capwatch_sglang_plugin"
 PLUGIN_INFO_HELP = "Whether capwatch instruments this SGLang scheduler, and why not."
@@ -28,6 +29,17 @@ class BackendUnavailable:
 
     def __str__(self) -> str:
         return f"{self.installed}; {self.remedy}"
+
+
+def library_missing(dispatcher: str, library: str, error: BaseException | None, install: str) -> BackendUnavailable:
+    """SGLang's ``dispatcher`` cannot be built because ``library`` does not import here (``error``: why, where
+    SGLang kept it): the one line a hook's ``problem`` returns for it, with what to install (``install``)."""
+    why = f" ({type(error).__name__}: {error})" if error is not None else ""
+    sglang = installed_version("sglang")
+    return BackendUnavailable(
+        f"{f'sglang {sglang}' if sglang else 'SGLang'}'s {dispatcher} cannot be built: {library} does not import{why}",
+        f"install {install} in the server's environment (`python -c 'import {library}'` there shows why it does not "
+        "load), or pick another --moe-a2a-backend")
 
 
 def state_of(reason: str | BackendUnavailable | None) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
 from capwatch.sizing.checks import SizingError, check_positive
+from capwatch.sizing.price_basis import ESTIMATED, EXACT, PriceBasis
 
 # The most bytes one rank's buffer may report: beyond any GPU's memory.
 MAX_BUFFER_BYTES = 1 << 42
@@ -55,12 +56,12 @@ class ReportedPricing:
     def exact_at(self, cap: int) -> bool:
         return self.known_bytes_per_rank(cap) is not None
 
-    def estimated_from(self, cap: int) -> tuple[int, int] | None:
-        """What ``bytes_per_rank(cap)`` is in proportion to, (reported cap, reported bytes); None where it is exact
-        (the reported cap) or nothing was reported. The advice prices in it and says so (``backends.spec.PriceBasis``)."""
-        if self.buffer_cap is None or self.buffer_bytes is None or self.exact_at(cap):
-            return None
-        return self.buffer_cap, self.buffer_bytes
+    def basis_at(self, cap: int) -> PriceBasis:
+        """Exact at the reported cap; elsewhere an estimate in proportion to the reported bytes (nothing reported:
+        nothing prices, and the advice never asks)."""
+        if self.buffer_cap is None or self.buffer_bytes is None:
+            return ESTIMATED
+        return EXACT if self.exact_at(cap) else PriceBasis.in_proportion(self.buffer_cap, self.buffer_bytes)
 
     def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
                            max_cap: int = 1 << 20) -> int | None:

@@ -126,7 +126,9 @@ RankConfig = create_model(
 
 def __getattr__(name: str):
     """Each engine's limits model under its own name, as this module re-exported them before they moved to their
-    engine's home (``from capwatch.telemetry.report import <the engine's LIMITS>`` keeps working)."""
+    engine's home. Kept for code outside the repository: this module is the documented report schema
+    (docs/report.md), and a reporter of one's own built ``RankConfig``'s limits from it. capwatch's own code and
+    tests import them from the engine's home (``capwatch.sglang_engine.limits``)."""
     limits = {engine.LIMITS.__name__: engine.LIMITS for engine in ENGINES.values()}
     if name in limits:
         return limits[name]

@@ -283,7 +283,9 @@
     const overflow = perDay
       ? { name: "overflow windows / day", format: Charts.formatNumber, points: [], band: [] }
       : { name: "overflow rate", format: Charts.formatPercent, points: [] };
-    const memory = { name: "GiB / rank", format: (v) => v.toFixed(v < 1 ? 2 : 1), points: [] };
+    // A reported-bytes buffer is exact only at its reported cap: its curve elsewhere is an estimate, and says so.
+    const estimate = list.some((row) => row.workspace_bytes_exact === false) ? " (≈ estimated)" : "";
+    const memory = { name: `GiB / rank${estimate}`, format: (v) => v.toFixed(v < 1 ? 2 : 1), points: [] };
     for (const row of list) {
       const cap = Number(first(row, ["cap"]));
       const bytes = Number(first(row, ["workspace_bytes_per_rank", "workspace_bytes"]));

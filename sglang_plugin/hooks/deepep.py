@@ -22,6 +22,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import deepep as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption
 from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
 
 DEEPEP = bind(DEEPEP_RULES)  # with SGLang's variable and default for its cap
@@ -55,12 +56,14 @@ LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED)
 ADAPTERS = {release: LOW_LATENCY_ADAPTER for release in LOW_LATENCY_ADAPTER.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
-    """Why DeepEP's low-latency dispatch cannot be instrumented with ``adapter``, or None: deep_ep imported
-    (SGLang defers its import error to the first use), then every target and signature."""
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
+    """Why DeepEP's low-latency dispatch cannot be instrumented with ``adapter``, or None: deep_ep imported (SGLang
+    defers its import error to the dispatcher's constructor: the backend is unavailable), then every target and
+    signature."""
     module = pkgutil.resolve_name(MODULE)
     if not getattr(module, "use_deepep", False):
-        return f"{MODULE} could not import deep_ep (use_deepep is False): DeepEP is not installed or does not load"
+        return library_missing("DeepEPDispatcher", "deep_ep", getattr(module, "_deepep_import_error", None),
+                               "DeepEP (github.com/deepseek-ai/DeepEP)")
     return first_problem(adapter.targets())
 
 

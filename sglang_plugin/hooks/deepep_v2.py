@@ -20,6 +20,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import deepep_v2 as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.deepep_v2 import DEEPEP_V2 as DEEPEP_V2_RULES
 
 DEEPEP_V2 = bind(DEEPEP_V2_RULES)  # with SGLang's variable and default for its cap
@@ -54,12 +55,13 @@ UNSUPPORTED = {
 }
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
     """Why DeepEP v2 cannot be instrumented, or None: deep_ep's ElasticBuffer imported (SGLang defers its import
-    error to the first dispatch), then every target and signature."""
+    error to the dispatcher's first use: the backend is unavailable), then every target and signature."""
     module = pkgutil.resolve_name(MODULE)
     if not getattr(module, "use_deepep_v2", False):
-        return f"{MODULE} could not import deep_ep.ElasticBuffer (use_deepep_v2 is False): DeepEP v2 is not installed"
+        return library_missing("DeepEP v2 dispatcher", "deep_ep", getattr(module, "_deepep_v2_import_error", None),
+                               "DeepEP v2 (deep_ep with ElasticBuffer, github.com/deepseek-ai/DeepEP)")
     return first_problem(adapter.targets())
 
 

@@ -35,6 +35,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import flashinfer_megamoe as FLOOR  # its cap's floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.flashinfer_megamoe import FLASHINFER_MEGAMOE as MEGAMOE_RULES
 
 logger = logging.getLogger("capwatch.sglang")
@@ -66,13 +67,15 @@ ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
     """Why the MegaMoE layers cannot be instrumented, or None: FlashInfer's moe_ep imports (SGLang imports it when
-    it builds the first layer), then every target and signature."""
+    it builds the first layer, which raises without it: the backend is unavailable), then every target and
+    signature."""
     try:
         pkgutil.resolve_name(LIBRARY)
     except Exception as error:
-        return f"{LIBRARY} does not import ({type(error).__name__}: {error}): FlashInfer's MegaMoE is not installed"
+        return library_missing("FlashInfer MegaMoE layer", LIBRARY, error,
+                               "a flashinfer-python that has flashinfer.moe_ep")
     return first_problem(adapter.targets())
 
 

@@ -20,6 +20,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import mooncake as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.mooncake import MOONCAKE as MOONCAKE_RULES
 
 MOONCAKE = bind(MOONCAKE_RULES)  # with SGLang's variable and default for its cap
@@ -50,13 +51,14 @@ ADAPTER = Adapter(releases=VERIFIED)
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
     """Why Mooncake EP cannot be instrumented, or None: its buffer module imports (SGLang imports it at the first
-    dispatcher), then every target and signature."""
+    dispatcher, which raises without it: the backend is unavailable), then every target and signature."""
     try:
         pkgutil.resolve_name(LIBRARY)
     except Exception as error:
-        return f"{LIBRARY} does not import ({type(error).__name__}: {error}): Mooncake EP is not installed"
+        return library_missing("MooncakeEPDispatcher", LIBRARY, error,
+                               "Mooncake with its EP (mooncake-transfer-engine)")
     return first_problem(adapter.targets())
 
 

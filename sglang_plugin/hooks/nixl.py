@@ -23,6 +23,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import nixl as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.nixl import NIXL as NIXL_RULES
 
 NIXL = bind(NIXL_RULES)  # with SGLang's variable and default for its cap
@@ -65,16 +66,16 @@ IMPORTED = Adapter(releases=("0.5.19", "0.5.20"), load=USE_NIXL)
 ADAPTERS = {release: adapter for adapter in (IMPORTED, LOADED) for release in adapter.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
     """Why NIXL EP cannot be instrumented, or None: every target and signature, then nixl_ep imports as the
-    release imports it."""
+    release imports it (SGLang's dispatcher raises without it: the backend is unavailable)."""
     found = first_problem(adapter.targets())
     if found is not None:
         return found
     try:
         buffer = adapter.library_buffer()
     except Exception as error:
-        return f"nixl_ep does not import ({type(error).__name__}: {error}): NIXL EP is not installed"
+        return library_missing("NixlEPDispatcher", "nixl_ep", error, "NIXL EP (nixl_ep, github.com/ai-dynamo/nixl)")
     if not callable(getattr(buffer, "get_rdma_size_hint", None)):
         return "nixl_ep.Buffer has no get_rdma_size_hint: a NIXL EP capwatch does not know"
     return None

@@ -25,6 +25,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import pplx as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.pplx import PPLX as PPLX_RULES
 from capwatch.sizing.pplx import PplxConfig, pplx_plan
 
@@ -56,13 +57,13 @@ ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
     """Why pplx's dispatch cannot be instrumented, or None: pplx-kernels imports (SGLang's dispatcher refuses to
-    build without it), then every target and signature."""
+    build without it: the backend is unavailable), then every target and signature."""
     try:
         pkgutil.resolve_name(LIBRARY)
     except Exception as error:
-        return f"{LIBRARY} does not import ({type(error).__name__}: {error}): pplx-kernels is not installed"
+        return library_missing("PplxDispatcher", LIBRARY, error, "pplx-kernels (github.com/perplexityai/pplx-kernels)")
     return first_problem(adapter.targets())
 
 

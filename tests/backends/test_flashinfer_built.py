@@ -98,3 +98,24 @@ def test_a_built_figure_below_the_layout_is_refused_on_the_rank_and_at_the_servi
     config["flashinfer"]["built_workspace_bytes"] = floor - 1  # a body the service receives as is
     refusal = spec_of("flashinfer").group_refusal(RankConfig.model_validate(config), EP_SIZE)
     assert refusal is not None and "is below" in refusal
+
+
+def test_the_price_is_exact_but_above_a_lamport_limit_the_cap_clamped_a_lower_bound():
+    """The advice's basis (``price_basis``): 0.7.4 as built is exact at every cap, but where the built cap clamped
+    the Lamport limit a larger cap's Lamport regions are priced at the built limit: a lower bound, said so."""
+    from capwatch.backends.spec import price_basis
+    from capwatch.sizing.flashinfer_one_sided import LAMPORT_MAX_TOKENS_PER_RANK
+
+    pricing = pricing_of(built_rank(layout_bytes(CAP, cft=True, lamport_max_tokens=LAMPORT)), EP_SIZE)
+    assert all(price_basis(pricing, cap).exact for cap in (128, CAP, 2 * CAP))  # the SM count set the limit
+    clamped_cap = 128
+    assert LAMPORT > clamped_cap
+    clamped = pricing_of(built_rank(layout_bytes(clamped_cap, cft=True, lamport_max_tokens=clamped_cap),
+                                    lamport_max_tokens=clamped_cap, cap=clamped_cap), EP_SIZE)
+    assert price_basis(clamped, 64).exact and price_basis(clamped, clamped_cap).exact
+    above = price_basis(clamped, 2 * clamped_cap)
+    assert not above.exact and above.reported_cap == clamped_cap
+    assert above.words.startswith(f"a lower bound: the Lamport regions priced at the {clamped_cap} tokens built at cap "
+                                  f"{clamped_cap}") and str(LAMPORT_MAX_TOKENS_PER_RANK) in above.words
+    unbuilt = pricing_of(built_rank(None, cft=False, lamport_max_tokens=0), EP_SIZE)  # sized offline: exact
+    assert price_basis(unbuilt, 2 * CAP).exact

@@ -141,6 +141,16 @@ def test_capwatch_advise_says_which_price_is_an_estimate(service):
     assert any("workspace priced" in line and "exact" in line for line in exact.stdout.splitlines()), exact.stdout
 
 
+def test_capwatch_advise_whatif_marks_the_estimated_rows(service):
+    result = run_capwatch("advise", "--url", service.url, "--cluster", "mooncake-quiet", "--whatif", "128", str(CAP),
+                          timeout_s=120)
+    assert result.returncode == 0, result.stderr
+    rows = {line.split()[1]: line for line in result.stdout.splitlines() if line.startswith("\u2502 ")
+            and line.split()[1].isdigit()}
+    assert rows["128"].startswith("\u2502 128 \u2248") and "\u2248" not in rows[str(CAP)], result.stdout
+    assert "\u2248 after a cap: its workspace, group change and KV tokens are estimates" in result.stdout
+
+
 FACTS = """[...document.querySelectorAll("#advice-facts div")].map((d) => [d.children[0].textContent,
   d.children[1].textContent])"""
 
@@ -153,3 +163,13 @@ def test_the_page_marks_the_estimate(service, tmp_path):
     assert facts["change across group"].startswith("\u2248 ")
     exact = dict(evaluate_on_page(tmp_path, f"{service.url}/?cluster=deepep-quiet", FACTS))
     assert exact["workspace priced"] == "exact" and not exact["workspace / rank after"].startswith("\u2248")
+
+
+CURVES = """[...document.querySelectorAll("#chart-whatif [data-series]")].map((e) => e.getAttribute("data-series"))"""
+
+
+@needs_chromium
+def test_the_pages_whatif_curve_says_it_is_estimated(service, tmp_path):
+    assert "GiB / rank (\u2248 estimated)" in evaluate_on_page(tmp_path, f"{service.url}/?cluster=mooncake-quiet", CURVES)
+    exact = evaluate_on_page(tmp_path, f"{service.url}/?cluster=deepep-quiet", CURVES)
+    assert "GiB / rank" in exact and not any("estimated" in name for name in exact), exact

@@ -15,7 +15,7 @@ from capwatch.sglang_engine.deepep import RESERVE_BYTES as SGLANG_DEEPEP_RESERVE
 from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.deepep_plan import DeepEPPricing
 from capwatch.sizing.model_presets import model_geometry
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

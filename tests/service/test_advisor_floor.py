@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from capwatch.advisor.floor import deployment_floor
 from capwatch.sglang_engine.floor import merged_sglang_limits
 from capwatch.advisor.recommend import recommend, whatif
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 from tests.service.test_advisor import POLICY, PRICING, day_of, group, history_from
 
 QUIET = history_from(day_of(lambda rng, w, r: rng.randint(50, 100)), cap=4096)

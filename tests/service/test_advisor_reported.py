@@ -10,7 +10,7 @@ from capwatch.advisor.recommend import recommend
 from capwatch.backends import SPECS, pricing_of
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 from tests.service.test_advisor import POLICY, day_of, history_from
 

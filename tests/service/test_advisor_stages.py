@@ -18,7 +18,7 @@ from capwatch.advisor.recommend import SIZING, low_confidence_reason, recommend
 from capwatch.advisor.sample import GroupSample
 from capwatch.advisor.tail import size_for_risk
 from capwatch.advisor.trend import size_for_trend
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -16,7 +16,8 @@ from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sglang_engine.deepep import plan_deepep_buffer
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import RankIdentity, SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.telemetry.report import RankIdentity
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, new_boot_id
 
 from tests.support.chromium import PageElements, chromium, needs_chromium

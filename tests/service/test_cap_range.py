@@ -16,7 +16,7 @@ from capwatch.sizing.caps import MAX_CAP_TOKENS, align_down, align_up
 from capwatch.sizing.checks import INT32_MAX, SizingError
 from capwatch.sizing.model_presets import model_geometry
 from capwatch.sglang_engine.flashinfer import largest_plan_within
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

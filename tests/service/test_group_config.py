@@ -12,7 +12,7 @@ from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.backends.flashinfer import WorkspacePricing
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.backends.flashinfer import RULES as FLASHINFER
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 
 from tests.support.checkout import PRODUCT_FOLDERS, REPO_ROOT
 

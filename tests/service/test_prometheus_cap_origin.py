@@ -18,7 +18,8 @@ from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
 from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import RankIdentity, SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.telemetry.report import RankIdentity
 from fastapi.testclient import TestClient
 
 from tests.service.conftest import JSON

@@ -22,7 +22,8 @@ from capwatch.telemetry.intervals import IntervalTracker
 from capwatch.telemetry.rank import rank_config
 from capwatch.backends.deepep import DeepEPBuffer
 from capwatch.sglang_engine.limits import MAX_ADVICE_REVISION
-from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity, SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.telemetry.report import MAX_CAP_TOKENS, RankConfig, RankIdentity
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families

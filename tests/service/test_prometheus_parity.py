@@ -27,7 +27,8 @@ from capwatch.service.store.sqlite import Store
 from capwatch.telemetry.collector import DispatchCollector
 from capwatch.telemetry.exporter import ExporterOptions, RankExporter
 from capwatch.telemetry.rank import rank_config
-from capwatch.telemetry.report import RankIdentity, RankReport, SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
+from capwatch.telemetry.report import RankIdentity, RankReport
 from capwatch.telemetry.reporter import RankReporter, ReporterOptions, SendResult, classify_status
 from tests.service.conftest import JSON
 from tests.support.prometheus import scrape_config, start_prometheus

@@ -21,7 +21,7 @@ import types
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for, build, step
+from tests.sglang.deepep_rank_program import build, run_planned_steps, step
 
 
 @dataclass(frozen=True)
@@ -76,39 +76,18 @@ def start_rank(plan: dict, rank: int):
 
 
 def main(run_dir: Path, rank: int) -> None:
-    import torch
-
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world, backend = plan["deepep_model"], plan["world"], BACKENDS[plan["backend"]]
     buffer_class = importlib.import_module(backend.standin).Buffer
     deepep, create_moe_dispatcher = start_rank(plan, rank)
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
-    layers = [built[layer_id] for layer_id in sorted(built)]
-    generator = torch.Generator().manual_seed(1000 + rank)
     record = {"steps": [], "buffers": []}
 
-    def save() -> None:
+    def buffers() -> None:
         record["buffers"] = [getattr(buffer, backend.buffer_bytes) for buffer in buffer_class.built]
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
-        tokens = planned["tokens"][rank]
-        for layer in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()
-            combined, received = step(deepep, layer, x, ids, weights, None)
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
-                                    "received": received})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+    run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 1000,
+                      lambda layer, x, ids, weights: step(deepep, layer, x, ids, weights, None), record, buffers)
 
 
 if __name__ == "__main__":

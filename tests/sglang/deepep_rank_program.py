@@ -53,7 +53,8 @@ def start_rank(plan: dict, rank: int):
 
     from tests.sglang import deepep_standin
 
-    deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
+    if not plan.get("unbuildable"):  # unbuildable: deep_ep does not import here, as in a server without DeepEP
+        deepep_standin.install(deepep)  # as if deep_ep had imported: before the plugin checks it
     if plan.get("resolved_server_args"):  # resolved by a launcher (apply_launcher_program.py), as SGLang passes them
         server_args = pickle.loads(Path(plan["resolved_server_args"]).read_bytes())
     else:
@@ -133,6 +134,16 @@ def main(run_dir: Path, rank: int) -> None:
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world = plan["deepep_model"], plan["world"]
     deepep, create_moe_dispatcher = start_rank(plan, rank)
+    if plan.get("unbuildable"):  # SGLang's own constructor refuses: its error, while the test scrapes
+        from tests.sglang.rank_program import wait_for_release
+        try:
+            build(create_moe_dispatcher, model, world, plan["layers"][0])
+            error = "built"
+        except Exception as raised:  # noqa: BLE001 - whatever SGLang raises is the record
+            error = f"{type(raised).__name__}: {raised}"
+        (run_dir / f"build-error-{rank}").write_text(error)
+        wait_for_release(run_dir, rank)
+        return
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
     layers = [built[layer_id] for layer_id in sorted(built)]  # built in the plan's order, run in the model's
     generator = torch.Generator().manual_seed(1000 + rank)
@@ -172,6 +183,41 @@ def _wait_for(path: Path) -> None:
     deadline = time.monotonic() + RELEASE_TIMEOUT_S
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def run_planned_steps(run_dir: Path, rank: int, plan: dict, model: dict, layers: list, seed: int, dispatch_one,
+                      record: dict, before_save=lambda: None) -> None:
+    """The plan's steps through every layer, as the one-dispatcher-per-layer rank programs run them (Mooncake EP,
+    NIXL EP, MoRI): random tokens, experts and weights from a per-rank ``seed``; ``dispatch_one(layer, x, ids,
+    weights)`` -> (combined, received) recorded per layer; the record saved before each dispatch (it survives one
+    that ends the rank, ``before_save`` refreshing what it holds), a ``pause`` step waiting for ``resume``; then
+    ``ready`` and a wait for ``release``."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + rank)
+
+    def save() -> None:
+        before_save()
+        torch.save(record, run_dir / f"rank-{rank}.pt")
+
+    for planned in plan["steps"]:
+        if planned.get("pause"):
+            save()
+            (run_dir / f"paused-{rank}").write_text("")
+            _wait_for(run_dir / "resume")
+            continue
+        tokens = planned["tokens"][rank]
+        for layer in layers:
+            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
+            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
+            weights = torch.rand(tokens, model["top_k"], generator=generator)
+            save()  # what happened so far survives a dispatch that ends the rank
+            combined, received = dispatch_one(layer, x, ids, weights)
+            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
+                                    "received": received})
+    save()
+    (run_dir / f"ready-{rank}").write_text("")
+    _wait_for(run_dir / "release")
 
 
 if __name__ == "__main__":

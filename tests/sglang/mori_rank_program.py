@@ -22,7 +22,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for, build
+from tests.sglang.deepep_rank_program import build, run_planned_steps
 
 
 class _Group:
@@ -91,39 +91,21 @@ def step(moriep, dispatcher, hidden_states, topk_ids, topk_weights, rank: int, l
 def main(run_dir: Path, rank: int) -> None:
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world = plan["mori_model"], plan["world"]
-    moriep, create_moe_dispatcher, torch = start_rank(plan, rank)
+    moriep, create_moe_dispatcher, _ = start_rank(plan, rank)
     from tests.sglang.mori_standin import EpDispatchCombineOp
 
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
-    layers = [built[layer_id] for layer_id in sorted(built)]
-    generator = torch.Generator().manual_seed(2000 + rank)
     record = {"steps": [], "ops": [], "overflowed": 0}
     local_experts = model["num_experts"] // world
 
-    def save() -> None:
+    def ops() -> None:
         record["ops"] = [(op.config.max_num_inp_token_per_rank, str(op.config.kernel_type), op.max_num_tokens_to_recv())
                          for op in EpDispatchCombineOp.built]
         record["overflowed"] = EpDispatchCombineOp.overflowed
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
-        tokens = planned["tokens"][rank]
-        for layer in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()  # what happened so far survives a dispatch that ends the rank
-            combined, received = step(moriep, layer, x, ids, weights, rank, local_experts)
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
-                                    "received": received})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+    run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 2000,
+                      lambda layer, x, ids, weights: step(moriep, layer, x, ids, weights, rank, local_experts),
+                      record, ops)
 
 
 if __name__ == "__main__":

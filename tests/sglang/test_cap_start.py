@@ -12,7 +12,7 @@ from capwatch.sglang_plugin.cap_origin import cap_origin
 from capwatch.sglang_plugin.start_check import CAP_SHORTFALL, check_cap_at_start
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.backends.flashinfer import RULES as FLASHINFER
-from capwatch.telemetry.report import SGLangLimits
+from capwatch.sglang_engine.limits import SGLangLimits
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -139,7 +139,11 @@ def test_an_engines_limits_ride_under_its_name_and_say_which_engine_they_are():
     import json
 
     from capwatch.engines import ENGINES
-    from capwatch.telemetry.report import RankConfig, SGLangLimits
+    from capwatch.sglang_engine import limits
+    from capwatch.telemetry import report
+    from capwatch.telemetry.report import RankConfig, SGLangLimits  # the path of before the move, kept for users
+
+    assert SGLangLimits is limits.SGLangLimits and report.__getattr__("SGLangLimits") is limits.SGLangLimits
 
     for name, engine in ENGINES.items():
         assert RankConfig.model_fields[name].annotation == engine.LIMITS | None
