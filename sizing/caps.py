@@ -4,8 +4,9 @@ rounding to that alignment. Each backend's own variable and bounds: ``backends.p
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import ClassVar
 
-from capwatch.sizing.checks import check_positive
+from capwatch.sizing.checks import SizingError, check_positive
 
 # Caps capwatch suggests are multiples of this many tokens.
 CAP_ALIGNMENT = 128
@@ -53,3 +54,29 @@ def largest_aligned_cap(fits: Callable[[int], bool], alignment: int, max_cap: in
         else:
             above = middle
     return fitting * alignment
+
+
+class PricedByFormula:
+    """What a pricing whose ``bytes_per_rank(cap)`` is exact wherever it prices (the library's own arithmetic) derives
+    from it, written once: the bytes or None, and the largest cap within a budget, up to ``MAX_CAP`` (the backend's
+    largest cap)."""
+
+    MAX_CAP: ClassVar[int] = MAX_CAP_TOKENS
+
+    def bytes_per_rank(self, cap: int) -> int:
+        raise NotImplementedError
+
+    def known_bytes_per_rank(self, cap: int) -> int | None:
+        """``bytes_per_rank``, or None where this configuration cannot be priced: a view then says nothing rather
+        than guess."""
+        try:
+            return self.bytes_per_rank(cap)
+        except SizingError:
+            return None
+
+    def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
+                           max_cap: int | None = None) -> int | None:
+        """The largest multiple of ``alignment`` up to ``max_cap`` (and ``MAX_CAP``) whose bytes fit; None if none
+        (the bytes grow with the cap)."""
+        limit = self.MAX_CAP if max_cap is None else min(max_cap, self.MAX_CAP)
+        return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment, limit)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.caps import CAP_ALIGNMENT, align_up, largest_aligned_cap
+from capwatch.sizing.caps import PricedByFormula, align_up
 from capwatch.sizing.checks import SizingError
 from capwatch.sizing.deepep_low_latency import MAX_DISPATCH_TOKENS_PER_RANK, low_latency_layout
 
@@ -36,9 +36,11 @@ def memory_bytes_per_rank(num_rdma_bytes: int, num_nvl_bytes: int) -> int:
 
 
 @dataclass(frozen=True)
-class DeepEPPricing:
+class DeepEPPricing(PricedByFormula):
     """A DeepEP group's buffer per rank at any cap: everything but the cap, as a rank reports it (the advisor
     prices what-ifs, budgets and advice with it). The normal-mode bytes do not depend on the cap."""
+
+    MAX_CAP = MAX_DISPATCH_TOKENS_PER_RANK
 
     ep_size: int
     hidden_size: int | None  # None: not known (then nothing prices)
@@ -65,16 +67,3 @@ class DeepEPPricing:
             raise SizingError("the DeepEP buffer's hidden size and experts are not known, so it cannot be priced")
         ll = low_latency_layout(cap, self.hidden_size, self.buffer_experts).rdma_bytes
         return self.normal_nvl_bytes + max(self.normal_rdma_bytes, ll)
-
-    def known_bytes_per_rank(self, cap: int) -> int | None:
-        try:
-            return self.bytes_per_rank(cap)
-        except SizingError:
-            return None
-
-    def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
-                           max_cap: int = MAX_DISPATCH_TOKENS_PER_RANK) -> int | None:
-        """The largest multiple of ``alignment`` up to ``max_cap`` (and 1024) whose buffer fits; None if none
-        (the buffer grows with the cap)."""
-        return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment,
-                                   min(max_cap, MAX_DISPATCH_TOKENS_PER_RANK))

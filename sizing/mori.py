@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
+from capwatch.sizing.caps import PricedByFormula
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError, check_integer, check_positive
 
 # The engine's setting that shrinks the receive side (max_total_recv_tokens; 0, its default: every rank's T).
@@ -180,9 +180,11 @@ def mori_op_plan(config: MoriOpConfig, cap: int) -> MoriOpPlan:
 
 
 @dataclass(frozen=True)
-class MoriPricing:
+class MoriPricing(PricedByFormula):
     """A MoRI group's op per rank at any cap (the kernel fixed: SGLang's switch between InterNodeV1LL and
     InterNodeV1 at 256 tokens moves with the cap, so the inter-node kernel follows it)."""
+
+    MAX_CAP = MORI.max_cap_tokens
 
     ep_size: int
     config: MoriOpConfig | None  # None: not known (then nothing prices)
@@ -198,14 +200,3 @@ class MoriPricing:
     def bytes_per_rank(self, cap: int) -> int:
         MORI.check_cap(cap)
         return mori_op_plan(self.config_at(cap), cap).op_bytes
-
-    def known_bytes_per_rank(self, cap: int) -> int | None:
-        try:
-            return self.bytes_per_rank(cap)
-        except SizingError:
-            return None
-
-    def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
-                           max_cap: int = MORI.max_cap_tokens) -> int | None:
-        return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment,
-                                   min(max_cap, MORI.max_cap_tokens))

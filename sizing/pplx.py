@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from capwatch.sizing.backends import BackendCapRules
-from capwatch.sizing.caps import CAP_ALIGNMENT, largest_aligned_cap
+from capwatch.sizing.caps import PricedByFormula
 from capwatch.sizing.checks import MAX_HIDDEN_SIZE, MAX_NUM_EXPERTS, SizingError, check_integer, check_positive
 
 PPLX_COMMIT = "2bd6e30"  # perplexityai/pplx-kernels: the source the allocations are transcribed from
@@ -160,8 +160,10 @@ def pplx_plan(config: PplxConfig, cap: int) -> PplxPlan:
 
 
 @dataclass(frozen=True)
-class PplxPricing:
+class PplxPricing(PricedByFormula):
     """A pplx group's ``AllToAll`` per rank at any cap (None: its arguments are not known, then nothing prices)."""
+
+    MAX_CAP = PPLX.max_cap_tokens
 
     ep_size: int
     config: PplxConfig | None
@@ -171,14 +173,3 @@ class PplxPricing:
         if self.config is None:
             raise SizingError("the pplx AllToAll's arguments are not known, so it cannot be priced")
         return pplx_plan(self.config, cap).all_to_all_bytes
-
-    def known_bytes_per_rank(self, cap: int) -> int | None:
-        try:
-            return self.bytes_per_rank(cap)
-        except SizingError:
-            return None
-
-    def largest_cap_within(self, budget_bytes_per_rank: int, alignment: int = CAP_ALIGNMENT,
-                           max_cap: int = PPLX.max_cap_tokens) -> int | None:
-        return largest_aligned_cap(lambda cap: self.bytes_per_rank(cap) <= budget_bytes_per_rank, alignment,
-                                   min(max_cap, PPLX.max_cap_tokens))
