@@ -34,6 +34,7 @@ from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import megamoe as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.megamoe import MEGAMOE as MEGAMOE_RULES
 from capwatch.sizing.reported import ReportedPricing
@@ -73,13 +74,13 @@ ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test
 ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
-    """Why Mega MoE cannot be instrumented, or None: DeepGEMM imports (SGLang imports it at the first call), then
-    every target and signature."""
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
+    """Why Mega MoE cannot be instrumented, or None: DeepGEMM's Mega MoE imports (SGLang imports it at the first
+    call, which raises without it: the backend is unavailable), then every target and signature."""
     try:
         pkgutil.resolve_name(f"{LIBRARY}.get_symm_buffer_for_mega_moe")
     except Exception as error:
-        return f"{LIBRARY} does not import ({type(error).__name__}: {error}): DeepGEMM Mega MoE is not installed"
+        return library_missing("Mega MoE path", LIBRARY, error, "SGLang's DeepGEMM (sgl-deep-gemm) with Mega MoE")
     return first_problem(adapter.targets())
 
 
