@@ -4,7 +4,9 @@ start-up floor those limits set (``floor.py``) and its terms, derived once from 
 memory reserve in the advice (``memory.py``) and the server the Kubernetes example runs (``deployment.py``); each
 backend's cap variable, default, reserve and SGLang's words for it (``caps.py``), and SGLang's own code for a
 backend where it has some (``deepep.py``, ``flashinfer.py``: how SGLang allocates it, what it asserts), which
-``caps.bind`` hands the backend's spec as ``rules.engine_side``.
+``caps.bind`` puts in the backend's rules as ``engine_side`` (the spec states what it calls there as a Protocol:
+``backends/deepep.py`` ``DeepEPEngineSide``).
 
-Below the telemetry and the advisor, above ``sizing/``: the rest of capwatch reads SGLang's facts from here.
+Just above ``sizing/``, below ``capwatch.engines`` (the registry that names it) and everything else: the rest of
+capwatch reads SGLang's facts through that registry.
 """
