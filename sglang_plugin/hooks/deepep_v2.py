@@ -16,7 +16,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import deepep_v2 as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import Target, first_problem
@@ -72,11 +72,8 @@ def register(session, adapter: Adapter, source) -> None:
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     """Count one dispatcher's ``dispatch`` (the buffer is SGLang's: nothing allocated but the counters)."""
-    impl = dispatcher._impl
-    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=impl.group.rank(),
-                                  ep_size=impl.group.size(), hidden_size=impl.hidden_size, top_k=impl.router_topk,
-                                  num_experts=impl.num_experts)
-    local_batch.adopt(session, dispatcher, "dispatch", counted, DEEPEP_V2, role, layer_id,
+    local_batch.adopt(session, dispatcher, "dispatch", local_batch.Counted.of(dispatcher._impl), DEEPEP_V2, role,
+                      layer_id,
                       describe=lambda: describe_buffer(session, dispatcher, role))
 
 
@@ -85,7 +82,6 @@ def describe_buffer(session, dispatcher, role: str) -> dict:
     its ``num_bytes`` at the cap, and the dispatch format."""
     buffer = dispatcher._impl._get_buffer()
     buffer_bytes = int(buffer.num_bytes)
-    session.count_buffer(role, id(buffer), buffer_bytes)
-    return dict(backend=reported_backend(DEEPEP_V2), a2a_backend=NAME,
-                **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes,
-                                        dispatch_format="fp8" if dispatcher.use_fp8_dispatch else "bf16")})
+    return local_batch.reported(session, role, DEEPEP_V2, buffer, buffer_bytes,
+                                ReportedBuffer(buffer_bytes=buffer_bytes,
+                                               dispatch_format="fp8" if dispatcher.use_fp8_dispatch else "bf16"))

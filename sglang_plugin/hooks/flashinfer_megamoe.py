@@ -135,12 +135,12 @@ def adopt(session, layer, mega, role: str) -> LayerCounting:
     """Count one SGLang MoE layer's MegaMoE forwards (``layer._flashinfer_megamoe_forward``, shadowed on the
     instance); FlashInfer's layer and SGLang's classes are left alone."""
     cap = int(mega._fleet_params.max_tokens_per_rank)  # what FlashInfer checks each forward against
-    geometry = dict(cap=cap, ep_rank=int(layer.moe_ep_rank), ep_size=int(layer.moe_ep_size),
-                    hidden_size=int(layer.hidden_size), top_k=int(layer.top_k), num_experts=int(layer.num_experts))
-    counting = adoption.count_layer(session, layer, role, getattr(layer, "layer_id", None), geometry, MEGAMOE,
-                                    lambda counters: counters.expert_traffic(geometry["num_experts"]),
-                                    lead_per_micro_batch=False)
-    sent = _sent_pairs(session, role, counting, cap, geometry["top_k"])
+    counted = local_batch.Counted(cap=cap, ep_rank=int(layer.moe_ep_rank), ep_size=int(layer.moe_ep_size),
+                                  hidden_size=int(layer.hidden_size), top_k=int(layer.top_k),
+                                  num_experts=int(layer.num_experts))
+    counting = local_batch.count_layer(session, layer, counted, MEGAMOE, role, getattr(layer, "layer_id", None),
+                                       lead_per_micro_batch=False)
+    sent = _sent_pairs(session, role, counting, cap, counted.top_k)
     layer._flashinfer_megamoe_forward = _first_forward(session, layer, mega, role, counting, sent,
                                                        layer._flashinfer_megamoe_forward)
     return counting

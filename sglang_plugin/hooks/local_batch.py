@@ -12,7 +12,12 @@ alone.
   at adoption where the ids are SGLang's int32; no host read. These libraries keep no per-source receive counts
   SGLang hands back, so the received row stays 0 (the group's sent rows say the same traffic);
 - the buffer's bytes once per process, at the role's first dispatch (``describe``: the backend's hook asks the
-  process-wide buffer, which that dispatch builds anyway).
+  process-wide buffer, which that dispatch builds anyway, and hands it to ``reported``).
+
+The adoption is here once for every hook that counts this way (Mega MoE's and FlashInfer MegaMoE's too): the
+geometry (``Counted``; ``Counted.of`` reads it off an SGLang impl), the layer in its role's expert bins
+(``count_layer``), the pairs' scratch (``SentPairs``) and the reports (``reported``); a backend's hook adds only
+where its buffer is and what it reports.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from capwatch.dispatcher.counters import ExpertTraffic
 from capwatch.dispatcher.counting import LayerCounting
+from capwatch.sglang_engine.caps import reported_backend
 from capwatch.sglang_plugin.hooks import adoption
 from capwatch.sizing.backends import BackendCapRules
 
@@ -67,22 +73,54 @@ class Counted:
     top_k: int
     num_experts: int
 
+    @classmethod
+    def of(cls, impl) -> "Counted":
+        """The geometry of an SGLang dispatcher impl that keeps it under SGLang's one set of names (pplx's, Mooncake
+        EP's, NIXL EP's, DeepEP v2's): ``num_max_dispatch_tokens_per_rank``, ``group`` (the EP group),
+        ``hidden_size``, ``router_topk``, ``num_experts``."""
+        group = impl.group
+        return cls(cap=impl.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(), ep_size=group.size(),
+                   hidden_size=impl.hidden_size, top_k=impl.router_topk, num_experts=impl.num_experts)
+
     def geometry(self) -> dict:
         return dict(cap=self.cap, ep_rank=self.ep_rank, ep_size=self.ep_size, hidden_size=self.hidden_size,
                     top_k=self.top_k, num_experts=self.num_experts)
+
+
+def count_layer(session, owner, counted: Counted, rules: BackendCapRules, role: str, layer_id: int | None,
+                lead_per_micro_batch: bool) -> LayerCounting:
+    """``owner`` as one layer of its role's counters (``adoption.count_layer``), its way into them the role's
+    per-expert bins (``counted.num_experts`` of them)."""
+    return adoption.count_layer(session, owner, role, layer_id, counted.geometry(), rules,
+                                lambda counters: counters.expert_traffic(counted.num_experts), lead_per_micro_batch)
+
+
+def reported(session, role: str, rules: BackendCapRules, buffer, buffer_bytes: int, described) -> dict:
+    """The process-wide ``buffer`` counted once per process (``buffer_bytes``), and what the role's reports carry
+    beyond the geometry: the backend (``rules``, bound to SGLang's variable) and ``described``, under its name."""
+    session.count_buffer(role, id(buffer), buffer_bytes)
+    return dict(backend=reported_backend(rules), a2a_backend=rules.name, **{rules.name: described})
 
 
 def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapRules, role: str,
           layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False) -> LayerCounting:
     """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
     reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
-    layer = adoption.count_layer(session, dispatcher, role, layer_id, counted.geometry(), rules,
-                                 lambda counters: counters.expert_traffic(counted.num_experts), lead_per_micro_batch)
+    layer = count_layer(session, dispatcher, counted, rules, role, layer_id, lead_per_micro_batch)
     sent = SentPairs.made(layer, counted.cap, counted.top_k)
     adoption.count_from_first_dispatch(
         session, dispatcher, layer, method, describe,
         lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent)})
     return layer
+
+
+def adopt_low_latency(session, impl, rules: BackendCapRules, role: str, layer_id: int | None,
+                      describe: Callable[[], dict]) -> LayerCounting:
+    """Count one low-latency dispatcher impl's ``dispatch_a`` (pplx's, Mooncake EP's, NIXL EP's), its geometry
+    under SGLang's names (``Counted.of``); SGLang builds one per micro-batch with two-batch overlap, so both
+    micro-batches' of the lowest layer lead."""
+    return adopt(session, impl, "dispatch_a", Counted.of(impl), rules, role, layer_id, describe,
+                 lead_per_micro_batch=True)
 
 
 def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):

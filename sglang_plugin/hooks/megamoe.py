@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from capwatch.backends import spec_of
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.dispatcher.counting import suggested_cap
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import megamoe as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
@@ -186,18 +186,15 @@ class MegaMoEHooks:
         counted = local_batch.Counted(cap=cap, ep_rank=group.rank(), ep_size=group.size(), hidden_size=hidden_size,
                                       top_k=top_k, num_experts=experts.num_experts)
         role = "target"  # the layers are adopted at their first call, when no draft model is being built
-        layer = adoption.count_layer(self.session, experts, role, getattr(experts, "layer_id", None),
-                                     counted.geometry(), MEGAMOE,
-                                     lambda counters: counters.expert_traffic(experts.num_experts),
-                                     lead_per_micro_batch=False)
+        layer = local_batch.count_layer(self.session, experts, counted, MEGAMOE, role,
+                                        getattr(experts, "layer_id", None), lead_per_micro_batch=False)
         self.sent[id(experts)] = local_batch.SentPairs.made(layer, cap, top_k)
         watch = self.session.roles[role]
         if not watch.reported:
             built = buffer()
             buffer_bytes = int(built.buffer.nbytes)
-            self.session.count_buffer(role, id(built), buffer_bytes)
-            watch.reported = dict(backend=reported_backend(MEGAMOE), a2a_backend=NAME,
-                                  **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="fp8")})
+            watch.reported = local_batch.reported(self.session, role, MEGAMOE, built, buffer_bytes,
+                                                  ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="fp8"))
         self.session.start_role_once(role)
         return layer
 

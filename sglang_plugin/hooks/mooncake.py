@@ -16,7 +16,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import mooncake as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
@@ -69,12 +69,8 @@ def register(session, adapter: Adapter, source) -> None:
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     """Count one low-latency dispatcher's ``dispatch_a``; both micro-batches' of the lowest layer lead."""
-    group = dispatcher.group
-    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(),
-                                  ep_size=group.size(), hidden_size=dispatcher.hidden_size,
-                                  top_k=dispatcher.router_topk, num_experts=dispatcher.num_experts)
-    local_batch.adopt(session, dispatcher, "dispatch_a", counted, MOONCAKE, role, layer_id,
-                      describe=lambda: describe_buffer(session, dispatcher, role), lead_per_micro_batch=True)
+    local_batch.adopt_low_latency(session, dispatcher, MOONCAKE, role, layer_id,
+                                  lambda: describe_buffer(session, dispatcher, role))
 
 
 def describe_buffer(session, dispatcher, role: str) -> dict:
@@ -84,6 +80,5 @@ def describe_buffer(session, dispatcher, role: str) -> dict:
     size_hint = pkgutil.resolve_name(SIZE_HINT.name)
     buffer_bytes = int(size_hint(dispatcher.num_max_dispatch_tokens_per_rank, dispatcher.hidden_size,
                                  dispatcher.group.size(), dispatcher.num_experts))
-    session.count_buffer(role, id(buffer), buffer_bytes)
-    return dict(backend=reported_backend(MOONCAKE), a2a_backend=NAME,
-                **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="fp8")})  # SGLang's use_fp8=True
+    reported = ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="fp8")  # SGLang's use_fp8=True
+    return local_batch.reported(session, role, MOONCAKE, buffer, buffer_bytes, reported)

@@ -19,7 +19,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import nixl as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.releases import Target, first_problem
@@ -88,12 +88,8 @@ def register(session, adapter: Adapter, source) -> None:
 
 def adopt(session, dispatcher, role: str, layer_id: int | None, adapter: Adapter = LOADED) -> None:
     """Count one low-latency dispatcher's ``dispatch_a``; both micro-batches' of the lowest layer lead."""
-    group = dispatcher.group
-    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(),
-                                  ep_size=group.size(), hidden_size=dispatcher.hidden_size,
-                                  top_k=dispatcher.router_topk, num_experts=dispatcher.num_experts)
-    local_batch.adopt(session, dispatcher, "dispatch_a", counted, NIXL, role, layer_id,
-                      describe=lambda: describe_buffer(session, dispatcher, role, adapter), lead_per_micro_batch=True)
+    local_batch.adopt_low_latency(session, dispatcher, NIXL, role, layer_id,
+                                  lambda: describe_buffer(session, dispatcher, role, adapter))
 
 
 def describe_buffer(session, dispatcher, role: str, adapter: Adapter = LOADED) -> dict:
@@ -107,7 +103,6 @@ def describe_buffer(session, dispatcher, role: str, adapter: Adapter = LOADED) -
     buffer_bytes = int(library_buffer.get_rdma_size_hint(dispatcher.num_max_dispatch_tokens_per_rank,
                                                           dispatcher.hidden_size, max_ranks,
                                                           max_ranks * dispatcher.num_local_experts))
-    session.count_buffer(role, id(buffer), buffer_bytes)
     bf16 = os.environ.get(BF16_DISPATCH, "").strip().lower() in ("1", "true", "yes", "on")
-    return dict(backend=reported_backend(NIXL), a2a_backend=NAME,
-                **{NAME: ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="bf16" if bf16 else "fp8")})
+    return local_batch.reported(session, role, NIXL, buffer, buffer_bytes,
+                                ReportedBuffer(buffer_bytes=buffer_bytes, dispatch_format="bf16" if bf16 else "fp8"))

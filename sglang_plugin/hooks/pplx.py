@@ -21,7 +21,7 @@ import pkgutil
 from dataclasses import dataclass
 
 from capwatch.backends.pplx import PplxAllToAll
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import pplx as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.releases import Target, first_problem
@@ -74,12 +74,8 @@ def register(session, adapter: Adapter, source) -> None:
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
     """Count one low-latency dispatcher's ``dispatch_a``; both micro-batches' of the lowest layer lead."""
-    group = dispatcher.group
-    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=group.rank(),
-                                  ep_size=group.size(), hidden_size=dispatcher.hidden_size,
-                                  top_k=dispatcher.router_topk, num_experts=dispatcher.num_experts)
-    local_batch.adopt(session, dispatcher, "dispatch_a", counted, PPLX, role, layer_id,
-                      describe=lambda: describe_all_to_all(session, dispatcher, role), lead_per_micro_batch=True)
+    local_batch.adopt_low_latency(session, dispatcher, PPLX, role, layer_id,
+                                  lambda: describe_all_to_all(session, dispatcher, role))
 
 
 def describe_all_to_all(session, dispatcher, role: str) -> dict:
@@ -92,8 +88,7 @@ def describe_all_to_all(session, dispatcher, role: str) -> dict:
     transport = "internode" if pkgutil.resolve_name(GET_PARALLEL.name)().nnodes > 1 else "intranode"
     plan = pplx_plan(PplxConfig(world_size, dp_size, num_experts, hidden_dim, hidden_dim_bytes,
                                 hidden_dim_scale_bytes, transport), max_num_tokens)
-    session.count_buffer(role, id(all_to_all), plan.all_to_all_bytes)
-    reported = PplxAllToAll(transport=transport, dp_size=int(dp_size),
-                            dispatch_dtype="fp8" if hidden_dim_scale_bytes else "bf16",
-                            params_bytes=int(dispatcher.params_bytes))
-    return dict(backend=reported_backend(PPLX), a2a_backend=NAME, **{NAME: reported})
+    return local_batch.reported(session, role, PPLX, all_to_all, plan.all_to_all_bytes,
+                                PplxAllToAll(transport=transport, dp_size=int(dp_size),
+                                             dispatch_dtype="fp8" if hidden_dim_scale_bytes else "bf16",
+                                             params_bytes=int(dispatcher.params_bytes)))
