@@ -47,6 +47,7 @@ class RoleWatch:
     reported: dict = field(default_factory=dict)
     lead_per_micro_batch: bool = False  # every dispatcher of the lowest layer id leads (DeepEP's two-batch overlap)
     traffic_stride: int | None = None  # the traffic sample (dispatcher.counting.elect): the backend's hook says
+    split_traffic_halves: bool = False  # sent and received counted on two places (elect's split_halves: DeepEP)
     # The backend's own counts (its spec's BackendSeries.counters, by field), host ints its hook adds to.
     backend_counts: dict[str, int] = field(default_factory=dict)
     telemetry: RankTelemetry | None = None
@@ -66,7 +67,8 @@ class RoleWatch:
             if not (self.lead_per_micro_batch and layer_id == previous and layer_id != math.inf):
                 place += 1
             positions[index], previous = place, layer_id
-        elect(self.counters, [entry[1] for entry in self.layers], positions, self.traffic_stride)
+        elect(self.counters, [entry[1] for entry in self.layers], positions, self.traffic_stride,
+              split_halves=self.split_traffic_halves)
 
 
 class RankSession:
@@ -95,17 +97,21 @@ class RankSession:
 
     def count_layer(self, counted, dispatcher, role: str, layer_id: int | None, geometry: dict, device,
                     rules: BackendCapRules, traffic: Callable[[DispatchCounters], TrafficWay],
-                    traffic_stride: int | None = None, lead_per_micro_batch: bool = False) -> LayerCounting:
+                    traffic_stride: int | None = None, lead_per_micro_batch: bool = False,
+                    split_traffic_halves: bool = False) -> LayerCounting:
         """One counted object of a dispatcher (``counted``: what ``layer_of`` finds it by), in its role's counters
         (made with the role's first layer: ``geometry``, the counters' ``device``). ``traffic(counters)``: the
         layer's way into them (the hook's choice: counter words or a record); ``rules`` name the cap's variable in
         overflow messages and say which R the cap bounds. ``traffic_stride``: the role's traffic sample
-        (``dispatcher.counting.elect``: every this-many-th layer from the leader's; None, the leader's alone)."""
+        (``dispatcher.counting.elect``: every this-many-th layer from the leader's; None, the leader's alone);
+        ``split_traffic_halves``: what a sampled layer receives is counted by the next place (elect's
+        ``split_halves``)."""
         watch = self.roles.get(role)
         if watch is None:
             counters = DispatchCounters(geometry["cap"], geometry["ep_size"], device, role=role)
             watch = self.roles[role] = RoleWatch(role, counters, geometry, lead_per_micro_batch=lead_per_micro_batch,
-                                                 traffic_stride=traffic_stride)
+                                                 traffic_stride=traffic_stride,
+                                                 split_traffic_halves=split_traffic_halves)
         counting = LayerCounting(watch.counters, geometry["ep_rank"], geometry["ep_size"], traffic(watch.counters),
                                  rules=rules)
         watch.add_layer(layer_id, counting, dispatcher)

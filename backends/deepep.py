@@ -254,4 +254,6 @@ SPEC = BackendSpec(
     settings_pricing=_settings_pricing,
     traffic_copies="DeepEP: per (token, expert) pair",
     traffic_sample="the step leader's layer (DeepEP)",
+    traffic_received_sample=("the layer after the step leader's in model order (DeepEP, so that a dispatch "
+                             "launches one op; the leader's own in a role of one MoE layer)"),
 )

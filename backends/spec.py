@@ -165,6 +165,8 @@ class BackendSpec:
     # token) and the sample of layers that count them in SGLang, each naming the backend.
     traffic_copies: str | None = None
     traffic_sample: str | None = None
+    # The layers that count what a rank receives where they are not ``traffic_sample``'s (None: the same layers).
+    traffic_received_sample: str | None = None
     # The server flags an example deployment runs it with beyond ``--moe-a2a-backend <name>`` (the Kubernetes
     # example's SGLang server).
     example_server_args: tuple[str, ...] = ()

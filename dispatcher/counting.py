@@ -23,7 +23,10 @@ What each layer counts (:func:`elect`; docs/dispatcher.md, "Counting a GPU does 
 step every MoE layer dispatches the same tokens, so R, the local batch and an overflow are the same on every
 layer; only the routing differs. The step leader counts the step; every layer guards (host ints) and counts its
 call (a host int eagerly, none captured); only the layers of the traffic sample add their per-rank counts (one
-``add_``): ``TRAFFIC_SAMPLE_STRIDE`` apart, from the leader's layer on.
+``add_``): ``TRAFFIC_SAMPLE_STRIDE`` apart, from the leader's layer on. A hook whose two halves are two ops in two
+calls (DeepEP: what it sends in ``dispatch_a``, what it receives in ``dispatch_b``) asks :func:`elect` to split
+them (``split_halves``): each sampled layer counts what it sends, the next place in model order what it receives,
+so no dispatch launches more than one op eagerly.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ class CapOverflowError(RuntimeError):
 OverflowCallback = Callable[[OverflowEvent], None]
 
 # The traffic sample: the step leader's layer and every this-many-th layer after it (FlashInfer: 4 of DeepSeek-V3's
-# 58 MoE layers). None: the leader's layer alone (DeepEP, whose traffic is two ops a layer, one per hook call).
+# 58 MoE layers). None: the leader's layer alone (DeepEP and the local-batch backends).
 TRAFFIC_SAMPLE_STRIDE = 16
 
 
@@ -148,13 +151,25 @@ class LayerCounting:
         else:
             self.record_traffic = functools.partial(counters.record_traffic, traffic)
         self.counts_traffic = counts_traffic
+        self._counts_received: bool | None = None  # None: as counts_traffic (the halves not split)
 
     @property
     def counts_traffic(self) -> bool:
         """Whether this layer is in the traffic sample: its dispatch adds its per-rank counts (one op), or only its
-        call (a host int eagerly, nothing captured). A hook reads it once, when it builds its counted calls (after
-        the election), not per call."""
+        call (a host int eagerly, nothing captured); where its role splits the halves (:func:`elect`), what it
+        sends only. A hook reads it once, when it builds its counted calls (after the election), not per call."""
         return self._counts_traffic
+
+    @property
+    def counts_received(self) -> bool:
+        """Whether this layer counts what it receives, for a hook that counts the two halves in two ops (DeepEP's
+        ``dispatch_b``): ``counts_traffic`` unless the role splits the halves (:func:`elect`), then the place
+        after a sampled one. Read once, like ``counts_traffic``."""
+        return self._counts_traffic if self._counts_received is None else self._counts_received
+
+    @counts_received.setter
+    def counts_received(self, sampled: bool | None) -> None:
+        self._counts_received = None if sampled is None else bool(sampled)
 
     @counts_traffic.setter
     def counts_traffic(self, sampled: bool) -> None:
@@ -235,16 +250,29 @@ class LayerCounting:
 
 
 def elect(counters: DispatchCounters, layers: Sequence[LayerCounting], positions: Sequence[int],
-          traffic_stride: int | None = TRAFFIC_SAMPLE_STRIDE) -> None:
+          traffic_stride: int | None = TRAFFIC_SAMPLE_STRIDE, split_halves: bool = False) -> None:
     """Who counts what, among the layers sharing ``counters``: ``positions[i]`` is layer i's place among the role's
     layers in model order (0: the lowest; a micro-batch's twin dispatcher of one layer shares its place). Place 0
     leads the step; places ``0, stride, 2 x stride, ...`` are the traffic sample (``None``: place 0 alone); the
-    counters' ``layers_per_step`` (the calls a captured step stands for) is the number of places."""
+    counters' ``layers_per_step`` (the calls a captured step stands for) is the number of places.
+
+    ``split_halves`` (a hook whose sent and received halves are two ops in two calls: DeepEP's): a sampled place
+    counts what it sends, and the next place in model order what it receives (``counts_received``), so each
+    dispatch launches at most one op eagerly; as many places count each half. A sampled place with no next place,
+    or whose next place is sampled too (stride 1), keeps both halves (a role with a single MoE place: its layer)."""
     if len(layers) != len(positions):
         raise ValueError(f"{len(layers)} layers but {len(positions)} positions")
     if traffic_stride is not None and traffic_stride < 1:
         raise ValueError(f"traffic_stride must be a positive number of layers or None, got {traffic_stride!r}")
+
+    def sampled(position: int) -> bool:
+        return position == 0 if traffic_stride is None else position % traffic_stride == 0
+
+    places = set(positions)
+    receiving = {position + 1 if position + 1 in places and not sampled(position + 1) else position
+                 for position in places if sampled(position)} if split_halves else None
     for layer, position in zip(layers, positions):
         layer.step_leader = position == 0
-        layer.counts_traffic = position == 0 if traffic_stride is None else position % traffic_stride == 0
-    counters.layers_per_step = len(set(positions)) or 1
+        layer.counts_traffic = sampled(position)
+        layer.counts_received = None if receiving is None else position in receiving
+    counters.layers_per_step = len(places) or 1

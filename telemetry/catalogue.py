@@ -87,8 +87,11 @@ TOKENS_SENT = MetricSpec(
     "tokens")
 TOKENS_RECEIVED = MetricSpec(
     "moe_a2a_tokens_received_total", "counter",
-    "Token copies this rank received from source ranks, on the same sample of MoE layers as "
-    "moe_a2a_tokens_sent_total (not scaled).", "tokens")
+    "Token copies this rank received from source ranks, counted on a sample of the MoE layers only, not scaled: "
+    "the layers of moe_a2a_tokens_sent_total"
+    + "".join(f", except in {ENGINE.TITLE} {spec.traffic_received_sample}" for spec in SPECS.values()
+              if spec.traffic_received_sample)
+    + ".", "tokens")
 OVERFLOW_EVENTS = MetricSpec(
     "moe_a2a_overflow_events_total", "counter",
     "Dispatches past the cap, by kind (runtime_over_cap: R > cap; local_over_runtime: local tokens > R) "

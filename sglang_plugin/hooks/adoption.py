@@ -65,12 +65,14 @@ def register(session, source, init: Target, adopt_one: Callable, what: str) -> N
 
 
 def count_layer(session, dispatcher, role: str, layer_id: int | None, geometry: dict, rules: BackendCapRules,
-                traffic: Callable, lead_per_micro_batch: bool) -> LayerCounting:
+                traffic: Callable, lead_per_micro_batch: bool, split_traffic_halves: bool = False) -> LayerCounting:
     """``dispatcher`` as one layer of its role's counters (made with the role's first layer, on this process's GPU or
-    the CPU), its way into them ``traffic(counters)``; the role's traffic sample is its leader's layer alone."""
+    the CPU), its way into them ``traffic(counters)``; the role's traffic sample is its leader's layer alone (what it
+    receives counted by the next place with ``split_traffic_halves``: a hook counting each half in its own call)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layer = session.count_layer(dispatcher, dispatcher, role, layer_id, geometry, device, rules, traffic=traffic,
-                                traffic_stride=None, lead_per_micro_batch=lead_per_micro_batch)
+                                traffic_stride=None, lead_per_micro_batch=lead_per_micro_batch,
+                                split_traffic_halves=split_traffic_halves)
     return layer
 
 

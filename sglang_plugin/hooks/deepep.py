@@ -3,7 +3,8 @@
 After SGLang constructs a ``_DeepEPDispatcherImplLowLatency`` (one per layer, one per micro-batch with two-batch
 overlap; in auto mode prefill goes to the normal-mode dispatcher, which has no cap) the plugin adopts it: its
 ``dispatch_a`` (each rank's own batch against the cap, the step on the leader, the pairs sent per rank from
-``topk_ids``) and ``dispatch_b`` (the pairs received, from DeepEP's handle) are shadowed by instance attributes that
+``topk_ids``, on the leader's layer) and ``dispatch_b`` (the pairs received, from DeepEP's handle, on the next
+layer in model order: one op per dispatch) are shadowed by instance attributes that
 count; SGLang's class is left alone. A batch above the cap is counted and reported before DeepEP's assertion ends
 the rank; the buffer's bytes are reported once per process. One adapter serves every verified release (their
 shared signatures are checked before anything is hooked). The details: docs/sglang.md ("DeepEP").
@@ -82,7 +83,7 @@ def adopt(session, dispatcher, role: str, layer_id: int | None) -> None:
                     num_experts=dispatcher.num_experts)
     layer = adoption.count_layer(session, dispatcher, role, layer_id, geometry, DEEPEP,
                                  lambda counters: counters.expert_traffic(dispatcher.num_experts),
-                                 lead_per_micro_batch=True)
+                                 lead_per_micro_batch=True, split_traffic_halves=True)
     traffic = Traffic.made(dispatcher, layer)
     adoption.count_from_first_dispatch(session, dispatcher, layer, "dispatch_a",
                                        lambda: describe_buffer(session, dispatcher, role),
@@ -141,7 +142,9 @@ def describe_buffer(session, dispatcher, role: str) -> dict:
 
 def counted_dispatches(dispatcher, layer: LayerCounting, traffic: Traffic) -> dict:
     """The dispatcher's ``dispatch_a`` and ``dispatch_b`` counted (built at the role's first dispatch: the buffer
-    exists then, and the layer's lead and sample are elected)."""
+    exists then, and the layer's lead and sample are elected). The role splits the traffic's halves
+    (``dispatcher.counting.elect``): the leader's layer counts what it sends, the next place what it receives, so
+    a dispatch launches at most one op eagerly; a role of one MoE layer counts both on it."""
     return dict(dispatch_a=counted_dispatch_a(adoption.shipped(dispatcher, "dispatch_a"), dispatcher, layer, traffic),
                 dispatch_b=counted_dispatch_b(adoption.shipped(dispatcher, "dispatch_b"), dispatcher, layer, traffic))
 
@@ -149,7 +152,7 @@ def counted_dispatches(dispatcher, layer: LayerCounting, traffic: Traffic) -> di
 def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Traffic):
     """``_DeepEPDispatcherImplLowLatency.dispatch_a`` as SGLang calls it, counted by the layer's ``LayerCounting``:
     the guard (R is the rank's own batch: ``rules.local_batch_cap``), the step on the leader, what it sends (the
-    traffic sample, read once here: the leader's layer)."""
+    traffic sample's sent half, read once here: the leader's layer)."""
     record_step, cap = layer.counters.record_step, layer.cap
     sent, ones = traffic.bins.sent, traffic.ones
 
@@ -160,7 +163,7 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Tr
             return None, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)  # DeepEP's assertion
         return local_tokens, dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
 
-    if not layer.counts_traffic:  # outside the traffic sample: dispatch_b counts the call alone
+    if not layer.counts_traffic:  # outside the sample of what is sent: dispatch_b counts the call
         def counted(hidden_states, topk_output):
             local_tokens, state = guarded(hidden_states, topk_output)
             if local_tokens is not None and layer.step_leader:
@@ -182,11 +185,12 @@ def counted_dispatch_a(dispatch_a, dispatcher, layer: LayerCounting, traffic: Tr
 
 
 def counted_dispatch_b(dispatch_b, dispatcher, layer: LayerCounting, traffic: Traffic):
-    """``dispatch_b`` counted: the call, and on the leader's layer, after DeepEP's receive, the pairs each local
-    expert got from each rank (its layout range's count words) into the role's bins."""
+    """``dispatch_b`` counted: the call, and on the layer counting the received half (``counts_received``: the
+    place after the leader's), after DeepEP's receive, the pairs each local expert got from each rank (its layout
+    range's count words) into the role's bins."""
     record_call, received, scratch = layer.counters.record_call, traffic.bins.received, traffic.received_words
 
-    if not layer.counts_traffic:
+    if not layer.counts_received:
         def counted(*state):
             output = dispatch_b(*state)
             record_call()  # a host int eagerly, nothing captured

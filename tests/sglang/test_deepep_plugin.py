@@ -98,11 +98,15 @@ def test_counted_reported_advised_then_the_overflow_reported_before_deepeps_asse
         assert value(metrics, "moe_a2a_forward_steps_total", **series) == len(BATCHES[rank])
         assert value(metrics, "moe_a2a_runtime_tokens_max", **series) == max(BATCHES[rank])
         assert value(metrics, "moe_a2a_runtime_tokens_sum", **series) == sum(BATCHES[rank])
-        # The traffic sample is the leading layer alone (its dispatches: the first of each micro-batch's layers).
-        sampled = steps[::len(LAYERS)]
-        assert value(metrics, "moe_a2a_tokens_sent_total", **series) == sum(step["ids"].numel() for step in sampled)
+        # The traffic sample is the leading layer alone for what it sends (its dispatches: the first of each
+        # micro-batch's layers) and the next layer in model order for what it receives (one op per dispatch).
+        sending, receiving = steps[::len(LAYERS)], steps[1::len(LAYERS)]
+        assert value(metrics, "moe_a2a_tokens_sent_total", **series) == sum(step["ids"].numel() for step in sending)
         assert value(metrics, "moe_a2a_tokens_received_total", **series) == \
-            sum(int(step["received"].sum()) for step in sampled)
+            sum(int(step["received"].sum()) for step in receiving)
+        # (Not the leader's: its layer and the next one route differently, so this tells the two apart.)
+        assert sum(int(step["received"].sum()) for step in receiving) != sum(int(step["received"].sum())
+                                                                              for step in sending)
         assert value(metrics, "moe_a2a_cap_tokens", **series) == CAP
         # The one buffer of the process, as SGLang sized it, once however many layers and micro-batches use it.
         assert value(metrics, "moe_a2a_workspace_allocated_bytes", **series) == planned.buffer_bytes_per_rank

@@ -145,68 +145,113 @@ def test_an_overflow_is_counted_once_per_step_whichever_layers_guard():
     assert snapshot.overflow_events_total == 1 and snapshot.runtime_tokens_histogram[CAP + 1] == 1
 
 
-# DeepEP's leader layer, per hook call: dispatch_a one put_ of its topk_ids into the role's expert bins,
-# dispatch_b one add_ of the layout range's count words (an int32 view: on CUDA the kernel casts as it reads, on CPU
-# a copy_ into scratch first). Any other layer: none. Captured, the leader's step adds its one add_.
-DEEPEP_OPS = {"CUDA's words": ["aten::add_", "aten::put_"], "CPU's words": ["aten::add_", "aten::copy_", "aten::put_"]}
+# DeepEP's layers, per dispatch (dispatch_a + dispatch_b), the halves split (elect's split_halves): the step
+# leader's layer one put_ of its topk_ids into the role's expert bins in dispatch_a (what it sends); the next place
+# one add_ of its layout range's count words in dispatch_b (what it receives: an int32 view; on CUDA the kernel
+# casts as it reads, on CPU a copy_ into scratch first); any other layer none. Captured, the leader's step adds its
+# one add_: 3 nodes a step in all.
+DEEPEP_PLACES = {"step leader": 0, "next place": 1, "other layer": 2}
+DEEPEP_OPS = {("step leader", "CUDA's words"): ["aten::put_"], ("step leader", "CPU's words"): ["aten::put_"],
+              ("next place", "CUDA's words"): ["aten::add_"], ("next place", "CPU's words"): ["aten::add_", "aten::copy_"],
+              ("other layer", "CUDA's words"): [], ("other layer", "CPU's words"): []}
+DEEPEP_EXPERTS, DEEPEP_TOP_K = 8, 2
+# Each of the 4 local experts' layout range: pairs from each rank in the high words (rank 0 sent 1 + 2 + 0 + 0,
+# rank 1 3 + 4 + 0 + 1), the begin offsets in the low ones, as DeepEP lays it out: [local experts, ranks].
+DEEPEP_LAYOUT = (torch.tensor([[1, 3], [2, 4], [0, 0], [0, 1]], dtype=torch.int64) << 32) | \
+    torch.tensor([[0, 1], [0, 2], [0, 0], [0, 0]], dtype=torch.int64)
+DEEPEP_TOPK_IDS = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int64)  # ranks 0, 1 | 1, none | 0, 1
 
 
-@pytest.mark.parametrize("cuda_words", [True, False], ids=["CUDA's words", "CPU's words"])
-@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
-@pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
-def test_a_counted_deepep_dispatch_counts_traffic_on_the_leaders_layer_in_one_op_per_hook_call(leader, captured,
-                                                                                              cuda_words):
-    """The DeepEP hook's ``dispatch_a`` + ``dispatch_b`` per call: on the step leader's layer one op each (it was
-    eight in all: destinations and weights into scratch, a scatter, the layout's shift and sum, an add_); any
-    other layer none. Nothing allocated (on CPU's path), nothing read back, and the counts exact per rank after
-    the snapshot folds the expert bins."""
+def deepep_role(places: int, captured: bool, cuda_words: bool):
+    """A role of ``places`` DeepEP layers elected as the DeepEP hook's session elects them (the leader's layer
+    alone sampled, the halves split), each layer's ``dispatch_a`` and ``dispatch_b`` counted by the hook around a
+    DeepEP-shaped stand-in; (counters, layers, [(counted dispatch_a, counted dispatch_b)])."""
     import dataclasses
 
     from capwatch.sglang_plugin.hooks.deepep import Traffic, counted_dispatch_a, counted_dispatch_b
 
-    experts, top_k = 8, 2
     counters = DispatchCounters(CAP, EP_SIZE)
     if captured:
         counters._eager = lambda: False
-    layers = [LayerCounting(counters, 0, EP_SIZE, counters.expert_traffic(experts), rules=DEEPEP) for _ in range(3)]
-    elect(counters, layers, [0, 1, 2], traffic_stride=None)  # as the session elects DeepEP's layers
-    layer = layers[0 if leader else 1]
-    assert layer.counts_traffic == leader
-    # Each of the 4 local experts' layout range: pairs from each rank in the high words (rank 0 sent 1 + 2 + 0 + 0,
-    # rank 1 3 + 4 + 0 + 1), the begin offsets in the low ones, as DeepEP lays it out: [local experts, ranks].
-    layout = (torch.tensor([[1, 3], [2, 4], [0, 0], [0, 1]], dtype=torch.int64) << 32) | \
-        torch.tensor([[0, 1], [0, 2], [0, 0], [0, 0]], dtype=torch.int64)
-    dispatcher = SimpleNamespace(num_experts=experts, num_max_dispatch_tokens_per_rank=CAP, router_topk=top_k,
-                                 handle=(None, layout))
-    traffic = Traffic.made(dispatcher, layer)
-    if cuda_words:  # the CUDA path: the count words added as they are (on CPU that add_ converts into a temporary)
-        traffic = dataclasses.replace(traffic, received_words=None)
-    topk_ids = torch.tensor([[0, 5], [7, -1], [3, 4]], dtype=torch.int64)  # ranks 0, 1 | 1, none | 0, 1
+    layers = [LayerCounting(counters, 0, EP_SIZE, counters.expert_traffic(DEEPEP_EXPERTS), rules=DEEPEP)
+              for _ in range(places)]
+    elect(counters, layers, list(range(places)), traffic_stride=None, split_halves=True)  # as the session does
+    dispatcher = SimpleNamespace(num_experts=DEEPEP_EXPERTS, num_max_dispatch_tokens_per_rank=CAP,
+                                 router_topk=DEEPEP_TOP_K, handle=(None, DEEPEP_LAYOUT))
 
     def dispatch_a(hidden_states, topk_output):  # DeepEP's launch: what SGLang keeps for dispatch_b
-        return hidden_states, topk_ids
+        return hidden_states, DEEPEP_TOPK_IDS
 
     def dispatch_b(*state):
         return state[0]
 
-    counted_a = counted_dispatch_a(dispatch_a, dispatcher, layer, traffic)
-    counted_b = counted_dispatch_b(dispatch_b, dispatcher, layer, traffic)
+    calls = []
+    for layer in layers:
+        traffic = Traffic.made(dispatcher, layer)
+        if cuda_words:  # the CUDA path: the count words added as they are (on CPU that add_ converts into a temporary)
+            traffic = dataclasses.replace(traffic, received_words=None)
+        calls.append((counted_dispatch_a(dispatch_a, dispatcher, layer, traffic),
+                      counted_dispatch_b(dispatch_b, dispatcher, layer, traffic)))
+    return counters, layers, calls
+
+
+@pytest.mark.parametrize("cuda_words", [True, False], ids=["CUDA's words", "CPU's words"])
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("kind", list(DEEPEP_PLACES))
+def test_a_counted_deepep_dispatch_launches_at_most_one_op_the_received_half_on_the_next_place(kind, captured,
+                                                                                               cuda_words):
+    """The DeepEP hook's ``dispatch_a`` + ``dispatch_b`` per dispatch: the step leader's layer one ``put_`` (what it
+    sends), the next place one ``add_`` (what it receives; it was both on the leader's layer, two ops a dispatch,
+    eight before that); any other layer none. At most one device op per dispatch eagerly, the leader's step add_
+    beside its put_ captured. Nothing allocated (on CPU's path), nothing read back, and the counts exact per rank
+    after the snapshot folds the expert bins."""
+    place = DEEPEP_PLACES[kind]
+    counters, layers, calls = deepep_role(3, captured, cuda_words)
+    layer, (counted_a, counted_b) = layers[place], calls[place]
+    assert (layer.step_leader, layer.counts_traffic, layer.counts_received) == (place == 0, place == 0, place == 1)
     hidden = torch.zeros(3, 4)
     counted_b(*counted_a(hidden, None))
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         assert counted_b(*counted_a(hidden, None)) is hidden
     if not cuda_words:
         assert [event.name for event in profiler.events() if event.cpu_memory_usage != 0] == [], "allocated per call"
-    traffic_ops = DEEPEP_OPS["CUDA's words" if cuda_words else "CPU's words"]
-    expected = (traffic_ops if leader else []) + (["aten::add_"] if leader and captured else [])
-    assert top_level_ops(profiler) == sorted(expected)
-    assert len([op for op in top_level_ops(profiler) if op != "aten::copy_"]) == (2 + captured if leader else 0)
+    step = ["aten::add_"] if place == 0 and captured else []
+    assert top_level_ops(profiler) == sorted(DEEPEP_OPS[kind, "CUDA's words" if cuda_words else "CPU's words"] + step)
+    # The goal: at most one device op per dispatch eagerly (a copy_ into scratch is CPU's path only).
+    assert len([op for op in top_level_ops(profiler) if op != "aten::copy_"]) == \
+        (1 if place < 2 else 0) + (place == 0 and captured)
     snapshot = counters.snapshot()
-    assert snapshot.dispatch_calls == (2 if not captured else 2 * 3 if leader else 0)
-    assert snapshot.tokens_sent_per_rank == ((4, 6) if leader else (0, 0))
-    assert snapshot.tokens_received_per_rank == ((6, 16) if leader else (0, 0))
-    assert snapshot.tokens_sent == (10 if leader else 0) and snapshot.tokens_received == (22 if leader else 0)
-    assert snapshot.forward_steps == (2 if leader else 0)
+    assert snapshot.dispatch_calls == (2 if not captured else 2 * 3 if place == 0 else 0)
+    assert snapshot.tokens_sent_per_rank == ((4, 6) if place == 0 else (0, 0))
+    assert snapshot.tokens_received_per_rank == ((6, 16) if place == 1 else (0, 0))
+    assert snapshot.tokens_sent == (10 if place == 0 else 0) and snapshot.tokens_received == (22 if place == 1 else 0)
+    assert snapshot.forward_steps == (2 if place == 0 else 0)
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
+@pytest.mark.parametrize("places", [3, 1], ids=["three places", "one place"])
+def test_a_deepep_step_launches_one_op_per_dispatch_at_most_and_three_nodes_captured(places, captured):
+    """A whole DeepEP step through every layer of the role (CUDA's words): each dispatch at most one op eagerly,
+    the step 3 nodes captured (the step, the put_, the add_), sent and received each counted once a step. A role
+    of a single MoE place keeps both halves on its one layer: two ops on that dispatch, the only exception."""
+    counters, layers, calls = deepep_role(places, captured, cuda_words=True)
+    hidden = torch.zeros(3, 4)
+    per_dispatch = []
+    for counted_a, counted_b in calls:
+        with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU]) as profiler:
+            counted_b(*counted_a(hidden, None))
+        per_dispatch.append(top_level_ops(profiler))
+    if places == 1:
+        assert (layers[0].counts_traffic, layers[0].counts_received) == (True, True)
+        assert per_dispatch == [sorted(["aten::put_", "aten::add_"] + (["aten::add_"] if captured else []))]
+    else:
+        eager = [["aten::put_"], ["aten::add_"], []]
+        assert per_dispatch == [sorted(ops + (["aten::add_"] if captured and place == 0 else []))
+                                for place, ops in enumerate(eager)]
+    assert sum(map(len, per_dispatch)) == 2 + captured  # 3 nodes a captured step, in all
+    snapshot = counters.snapshot()
+    assert snapshot.forward_steps == 1 and snapshot.dispatch_calls == places
+    assert (snapshot.tokens_sent_per_rank, snapshot.tokens_received_per_rank) == ((2, 3), (3, 8))  # one dispatch each
 
 
 def test_the_session_elects_places_in_model_order_with_micro_batch_twins_sharing_one():
