@@ -4,6 +4,7 @@ registers them, and every shared part loops over that registry instead of naming
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -52,10 +53,12 @@ Side = TypeVar("Side")
 
 
 def engine_side(rules: BackendCapRules, contract: type[Side]) -> Side:
-    """The engine's own code for a backend (``rules.engine_side``, bound by the engine's home), checked against what
+    """The engine's own code for a backend (``rules.engine_side``, its module's name, bound by the engine's home), checked against what
     the backend's spec calls on it (``contract``: a runtime-checkable Protocol in the backend's module): a missing
     member fails at import, naming it, not at a user's first ``capwatch plan``."""
     side = rules.engine_side
+    if isinstance(side, str):
+        side = importlib.import_module(side)
     if not isinstance(side, contract):
         members = [*getattr(contract, "__annotations__", {}),
                    *(name for name, value in vars(contract).items() if callable(value) and not name.startswith("_"))]

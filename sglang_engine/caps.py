@@ -62,7 +62,8 @@ def bind(rules: BackendCapRules) -> BackendCapRules:
     if cap is None:
         return rules
     return replace(rules, cap_env_var=cap.variable, default_cap=cap.default_cap, engine_reserve_bytes=cap.reserve_bytes,
-                   mode_setting=cap.mode_setting, engine_side=cap.side, **cap.rules)
+                   mode_setting=cap.mode_setting, engine_side=None if cap.side is None else cap.side.__name__,
+                   **cap.rules)
 
 
 def reported_backend(rules: BackendCapRules) -> str:

@@ -53,10 +53,12 @@ class BackendCapRules:
     # the engine's home like the variable.
     mode_setting: str | None = None
     # The engine's own code for the backend (how it allocates the backend's memory, what it asserts of the cap,
-    # ``capwatch plan``'s engine modes), bound by the engine's home (sglang_engine/caps.py); None: nothing beyond
-    # the facts above. What a spec calls on it is a Protocol in the spec's module, read through
-    # ``capwatch.backends.spec.engine_side`` (e.g. backends/deepep.py ``DeepEPEngineSide``).
-    engine_side: object = field(default=None, compare=False, repr=False)
+    # ``capwatch plan``'s engine modes): its module's import name, bound by the engine's home
+    # (sglang_engine/caps.py); None: nothing beyond the facts above. A name, not the module, so the rules stay
+    # plain data (copied, pickled, ``dataclasses.asdict`` of an ``OverflowEvent``). What a spec calls on it is a
+    # Protocol in the spec's module, read through ``capwatch.backends.spec.engine_side`` (e.g. backends/deepep.py
+    # ``DeepEPEngineSide``).
+    engine_side: str | None = field(default=None, compare=False, repr=False)
 
     def check_cap(self, cap: int) -> None:
         """SizingError unless ``cap`` is within 1..max_cap_tokens: no part sizes, advises or asks about another."""

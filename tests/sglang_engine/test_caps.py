@@ -42,11 +42,11 @@ def test_sglangs_words_mode_setting_and_own_code_reach_the_specs_through_bind():
     assert (DEEPEP.why_max, DEEPEP.mode_setting, DEEPEP.engine_side, DEEPEP_V2.overflow_outcome) == (
         "", None, None, BackendCapRules("x").overflow_outcome)
     bound = SPECS["deepep"].rules
-    assert bound.why_max == "SGLang asserts the cap <= 1024 at start-up" and bound.engine_side is deepep
+    assert bound.why_max == "SGLang asserts the cap <= 1024 at start-up" and bound.engine_side == deepep.__name__
     assert bound.required_alignment == 128 and "sglang#28994" in bound.why_aligned
     # --deepep-mode picks MoRI's kernel too: its spec reads the arg SGLang's home names
     assert SPECS["mori"].rules.mode_setting == bound.mode_setting == "deepep_mode"
-    assert SPECS["flashinfer"].rules.engine_side is flashinfer and SPECS["flashinfer"].rules.sized_for_group_bug
+    assert SPECS["flashinfer"].rules.engine_side == flashinfer.__name__ and SPECS["flashinfer"].rules.sized_for_group_bug
     assert not BackendCapRules("x").sized_for_group_bug and not flashinfer_own.sized_for_group_bug
     assert SPECS["deepep_v2"].rules.overflow_outcome.startswith("SGLang raises a ValueError")
 
