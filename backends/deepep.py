@@ -19,6 +19,8 @@ from capwatch.backends.spec import (
     RankSizes,
     SettingsReader,
     engine_side,
+    fits_cell,
+    fits_header,
 )
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
@@ -168,7 +170,7 @@ def _plan_table(plans: list, geometry: ModelGeometry, budget: int | None,
     normal = first.deepep_mode == "auto"
     headers = ["cap/rank", "low-latency RDMA"] + (["normal NVL", "normal RDMA"] if normal else []) + \
         ["buffer/rank", "bytes/rank", "memory/rank", "EP group", "NVSHMEM_QP_DEPTH", ALLOCATION.RESERVE_COLUMN] + \
-        (["fits"] if budget is not None else [])
+        fits_header(budget)
     rows = []
     for plan in plans:
         row = [f"{plan.cap:,}", format_bytes(plan.low_latency_rdma_bytes)]
@@ -178,8 +180,7 @@ def _plan_table(plans: list, geometry: ModelGeometry, budget: int | None,
                 format_bytes(plan.memory_bytes_per_rank), format_bytes(plan.buffer_bytes_group),
                 f"{plan.nvshmem_qp_depth:,}",
                 f"+{format_bytes(plan.over_reserve_bytes)} over" if plan.over_reserve_bytes else "within"]
-        if budget is not None:
-            row.append("yes" if plan.memory_bytes_per_rank <= budget else "no")
+        row += fits_cell(plan.memory_bytes_per_rank, budget)
         rows.append(row)
     largest = max(plans, key=lambda plan: plan.cap)
     notes = ((f"largest 128-aligned cap whose memory/rank is within budget: {first.cap}",) if budget is not None

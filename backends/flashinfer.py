@@ -21,6 +21,8 @@ from capwatch.backends.spec import (
     PlanTable,
     RankSizes,
     engine_side,
+    fits_cell,
+    fits_header,
 )
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
@@ -286,7 +288,7 @@ def _plan_table(plans: list[WorkspacePlan], geometry: ModelGeometry, budget: int
                "EP group", "expert rows"]
     show_lamport = any(plan.lamport_bytes for plan in plans)
     headers += ["of which Lamport"] if show_lamport else []
-    headers += ["fits"] if budget is not None else []
+    headers += fits_header(budget)
     rows = []
     for plan in plans:
         row = [f"{plan.cap:,}", f"{plan.max_num_tokens:,}", f"{plan.dispatch_bytes_per_token:,}",
@@ -294,7 +296,7 @@ def _plan_table(plans: list[WorkspacePlan], geometry: ModelGeometry, budget: int
                format_bytes(plan.workspace_bytes_per_rank), f"{plan.workspace_bytes_per_rank:,}",
                format_bytes(plan.workspace_bytes_group), f"{plan.expert_rows:,}"]
         row += [format_bytes(plan.lamport_bytes)] if show_lamport else []
-        row += ["yes" if plan.workspace_bytes_per_rank <= budget else "no"] if budget is not None else []
+        row += fits_cell(plan.workspace_bytes_per_rank, budget)
         rows.append(row)
     notes = ()
     if budget is not None:

@@ -18,6 +18,9 @@ from capwatch.backends.spec import (
     PlanTable,
     RankSizes,
     SettingsReader,
+    fits_cell,
+    fits_header,
+    within_budget_note,
 )
 from capwatch.engines import ENGINE
 from capwatch.sizing.byte_units import format_bytes
@@ -136,14 +139,14 @@ def _plan_table(plans: list[MoriOpPlan], geometry: ModelGeometry, budget: int | 
     title = (f"{geometry.name}: H={geometry.hidden_size}, top-k={geometry.top_k}, E={geometry.num_experts} | "
              f"MoRI op, kernel {first.kernel}, bf16")
     headers = ["cap/rank", "received tokens", "transfer B/tok", "token buffers", "weights, scales, indices",
-               "order maps", "op/rank", "bytes/rank"] + (["fits"] if budget is not None else [])
+               "order maps", "op/rank", "bytes/rank"] + fits_header(budget)
     rows = []
     for plan in plans:
         row = [f"{plan.cap:,}", f"{plan.received_tokens:,}", f"{plan.transfer_bytes_per_token:,}",
                format_bytes(plan.token_buffers_bytes), format_bytes(plan.weights_scales_indices_bytes),
                format_bytes(plan.order_maps_bytes), format_bytes(plan.op_bytes), f"{plan.op_bytes:,}"]
-        rows.append(row + (["yes" if plan.op_bytes <= budget else "no"] if budget is not None else []))
-    notes = ((f"largest 128-aligned cap within budget: {first.cap}",) if budget is not None else ()) + (
+        rows.append(row + fits_cell(plan.op_bytes, budget))
+    notes = within_budget_note(first.cap, budget) + (
         f"MoRI v{MORI_VERSION}'s allocations, transcribed from its C++ (no MoRI runs here to check them); they live "
         "in MoRI's symmetric heap (MORI_SHMEM_HEAP_SIZE), which must hold them",)
     warnings = ("warning: a batch above the cap corrupts memory silently in MoRI (ROCm/mori#356); capwatch's plugin "

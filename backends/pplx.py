@@ -17,6 +17,9 @@ from capwatch.backends.spec import (
     PlanTable,
     RankSizes,
     SettingsReader,
+    fits_cell,
+    fits_header,
+    within_budget_note,
 )
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.caps import CAP_ALIGNMENT
@@ -120,14 +123,14 @@ def _plan_table(plans: list[PplxPlan], geometry: ModelGeometry, budget: int | No
     title = (f"{geometry.name}: H={geometry.hidden_size}, E={geometry.num_experts} | pplx AllToAll, "
              f"{first.transport}")
     headers = ["cap/rank", "dispatch B/tok", "token buffers", "symmetric heap", "counts, tracking",
-               "AllToAll/rank", "bytes/rank"] + (["fits"] if budget is not None else [])
+               "AllToAll/rank", "bytes/rank"] + fits_header(budget)
     rows = []
     for plan in plans:
         row = [f"{plan.cap:,}", f"{plan.dispatch_bytes_per_token:,}", format_bytes(plan.token_buffers_bytes),
                format_bytes(plan.symmetric_heap_bytes), format_bytes(plan.counts_and_tracking_bytes),
                format_bytes(plan.all_to_all_bytes), f"{plan.all_to_all_bytes:,}"]
-        rows.append(row + (["yes" if plan.all_to_all_bytes <= budget else "no"] if budget is not None else []))
-    notes = ((f"largest 128-aligned cap within budget: {first.cap}",) if budget is not None else ()) + (
+        rows.append(row + fits_cell(plan.all_to_all_bytes, budget))
+    notes = within_budget_note(first.cap, budget) + (
         f"pplx-kernels' AllToAll allocations at commit {PPLX_COMMIT}, transcribed from its C++ (no pplx-kernels runs "
         "here to check them); the server's per-call expert input and combine output are not included",)
     return PlanTable(title, tuple(headers), rows, caption, notes)

@@ -103,6 +103,21 @@ class PlanTable:
     warnings: tuple[str, ...] = ()
 
 
+def fits_header(budget: int | None) -> list[str]:
+    """A plan table's "fits" column header: there only with a budget."""
+    return ["fits"] if budget is not None else []
+
+
+def fits_cell(bytes_per_rank: int, budget: int | None) -> list[str]:
+    """A plan's "fits" cell: whether its ``bytes_per_rank`` is within the budget (no cell without one)."""
+    return ["yes" if bytes_per_rank <= budget else "no"] if budget is not None else []
+
+
+def within_budget_note(cap: int, budget: int | None) -> tuple[str, ...]:
+    """A plan table's note on the largest cap within the budget (none without one)."""
+    return (f"largest 128-aligned cap within budget: {cap}",) if budget is not None else ()
+
+
 @dataclass(frozen=True)
 class Planner:
     """What ``capwatch plan --backend NAME`` asks of a backend: its options and their help, how it plans one cap
