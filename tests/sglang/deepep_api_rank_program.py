@@ -87,7 +87,8 @@ def main(run_dir: Path, rank: int) -> None:
         record["buffers"] = [getattr(buffer, backend.buffer_bytes) for buffer in buffer_class.built]
 
     run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 1000,
-                      lambda layer, x, ids, weights: step(deepep, layer, x, ids, weights, None), record, buffers)
+                      lambda layer, x, ids, weights, planned: dict(
+                          zip(("combined", "received"), step(deepep, layer, x, ids, weights, None))), record, buffers)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ refuses ends the rank with DeepEP's error, as it would end an SGLang scheduler.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import pickle
@@ -186,12 +187,14 @@ def _wait_for(path: Path) -> None:
 
 
 def run_planned_steps(run_dir: Path, rank: int, plan: dict, model: dict, layers: list, seed: int, dispatch_one,
-                      record: dict, before_save=lambda: None) -> None:
-    """The plan's steps through every layer, as the one-dispatcher-per-layer rank programs run them (Mooncake EP,
-    NIXL EP, MoRI): random tokens, experts and weights from a per-rank ``seed``; ``dispatch_one(layer, x, ids,
-    weights)`` -> (combined, received) recorded per layer; the record saved before each dispatch (it survives one
-    that ends the rank, ``before_save`` refreshing what it holds), a ``pause`` step waiting for ``resume``; then
-    ``ready`` and a wait for ``release``."""
+                      record: dict, before_save=lambda: None, around_step=lambda planned: contextlib.nullcontext()
+                      ) -> None:
+    """The plan's steps through every layer, as the one-dispatch-per-layer rank programs run them (Mooncake EP,
+    NIXL EP, MoRI, pplx, DeepEP v2, MegaMoE, FlashInfer MegaMoE): random tokens, experts and weights from a
+    per-rank ``seed``; ``dispatch_one(layer, x, ids, weights, planned)`` -> a dict of what to record beside them
+    per layer (``around_step(planned)`` a context around each step's layers); the record saved before each dispatch
+    (it survives one that ends the rank, ``before_save`` refreshing what it holds), a ``pause`` step waiting for
+    ``resume``; then ``ready`` and a wait for ``release``."""
     import torch
 
     generator = torch.Generator().manual_seed(seed + rank)
@@ -207,14 +210,14 @@ def run_planned_steps(run_dir: Path, rank: int, plan: dict, model: dict, layers:
             _wait_for(run_dir / "resume")
             continue
         tokens = planned["tokens"][rank]
-        for layer in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()  # what happened so far survives a dispatch that ends the rank
-            combined, received = dispatch_one(layer, x, ids, weights)
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
-                                    "received": received})
+        with around_step(planned):
+            for layer in layers:
+                x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
+                ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
+                weights = torch.rand(tokens, model["top_k"], generator=generator)
+                save()  # what happened so far survives a dispatch that ends the rank
+                record["steps"].append({"x": x, "ids": ids, "weights": weights,
+                                        **dispatch_one(layer, x, ids, weights, planned)})
     save()
     (run_dir / f"ready-{rank}").write_text("")
     _wait_for(run_dir / "release")

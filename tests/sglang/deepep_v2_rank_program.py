@@ -22,7 +22,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for
+from tests.sglang.deepep_rank_program import run_planned_steps
 
 
 def start_rank(plan: dict, rank: int):
@@ -94,39 +94,21 @@ def step(deepep_v2, dispatcher, hidden_states, topk_ids, topk_weights, extend: b
 
 
 def main(run_dir: Path, rank: int) -> None:
-    import torch
-
     from tests.sglang.deepep_v2_standin import ElasticBuffer
 
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world = plan["deepep_model"], plan["world"]
     deepep_v2, create_moe_dispatcher = start_rank(plan, rank)
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
-    layers = [built[layer_id] for layer_id in sorted(built)]  # built in the plan's order, run in the model's
-    generator = torch.Generator().manual_seed(1000 + rank)
     record = {"steps": [], "buffers": []}
 
-    def save() -> None:
+    def buffers() -> None:
         record["buffers"] = [(buffer.num_bytes, buffer.num_max_tokens_per_rank) for buffer in ElasticBuffer.built]
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
-        tokens = planned["tokens"][rank]
-        for layer in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()  # what happened so far survives a dispatch that ends the rank
-            combined = step(deepep_v2, layer, x, ids, weights, planned.get("extend", False))
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+    run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 1000,
+                      lambda layer, x, ids, weights, planned: {
+                          "combined": step(deepep_v2, layer, x, ids, weights, planned.get("extend", False))},
+                      record, buffers)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for
+from tests.sglang.deepep_rank_program import run_planned_steps
 
 
 def start_rank(plan: dict, rank: int):
@@ -100,31 +100,16 @@ def main(run_dir: Path, rank: int) -> None:
     start_rank(plan, rank)
     built = {layer_id: build(model, world, rank, layer_id) for layer_id in plan["layers"]}
     layers = [built[layer_id] for layer_id in sorted(built)]
-    generator = torch.Generator().manual_seed(1000 + rank)
     record = {"steps": [], "caps": [int(mega._fleet_params.max_tokens_per_rank) for _, mega in layers]}
 
-    def save() -> None:
+    def workspaces() -> None:
         record["workspaces"] = [sum(root.untyped_storage().nbytes() for root in workspace._sym_roots)
                                 for workspace in flashinfer_megamoe_standin.ALLOCATED]
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
-        tokens = planned["tokens"][rank]
-        for layer, mega in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()
-            output = step(layer, mega, x, ids.to(torch.int32), weights)
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "output": output})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+    run_planned_steps(run_dir, rank, plan, model, layers, 1000,
+                      lambda layer_mega, x, ids, weights, planned: {
+                          "output": step(*layer_mega, x, ids.to(torch.int32), weights)},
+                      record, workspaces)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import sys
 import types
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for
+from tests.sglang.deepep_rank_program import run_planned_steps
 
 
 def start_rank(plan: dict, rank: int):
@@ -91,7 +91,6 @@ def step(mega_moe, moe, hidden_states, topk_ids, topk_weights):
 
 
 def main(run_dir: Path, rank: int) -> None:
-    import torch
     from sglang.srt.layers.dp_attention import set_dp_buffer_len
     from sglang.srt.model_executor.runner import model_capture_mode
 
@@ -101,33 +100,22 @@ def main(run_dir: Path, rank: int) -> None:
     model = plan["megamoe_model"]
     mega_moe = start_rank(plan, rank)
     layers = [layer(model, layer_id) for layer_id in sorted(plan["layers"])]
-    generator = torch.Generator().manual_seed(1000 + rank)
     record = {"steps": [], "buffers": []}
 
-    def save() -> None:
+    def buffers() -> None:
         record["buffers"] = [(int(buffer.buffer.nbytes), buffer.num_max_tokens_per_rank) for buffer in SymmBuffer.built]
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
+    @contextlib.contextmanager
+    def around_step(planned: dict):
         group_tokens = planned["tokens"]
-        tokens = group_tokens[rank]
-        set_dp_buffer_len(sum(group_tokens), tokens, False, list(group_tokens))
+        set_dp_buffer_len(sum(group_tokens), group_tokens[rank], False, list(group_tokens))
         with model_capture_mode() if planned.get("capture") else contextlib.nullcontext():
-            for moe in layers:
-                x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-                ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-                weights = torch.rand(tokens, model["top_k"], generator=generator)
-                save()  # what happened so far survives a dispatch that ends the rank
-                output, path = step(mega_moe, moe, x, ids, weights)
-                record["steps"].append({"x": x, "ids": ids, "weights": weights, "output": output, "path": path})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+            yield
+
+    run_planned_steps(run_dir, rank, plan, model, layers, 1000,
+                      lambda moe, x, ids, weights, planned: dict(zip(("output", "path"),
+                                                                     step(mega_moe, moe, x, ids, weights))),
+                      record, buffers, around_step)
 
 
 if __name__ == "__main__":

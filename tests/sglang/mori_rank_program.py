@@ -104,7 +104,8 @@ def main(run_dir: Path, rank: int) -> None:
         record["overflowed"] = EpDispatchCombineOp.overflowed
 
     run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 2000,
-                      lambda layer, x, ids, weights: step(moriep, layer, x, ids, weights, rank, local_experts),
+                      lambda layer, x, ids, weights, planned: dict(
+                          zip(("combined", "received"), step(moriep, layer, x, ids, weights, rank, local_experts))),
                       record, ops)
 
 

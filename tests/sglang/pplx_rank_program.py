@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-from tests.sglang.deepep_rank_program import _wait_for, build
+from tests.sglang.deepep_rank_program import build, run_planned_steps
 
 
 def start_rank(plan: dict, rank: int):
@@ -72,40 +72,20 @@ def step(pplx, dispatcher, hidden_states, topk_ids, topk_weights):
 
 
 def main(run_dir: Path, rank: int) -> None:
-    import torch
-
     from tests.sglang.pplx_standin import AllToAll
 
     plan = json.loads((run_dir / "plan.json").read_text())
     model, world = plan["deepep_model"], plan["world"]
     pplx, create_moe_dispatcher = start_rank(plan, rank)
     built = {layer_id: build(create_moe_dispatcher, model, world, layer_id) for layer_id in plan["layers"]}
-    layers = [built[layer_id] for layer_id in sorted(built)]
-    generator = torch.Generator().manual_seed(1000 + rank)
     record = {"steps": [], "all_to_alls": []}
 
-    def save() -> None:
+    def all_to_alls() -> None:
         record["all_to_alls"] = [dict(vars(each), _routes=None) for each in AllToAll.built]
-        torch.save(record, run_dir / f"rank-{rank}.pt")
 
-    for planned in plan["steps"]:
-        if planned.get("pause"):
-            save()
-            (run_dir / f"paused-{rank}").write_text("")
-            _wait_for(run_dir / "resume")
-            continue
-        tokens = planned["tokens"][rank]
-        for layer in layers:
-            x = torch.randn(tokens, model["hidden_size"], generator=generator).to(torch.bfloat16)
-            ids = torch.rand(tokens, model["num_experts"], generator=generator).topk(model["top_k"]).indices
-            weights = torch.rand(tokens, model["top_k"], generator=generator)
-            save()
-            combined, received = step(pplx, layer, x, ids, weights)
-            record["steps"].append({"x": x, "ids": ids, "weights": weights, "combined": combined,
-                                    "received": received})
-    save()
-    (run_dir / f"ready-{rank}").write_text("")
-    _wait_for(run_dir / "release")
+    run_planned_steps(run_dir, rank, plan, model, [built[layer_id] for layer_id in sorted(built)], 1000,
+                      lambda layer, x, ids, weights, planned: dict(
+                          zip(("combined", "received"), step(pplx, layer, x, ids, weights))), record, all_to_alls)
 
 
 if __name__ == "__main__":

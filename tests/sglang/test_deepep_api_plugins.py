@@ -19,10 +19,11 @@ from capwatch.sizing.backends import BackendCapRules
 
 from tests.sglang import mooncake_standin, nixl_standin
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
-from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
+from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
 from tests.support.ports import free_port
 
@@ -55,25 +56,13 @@ def test_counted_reported_advised_then_the_overflow_reported_before_the_librarys
     rules = case.rules
     cluster = f"{backend}-{release.replace('.', '-')}"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", rules.cap_env_var: str(CAP)}
+    env = plugin_env(cluster, base_port, service.url, {rules.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "backend": backend, "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_api_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        try:
-            view = wait_for(lambda: _view(service, cluster))
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{run.logs()}") from None
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     assert check_steps(run) == len(LAYERS) * len(STEPS)  # SGLang's outputs and received counts as without capwatch
     buffer_bytes = case.size_hint(CAP, MODEL["hidden_size"], WORLD, MODEL["num_experts"])

@@ -8,17 +8,13 @@ DeepEP's assertion ends that rank."""
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
-
 import pytest
 from capwatch.backends.deepep import RULES as DEEPEP
 from capwatch.sglang_engine.deepep import plan_deepep_buffer
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import get_json, plugin_env, scrape_at_pause_then_overflow, wait_for
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import CAP, GEOMETRY, MODEL, WORLD, check_steps
 from tests.support.ports import free_port
 from tests.support.service import ServiceProcess
@@ -30,30 +26,11 @@ BATCHES = {0: [3, 2, 4, 0], 1: [5, CAP, 1, 7]}
 OVERFLOW = {"tokens": [CAP + 1, 3]}  # rank 0 alone: DeepEP refuses it there
 
 
-def get_json(url: str):
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=10) as response:
-        return json.loads(response.read())
-
-
 def value(metrics: dict, name: str, **labels) -> float:
     matches = [v for (n, ls), v in metrics.items()
                if n == name and all(dict(ls).get(k) == str(w) for k, w in labels.items())]
     assert len(matches) == 1, f"{name} {labels}: {len(matches)} samples"
     return matches[0]
-
-
-def wait_for(check, timeout_s: float = 60.0):
-    """``check()`` once it passes: retried while it fails an assertion, or while the service does not know the
-    cluster yet (404: no rank's first report has arrived, which under load comes after the ranks are ready)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return check()
-        except (AssertionError, urllib.error.HTTPError) as error:
-            if isinstance(error, urllib.error.HTTPError) and error.code != 404 or time.monotonic() > deadline:
-                raise
-            time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")
@@ -68,23 +45,13 @@ def service(tmp_path_factory):
 def test_counted_reported_advised_then_the_overflow_reported_before_deepeps_assertion(tmp_path, service, release):
     cluster = f"deepep-{release.replace('.', '-')}"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5",
-           DEEPEP.cap_env_var: str(CAP)}
+    env = plugin_env(cluster, base_port, service.url, {DEEPEP.cap_env_var: str(CAP)})
     plan = {"plugins": True, "master_port": free_port(), "deepep_model": MODEL, "deepep_mode": "auto",
             "dispatch_dtype": "fp8", "two_batch_overlap": True, "layers": LAYERS,
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        view = wait_for(lambda: _view_with_both_ranks(service, cluster))
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()  # rank 1 waits in the collective rank 0 never joined
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view_with_both_ranks)
 
     assert check_steps(run) == len(LAYERS) * 4  # SGLang's outputs and received counts as without capwatch
     planned = plan_deepep_buffer(GEOMETRY, WORLD, CAP, "auto")

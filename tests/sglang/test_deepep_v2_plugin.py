@@ -14,7 +14,8 @@ import torch
 from capwatch.backends.deepep_v2 import RULES as DEEPEP_V2
 
 from tests.sglang.deepep_v2_standin import standin_num_bytes
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
 from tests.support.ports import free_port
@@ -46,23 +47,13 @@ def check_steps(run: RankRun) -> int:
 def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_value_error(tmp_path, release, service):
     cluster = f"deepep-v2-{release.replace('.', '-')}"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5",
-           DEEPEP_V2.cap_env_var: str(CAP)}
+    env = plugin_env(cluster, base_port, service.url, {DEEPEP_V2.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_v2_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        view = wait_for(lambda: _view(service, cluster))
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()  # rank 1 waits in the collective rank 0 never joined
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     assert check_steps(run) == WORLD * len(LAYERS) * len(STEPS)
     buffer_bytes = standin_num_bytes(CAP, MODEL["hidden_size"], MODEL["top_k"], WORLD)

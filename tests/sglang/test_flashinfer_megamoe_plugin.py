@@ -16,9 +16,10 @@ import torch
 from capwatch.backends.flashinfer_megamoe import RULES as MEGAMOE
 
 from tests.sglang.flashinfer_megamoe_standin import OVERFLOW_TEXT
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
-from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
+from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
 from tests.support.ports import free_port
 
@@ -47,25 +48,13 @@ def test_the_derived_cap_counted_reported_advised_then_the_overflow_reported_bef
         tmp_path, service):
     cluster = "flashinfer-megamoe-0-5-23"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", MEGAMOE.cap_env_var: "0"}
+    env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: "0"})
     plan = {"megamoe_model": MODEL, "layers": LAYERS,
             "server_args": {"max_prefill_tokens": CAP, "chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
                   program="tests.sglang.flashinfer_megamoe_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        try:
-            view = wait_for(lambda: _view(service, cluster))
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{run.logs()}") from None
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     assert check_outputs(run) == len(LAYERS) * len(STEPS)
     for rank in range(WORLD):

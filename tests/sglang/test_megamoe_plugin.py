@@ -18,7 +18,8 @@ from capwatch.backends.megamoe import RULES as MEGAMOE
 from capwatch.sglang_plugin.hooks.megamoe import fallback_line
 
 from tests.sglang.megamoe_standin import standin_num_bytes
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
 from tests.support.ports import free_port
@@ -59,8 +60,7 @@ def check_steps(run: RankRun) -> None:
 def test_counted_fallbacks_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service):
     cluster = "megamoe-0-5-23"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", MEGAMOE.cap_env_var: str(CAP)}
+    env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: str(CAP)})
     model_dir = tmp_path / "deepseek"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
@@ -69,15 +69,7 @@ def test_counted_fallbacks_advised_then_the_overflow_reported_before_sglangs_ass
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
                   program="tests.sglang.megamoe_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        view = wait_for(lambda: _view(service, cluster))
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     check_steps(run)
     buffer_bytes = standin_num_bytes(WORLD, MODEL["num_experts"], CAP, MODEL["top_k"], MODEL["hidden_size"],

@@ -12,7 +12,8 @@ from capwatch.backends import spec_of
 from capwatch.backends.mori import MoriOp, op_config
 from capwatch.sizing.mori import mori_op_plan
 
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
 from tests.support.ports import free_port
 from tests.support.service import ServiceProcess
@@ -58,18 +59,9 @@ def service(tmp_path_factory):
 def test_counted_reported_advised_then_the_overflow_refused_before_mori_sees_it(tmp_path, release, service):
     cluster = f"mori-{release.replace('.', '-')}"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5"}
+    env = plugin_env(cluster, base_port, service.url)
     run = run_ranks(tmp_path, env, {"plugins": True, "steps": [*STEPS, {"pause": True}, OVERFLOW]}, release)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        view = wait_for(lambda: _view_with_both_ranks(service, cluster))
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()  # rank 1 waits in the collective rank 0 never joined
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view_with_both_ranks)
 
     assert check_steps(run) == len(LAYERS) * len(STEPS)
     batches = {rank: [step["tokens"][rank] for step in STEPS] for rank in range(WORLD)}

@@ -11,10 +11,11 @@ from __future__ import annotations
 import pytest
 from capwatch.backends import spec_of
 
-from tests.sglang.ranks import START_TIMEOUT_S, RankRun
+from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
+from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
-from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
+from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
 from tests.support.ports import free_port
 
@@ -43,8 +44,7 @@ def all_to_all_bytes(cap: int) -> int:
 def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service):
     cluster = "pplx-0-5-23"
     base_port = free_port()
-    env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
-           "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", PPLX.cap_env_var: str(CAP)}
+    env = plugin_env(cluster, base_port, service.url, {PPLX.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             # SGLang's floor: max(chunked prefill 16, decode graph 64) = 64; its graph term alone (capped by the
             # running requests per DP rank, 40 // 2) would say 20
@@ -52,18 +52,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_asse
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
                   program="tests.sglang.pplx_rank_program").start(plan)
-    try:
-        run.wait_ready("paused")
-        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
-        try:
-            view = wait_for(lambda: _view(service, cluster))
-        except AssertionError as error:
-            raise AssertionError(f"{error}\n{run.logs()}") from None
-        advice = get_json(f"{service.url}/v1/clusters/{cluster}/advice")
-        (run.run_dir / "resume").write_text("")
-        code = run.processes[0].wait(timeout=START_TIMEOUT_S)
-    finally:
-        run.kill()
+    scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     assert check_steps(run) == len(LAYERS) * len(STEPS)  # SGLang's outputs and received counts as without capwatch
     buffer_bytes = all_to_all_bytes(CAP)
