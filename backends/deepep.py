@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
 from capwatch.backends.spec import (
+    LEADER_LAYER,
+    PAIRS,
     BackendSeries,
     BackendSpec,
     Config,
@@ -253,8 +255,8 @@ SPEC = BackendSpec(
     planner=PLANNER,
     settings_params=ALLOCATION.settings_params,
     settings_pricing=_settings_pricing,
-    traffic_copies="DeepEP: per (token, expert) pair",
-    traffic_sample="the step leader's layer (DeepEP)",
-    traffic_received_sample=("the layer after the step leader's in model order (DeepEP, so that a dispatch "
-                             "launches one op; the leader's own in a role of one MoE layer)"),
+    traffic_copies=PAIRS,
+    traffic_sample=LEADER_LAYER,
+    traffic_received_sample=("the layer after the step leader's in model order, so that a dispatch launches one op, "
+                             "the leader's own in a role of one MoE layer"),
 )

@@ -374,7 +374,7 @@ SPEC = BackendSpec(
     max_top_k=max(release.max_top_k for release in _RELEASES),  # kMaxTopK
     max_ep_size=max(release.max_ep_size for release in _RELEASES),
     default_max_ep_size=FlashInferVersion.parse(None).max_ep_size,  # the default release's
-    traffic_sample="the step leader's layer and every 16th after it (FlashInfer)",
+    traffic_sample="the step leader's layer and every 16th after it",
     example_server_args=("--moe-runner-backend", "flashinfer_cutlass"),
     overflow_assertion_prefix="FlashInfer A2A runtime token geometry exceeds its fixed workspace: ",
 )

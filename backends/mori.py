@@ -9,6 +9,9 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from capwatch.backends.spec import (
+    LEADER_LAYER,
+    PAIRS,
+    SENT_ONLY,
     BackendSeries,
     BackendSpec,
     Config,
@@ -204,5 +207,7 @@ SPEC = BackendSpec(
     planner=PLANNER,
     settings_params=_settings_params,
     settings_pricing=_settings_pricing,
-    traffic_sample="the step leader's layer (MoRI: sent only, its received count needs a host sync)",
+    traffic_copies=PAIRS,
+    traffic_sample=LEADER_LAYER,
+    traffic_received_sample=SENT_ONLY,
 )

@@ -11,6 +11,9 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from capwatch.backends.spec import (
+    LEADER_LAYER,
+    PAIRS,
+    SENT_ONLY,
     BackendSeries,
     BackendSpec,
     Config,
@@ -19,6 +22,8 @@ from capwatch.backends.spec import (
     Planner,
     PlanTable,
     RankSizes,
+    fits_cell,
+    fits_header,
 )
 from capwatch.sizing.backends import BackendCapRules
 from capwatch.sizing.byte_units import format_bytes
@@ -101,10 +106,10 @@ def reported_spec(rules: BackendCapRules, description: str, prefill_dispatched: 
         first = plans[0]
         title = (f"{geometry.name}: H={geometry.hidden_size} | ep_size={first.ep_size}, {name} buffer of "
                  f"{format_bytes(first.buffer_bytes_reported)} reported at cap {first.buffer_cap}")
-        headers = ["cap/rank", "buffer/rank", "bytes/rank", "EP group", "priced"] + (["fits"] if budget else [])
+        headers = ["cap/rank", "buffer/rank", "bytes/rank", "EP group", "priced"] + fits_header(budget)
         rows = [[f"{plan.cap:,}", format_bytes(plan.bytes_per_rank), f"{plan.bytes_per_rank:,}",
                  format_bytes(plan.bytes_group), "reported" if plan.exact else "in proportion"]
-                + (["yes" if plan.bytes_per_rank <= budget else "no"] if budget else []) for plan in plans]
+                + fits_cell(plan.bytes_per_rank, budget) for plan in plans]
         notes = (f"only cap {first.buffer_cap} is exact (the bytes reported); every other cap is priced in "
                  "proportion to it, an estimate",)
         return PlanTable(title, tuple(headers), rows, caption, notes)
@@ -135,5 +140,8 @@ def reported_spec(rules: BackendCapRules, description: str, prefill_dispatched: 
         settings_params=lambda settings: (),
         settings_pricing=settings_pricing,
         bytes_known="reported",
+        traffic_copies=PAIRS,
+        traffic_sample=LEADER_LAYER,
+        traffic_received_sample=SENT_ONLY,
     )
 

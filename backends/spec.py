@@ -103,6 +103,13 @@ class PlanTable:
     warnings: tuple[str, ...] = ()
 
 
+# What a backend's traffic counters say most often (``BackendSpec.traffic_*``): the (token, expert) pairs of the
+# top-k ids a dispatch routes, counted on the step leader's layer alone, what it sends only.
+PAIRS = "one per (token, expert) pair"
+LEADER_LAYER = "the step leader's layer"
+SENT_ONLY = "none, sent only (the library hands the engine no per-source receive counts it can add without a host sync)"
+
+
 def fits_header(budget: int | None) -> list[str]:
     """A plan table's "fits" column header: there only with a budget."""
     return ["fits"] if budget is not None else []
@@ -179,11 +186,11 @@ class BackendSpec:
     # The largest EP group a rank of its default configuration runs (a config that names nothing more: the demo's
     # ranks); None: max_ep_size.
     default_max_ep_size: int | None = None
-    # What its traffic counters count, for their help text: the copies (None: one per distinct target rank per
-    # token) and the sample of layers that count them in SGLang, each naming the backend.
+    # What its traffic counters count, for their help text (which groups the backends by each): a copy (None: one
+    # per distinct target rank per token), the layers whose dispatches an engine's hooks count (None: every layer),
+    # and those that count what a rank receives where they are not the same (None: the same layers).
     traffic_copies: str | None = None
     traffic_sample: str | None = None
-    # The layers that count what a rank receives where they are not ``traffic_sample``'s (None: the same layers).
     traffic_received_sample: str | None = None
     # The server flags an example deployment runs it with beyond ``--moe-a2a-backend <name>`` (the Kubernetes
     # example's SGLang server).

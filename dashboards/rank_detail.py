@@ -95,12 +95,14 @@ def build() -> dashboard_models.Dashboard:
         .with_row(row("Traffic"))
         .with_panel(timeseries_panel(
             "Tokens sent per rank",
-            "Token copies per second each rank sends to expert ranks (one per distinct target rank per token).",
+            "Token copies per second each rank sends to expert ranks, from a sample of the MoE layers (what one "
+            "copy is and which layers, per backend: the help of moe_a2a_tokens_sent_total).",
             "cps", [Query(rate(cat.TOKENS_SENT.name), RANK_LEGEND)], width=8, min_value=0))
         .with_panel(timeseries_panel(
             "Tokens received per rank",
-            "Token copies per second each rank receives from source ranks. A rank receiving far more than the "
-            "others is the one that sets R.",
+            "Token copies per second each rank receives from source ranks, from a sample of the MoE layers (none "
+            "where the backend counts what is sent only). A rank receiving far more than the others is the one "
+            "that sets R.",
             "cps", [Query(rate(cat.TOKENS_RECEIVED.name), RANK_LEGEND)], width=8, min_value=0))
         .with_panel(timeseries_panel(
             "Dispatch calls per forward step",

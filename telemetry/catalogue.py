@@ -8,10 +8,12 @@ and only a few series per rank (no per-expert or per-layer labels).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from capwatch.backends import SPECS
+from capwatch.backends.spec import BackendSpec
 from capwatch.engines import ENGINE, ENGINES
 from capwatch.series import OwnSeries
 
@@ -77,20 +79,30 @@ DISPATCH_CALLS = MetricSpec(
 FORWARD_STEPS = MetricSpec(
     "moe_a2a_forward_steps_total", "counter",
     "Forward steps that dispatched through the A2A (counted once across layers).", "steps")
+
+
+def by_backend(says: Callable[[BackendSpec], str | None], otherwise: str) -> str:
+    """What each registered backend ``says`` (``otherwise`` where it says nothing), the backends grouped by it:
+    ``"a (deepep, mori); b (flashinfer)"``."""
+    groups: dict[str, list[str]] = {}
+    for name, spec in SPECS.items():
+        groups.setdefault(says(spec) or otherwise, []).append(name)
+    return "; ".join(f"{text} ({', '.join(names)})" for text, names in groups.items())
+
+
 TOKENS_SENT = MetricSpec(
     "moe_a2a_tokens_sent_total", "counter",
-    "Token copies this rank sent to expert ranks (one per distinct target rank per token"
-    + "".join(f"; {spec.traffic_copies}" for spec in SPECS.values() if spec.traffic_copies)
-    + f"), counted on a sample of the MoE layers only, not scaled: in {ENGINE.TITLE} "
-    + ", ".join(spec.traffic_sample for spec in SPECS.values() if spec.traffic_sample)
+    "Token copies this rank sent to expert ranks, by --moe-a2a-backend: "
+    + by_backend(lambda spec: spec.traffic_copies, "one per distinct target rank per token")
+    + f". Counted on a sample of the MoE layers only, not scaled; in {ENGINE.TITLE}: "
+    + by_backend(lambda spec: spec.traffic_sample, "every layer")
     + ". Compare ranks and rates, not volumes.",
     "tokens")
 TOKENS_RECEIVED = MetricSpec(
     "moe_a2a_tokens_received_total", "counter",
-    "Token copies this rank received from source ranks, counted on a sample of the MoE layers only, not scaled: "
-    "the layers of moe_a2a_tokens_sent_total"
-    + "".join(f", except in {ENGINE.TITLE} {spec.traffic_received_sample}" for spec in SPECS.values()
-              if spec.traffic_received_sample)
+    "Token copies this rank received from source ranks (copies as moe_a2a_tokens_sent_total counts them), counted "
+    f"on a sample of the MoE layers only, not scaled; in {ENGINE.TITLE}: "
+    + by_backend(lambda spec: spec.traffic_received_sample, "the layers of moe_a2a_tokens_sent_total")
     + ".", "tokens")
 OVERFLOW_EVENTS = MetricSpec(
     "moe_a2a_overflow_events_total", "counter",

@@ -1,11 +1,12 @@
 """Counting a dispatcher whose cap bounds each rank's own batch, the way every such backend shares (DeepEP v2,
-pplx, NIXL EP, Mooncake EP): its dispatch method (``hidden_states, topk_output``) shadowed on the instance by one
-that counts through the one counting primitive (``dispatcher.counting.LayerCounting``); SGLang's class is left
+pplx, NIXL EP, Mooncake EP, MoRI): its dispatch method (``hidden_states, topk_output``) shadowed on the instance by
+one that counts through the one counting primitive (``dispatcher.counting.LayerCounting``); SGLang's class is left
 alone.
 
 - the guard: the rank's own batch (``hidden_states.shape[0]``, a host int) against the cap; a batch above it is
   counted, announced and the final report shipped (bounded wait) *before* the call reaches SGLang's own check
-  (an assert, a ``ValueError``), which then ends the rank as it would without capwatch;
+  (an assert, a ``ValueError``), which then ends the rank as it would without capwatch (MoRI, which checks
+  nothing, has the guard refuse it instead: ``hooks/mori.py``);
 - the step on the role's step leader; on the traffic sample (the leader's layer) the (token, expert) pairs this
   rank sends, from the ``topk_ids`` it dispatches: one ``put_`` into the role's per-expert bins
   (``dispatcher.counters.ExpertTraffic``, as DeepEP's hook counts them), after a ``copy_`` into int64 scratch made
@@ -103,14 +104,16 @@ def reported(session, role: str, rules: BackendCapRules, buffer, buffer_bytes: i
 
 
 def adopt(session, dispatcher, method: str, counted: Counted, rules: BackendCapRules, role: str,
-          layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False) -> LayerCounting:
+          layer_id: int | None, describe: Callable[[], dict], lead_per_micro_batch: bool = False,
+          overflow: Callable[[LayerCounting, int], None] = adoption.count_overflow) -> LayerCounting:
     """Count ``dispatcher.<method>``: the layer in its role's counters, and at the role's first dispatch its
-    reports (``describe()``: what they carry beyond the geometry, the buffer counted)."""
+    reports (``describe()``: what they carry beyond the geometry, the buffer counted). ``overflow(layer, tokens)``
+    meets a batch above the cap (counted, then handed to the backend's own check; one that raises refuses it)."""
     layer = count_layer(session, dispatcher, counted, rules, role, layer_id, lead_per_micro_batch)
     sent = SentPairs.made(layer, counted.cap, counted.top_k)
     adoption.count_from_first_dispatch(
         session, dispatcher, layer, method, describe,
-        lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent)})
+        lambda: {method: counted_dispatch(adoption.shipped(dispatcher, method), layer, sent, overflow)})
     return layer
 
 
@@ -123,15 +126,17 @@ def adopt_low_latency(session, impl, rules: BackendCapRules, role: str, layer_id
                  lead_per_micro_batch=True)
 
 
-def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs):
+def counted_dispatch(dispatch, layer: LayerCounting, sent: SentPairs,
+                     overflow: Callable[[LayerCounting, int], None] = adoption.count_overflow):
     """``dispatch(hidden_states, topk_output, ...)`` counted by the layer: the guard (R is the rank's own batch:
-    ``rules.local_batch_cap``), the call, the step on the leader, the pairs sent on the traffic sample."""
+    ``rules.local_batch_cap``; ``overflow`` meets a batch above the cap), the call, the step on the leader, the
+    pairs sent on the traffic sample."""
     record_step, cap = layer.counters.record_step, layer.cap
 
     def counted(hidden_states, topk_output, *args, **kwargs):
         local_tokens = hidden_states.shape[0]
         if local_tokens > cap:
-            adoption.count_overflow(layer, local_tokens)
+            overflow(layer, local_tokens)
             return dispatch(hidden_states, topk_output, *args, **kwargs)  # SGLang's own check ends it
         output = dispatch(hidden_states, topk_output, *args, **kwargs)
         if layer.step_leader:

@@ -8,22 +8,16 @@ that can make it loud, so here an overflow is **counted, reported (the final rep
 
 SGLang builds one ``_MoriEP*DispatcherImpl*`` per ``MoriEPDispatcher`` (one per MoE layer, one per micro-batch
 with two-batch overlap); every one of them (normal and low-latency mode alike) takes each rank's own batch
-against the cap (``max_num_inp_token_per_rank``), so R is the local batch (``rules.local_batch_cap``). After
-SGLang constructs one (a ``HookRegistry`` hook on ``_MoriEPDispatcherImplBase.__init__``, the layer id from
-``create_moe_dispatcher``, the role from SGLang's speculative context flag) the plugin adopts it: its
-``dispatch_a`` is shadowed by an instance attribute that counts through the layer's ``LayerCounting``
-(``dispatcher/counting.py``); SGLang's classes are left alone. The hot path:
+against the cap (``max_num_inp_token_per_rank``), so R is the local batch (``rules.local_batch_cap``). The plugin
+adopts each one SGLang constructs and counts its ``dispatch_a`` (before the transport: the low-latency impl sends
+in it, the normal one in ``dispatch_b``) as every local-batch backend's is counted (``hooks/local_batch.py``: the
+guard on host ints, the step on the leader, the (token, expert) pairs sent in one ``put_`` on the leader's layer),
+except that an overflow is refused, not handed on. MoRI says what each rank received only through a host sync
+(``get_dispatch_src_token_pos``), so the received row stays 0 on MoRI ranks.
 
-- ``dispatch_a``, before the transport (the low-latency impl sends in it, the normal one in ``dispatch_b``): the
-  rank's batch (``hidden_states.shape[0]``, a host int) against the cap; on the step leader the step; in the
-  traffic sample the tokens sent to each rank, from the ``topk_ids`` SGLang dispatches (MoRI sends a token once
-  to each rank holding one of its experts: a ``div``, a ``remainder_``, a ``zero_``, a ``scatter_`` and a
-  ``sum`` into scratch made at adoption; no host read). MoRI says what each rank received only through a host sync
-  (``get_dispatch_src_token_pos``), so the received row stays 0 on MoRI ranks;
-- the op once per process and configuration: at a role's first dispatch the plugin asks the dispatcher for its
-  op (``mori_op``, built by ``init_mori_op`` then anyway) and reports what sizes it (``MoriOp``: the kernel, the
-  experts per rank, the scales, the combine quantization, the receive cap) and its bytes as capwatch prices them
-  (``sizing/mori.py``: MoRI reports none).
+At a role's first dispatch the plugin asks the dispatcher for its op (``mori_op``, built by ``init_mori_op`` then
+anyway) and reports what sizes it (``MoriOp``: the kernel, the experts per rank, the scales, the combine
+quantization, the receive cap) and its bytes as capwatch prices them (``sizing/mori.py``: MoRI reports none).
 
 MoRI EPv2 (``SGLANG_MORI_EP_V2``, 0.5.22 on) sizes a different arena: the plugin refuses it before hooking.
 """
@@ -35,13 +29,11 @@ import os
 import pkgutil
 from dataclasses import dataclass
 
-import torch
 from capwatch.backends.mori import MoriOp, op_config
-from capwatch.dispatcher.counters import TrafficRecord
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
-from capwatch.sglang_engine.caps import bind, reported_backend
+from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import mori as FLOOR  # its cap's start-up floor, per release
-from capwatch.sglang_plugin.hooks import adoption
+from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
 from capwatch.sizing.mori import MORI as MORI_RULES
 from capwatch.sizing.mori import mori_op_plan
@@ -94,42 +86,14 @@ def register(session, adapter: Adapter, source) -> None:
 
 def adopt(session, dispatcher, role: str, layer_id: int | None) -> LayerCounting:
     """Count one MoRI dispatcher impl (MoRI's op is SGLang's: nothing allocated but the counters and scratch), in
-    the MoE expert-parallel group SGLang's runtime context names."""
+    the MoE expert-parallel group SGLang's runtime context names; both micro-batches' of the lowest layer lead."""
     parallel = pkgutil.resolve_name(GET_PARALLEL.name)()
-    geometry = dict(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=parallel.moe_ep_rank,
-                    ep_size=parallel.moe_ep_size, hidden_size=dispatcher.hidden_size, top_k=dispatcher.router_topk,
-                    num_experts=dispatcher.num_experts)
-    layer = adoption.count_layer(session, dispatcher, role, layer_id, geometry, MORI,
-                                 lambda counters: counters.traffic_record(), lead_per_micro_batch=True)
-    traffic = Traffic.made(dispatcher, layer)
-    adoption.count_from_first_dispatch(
-        session, dispatcher, layer, "dispatch_a", lambda: describe_op(session, dispatcher, role, layer.ep_size),
-        lambda: {"dispatch_a": counted_dispatch_a(adoption.shipped(dispatcher, "dispatch_a"), layer, traffic)})
-    return layer
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """A dispatch's tokens sent to each rank (``counts[0]``; the received row stays 0) and the scratch that
-    computes them: all made at adoption, before any graph capture, so no call allocates."""
-
-    record: TrafficRecord  # the layer's way into the counters: the counts ([2, ranks]) it adds
-    destination: torch.Tensor  # [cap, top_k]: each (token, expert)'s rank; a -1 expert's: column ``ranks``
-    reached: torch.Tensor  # [cap, ranks + 1]: 1 where a token goes to a rank (once, however many of its experts)
-    experts_per_rank: torch.Tensor  # 0-dim: the divisor as a tensor
-
-    @property
-    def counts(self) -> torch.Tensor:
-        return self.record.counts
-
-    @classmethod
-    def made(cls, dispatcher, layer: LayerCounting) -> "Traffic":
-        cap, top_k = dispatcher.num_max_dispatch_tokens_per_rank, dispatcher.router_topk
-        counters = layer.counters
-        device = counters.device
-        return cls(layer.traffic, torch.empty(cap, top_k, dtype=torch.int64, device=device),
-                   torch.empty(cap, counters.ep_size + 1, dtype=torch.int64, device=device),
-                   torch.tensor(dispatcher.num_local_experts, dtype=torch.int64, device=device))
+    counted = local_batch.Counted(cap=dispatcher.num_max_dispatch_tokens_per_rank, ep_rank=parallel.moe_ep_rank,
+                                  ep_size=parallel.moe_ep_size, hidden_size=dispatcher.hidden_size,
+                                  top_k=dispatcher.router_topk, num_experts=dispatcher.num_experts)
+    return local_batch.adopt(session, dispatcher, "dispatch_a", counted, MORI, role, layer_id,
+                             lambda: describe_op(session, dispatcher, role, counted.ep_size),
+                             lead_per_micro_batch=True, overflow=refuse_overflow)
 
 
 def unadopt(dispatcher) -> None:
@@ -150,36 +114,7 @@ def describe_op(session, dispatcher, role: str, ep_size: int) -> dict:
                       token_bytes=int(config.max_token_type_size))
     plan = mori_op_plan(op_config(ep_size, int(config.hidden_dim), int(config.num_experts_per_token), reported),
                         int(config.max_num_inp_token_per_rank))
-    session.count_buffer(role, id(op), plan.op_bytes)
-    return dict(backend=reported_backend(MORI), a2a_backend=MORI.name, mori=reported)
-
-
-def counted_dispatch_a(dispatch_a, layer: LayerCounting, traffic: Traffic):
-    """``dispatch_a`` as SGLang calls it, counted by the layer's ``LayerCounting``: the guard (R is the rank's own
-    batch), then the transport, the step on the leader, the tokens sent to each rank (in the traffic sample)."""
-    record_step, cap = layer.counters.record_step, layer.cap
-    sent, experts_per_rank, ranks = traffic.counts[0], traffic.experts_per_rank, layer.ep_size
-
-    def counted(hidden_states, topk_output):
-        local_tokens = hidden_states.shape[0]
-        if local_tokens > cap:
-            refuse_overflow(layer, local_tokens)  # raises: MoRI never sees the batch
-        state = dispatch_a(hidden_states=hidden_states, topk_output=topk_output)
-        if layer.step_leader:
-            record_step(local_tokens, local_tokens)  # each rank's own batch is what MoRI's buffers hold
-        if not layer.counts_traffic:
-            layer.count_dispatch()  # the call: a host int eagerly, nothing captured
-            return state
-        ids = topk_output.topk_ids  # [tokens, top_k]; -1: no expert
-        destination, reached = traffic.destination[:local_tokens], traffic.reached[:local_tokens]
-        torch.div(ids, experts_per_rank, rounding_mode="floor", out=destination).remainder_(ranks + 1)
-        reached.zero_()
-        reached.scatter_(1, destination, 1)
-        torch.sum(reached[:, :ranks], dim=0, out=sent)
-        layer.record_traffic()
-        return state
-
-    return counted
+    return local_batch.reported(session, role, MORI, op, plan.op_bytes, reported)
 
 
 def refuse_overflow(layer: LayerCounting, local_tokens: int) -> None:

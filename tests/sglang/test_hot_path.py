@@ -1,6 +1,7 @@
-"""The FlashInfer, DeepEP and local-batch hooks' counting, per call, in the main venv: exactly the torch ops the
-chosen design promises (docs/dispatcher.md, "Counting a GPU does not notice"), per kind of layer, eagerly and under
-a simulated CUDA graph capture; nothing allocated, nothing read back to the host, and the counts land.
+"""The FlashInfer, DeepEP and local-batch hooks' counting (pplx, Mooncake EP, NIXL EP, DeepEP v2, MoRI), per call,
+in the main venv: exactly the torch ops the chosen design promises (docs/dispatcher.md, "Counting a GPU does not
+notice"), per kind of layer, eagerly and under a simulated CUDA graph capture; nothing allocated, nothing read back
+to the host, and the counts land.
 
 The design: the step leader counts the step (on the host eagerly, one ``add_`` captured); every layer's call is a
 host int eagerly and no op captured; only the layers of the traffic sample add their per-rank counts, one ``add_``
@@ -275,28 +276,45 @@ def test_the_session_elects_places_in_model_order_with_micro_batch_twins_sharing
             assert sorted(sampled, key=lambda i: math.inf if i is None else i) == [3, 5, 7, None]
 
 
-# A local-batch backend's leader layer (DeepEP v2, Mooncake EP, NIXL EP), per counted call: one put_ of its topk_ids
-# into the role's expert bins, after a copy_ into int64 scratch where they are SGLang's int32. Any other layer: none.
+# A local-batch backend's leader layer (DeepEP v2, Mooncake EP, NIXL EP, pplx, MoRI), per counted call: one put_ of
+# its topk_ids into the role's expert bins, after a copy_ into int64 scratch where they are SGLang's int32. Any
+# other layer: none.
 LOCAL_BATCH_OPS = {torch.int64: ["aten::put_"], torch.int32: ["aten::copy_", "aten::put_"]}
 
 
+def local_batch_hook(hook: str):
+    """A local-batch backend's rules and what meets its overflows, as its hook module counts it: Mooncake EP's
+    (counted, then handed to the library's own check), or MoRI's (refused: MoRI checks nothing)."""
+    from capwatch.sglang_plugin.hooks import adoption, mooncake, mori
+
+    return {"mooncake": (mooncake.MOONCAKE, adoption.count_overflow), "mori": (mori.MORI, mori.refuse_overflow)}[hook]
+
+
+def local_batch_layers(counters: DispatchCounters, rules, experts: int) -> list[LayerCounting]:
+    """Three layers of a local-batch backend, elected as the session elects them: the traffic sample is the
+    leader's layer alone."""
+    layers = [LayerCounting(counters, 0, EP_SIZE, counters.expert_traffic(experts), rules=rules) for _ in range(3)]
+    elect(counters, layers, [0, 1, 2], traffic_stride=None)
+    return layers
+
+
+@pytest.mark.parametrize("hook", ["mooncake", "mori"])
 @pytest.mark.parametrize("ids_dtype", [torch.int32, torch.int64], ids=["int32 ids", "int64 ids"])
 @pytest.mark.parametrize("captured", [False, True], ids=["eager", "captured"])
 @pytest.mark.parametrize("leader", [True, False], ids=["step leader", "other layer"])
-def test_a_counted_local_batch_dispatch_counts_the_sent_pairs_in_one_put(leader, captured, ids_dtype):
+def test_a_counted_local_batch_dispatch_counts_the_sent_pairs_in_one_put(leader, captured, ids_dtype, hook):
     """``hooks/local_batch.py``'s counted dispatch: on the step leader's layer one ``put_`` (it was six ops: a clamp,
-    a div_, a ge, a zero_, a scatter_add_ and the record's add_), a ``copy_`` before it only for int32 ids; any other
-    layer none. Nothing allocated, nothing read back; the pairs sent per rank exact (a -1 expert's for none)."""
-    from capwatch.backends.mooncake import RULES as MOONCAKE
+    a div_, a ge, a zero_, a scatter_add_ and the record's add_; MoRI's own was six too), a ``copy_`` before it only
+    for int32 ids; any other layer none. Nothing allocated, nothing read back; the pairs sent per rank exact (a -1
+    expert's for none)."""
     from capwatch.sglang_plugin.hooks.local_batch import SentPairs, counted_dispatch
 
     experts, top_k = 8, 2
+    rules, overflow = local_batch_hook(hook)
     counters = DispatchCounters(CAP, EP_SIZE)
     if captured:
         counters._eager = lambda: False
-    layers = [LayerCounting(counters, 0, EP_SIZE, counters.expert_traffic(experts), rules=MOONCAKE)
-              for _ in range(3)]
-    elect(counters, layers, [0, 1, 2], traffic_stride=None)  # as the session elects a local-batch backend's layers
+    layers = local_batch_layers(counters, rules, experts)
     layer = layers[0 if leader else 1]
     assert layer.counts_traffic == leader
     sent = SentPairs.made(layer, CAP, top_k)
@@ -306,7 +324,7 @@ def test_a_counted_local_batch_dispatch_counts_the_sent_pairs_in_one_put(leader,
     def dispatch(hidden_states, topk_output):  # the library's launch
         return hidden_states
 
-    counted = counted_dispatch(dispatch, layer, sent)
+    counted = counted_dispatch(dispatch, layer, sent, overflow)
     counted(hidden, SimpleNamespace(topk_ids=topk_ids))
     with forbid_host_reads(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
         assert counted(hidden, SimpleNamespace(topk_ids=topk_ids)) is hidden
@@ -320,3 +338,28 @@ def test_a_counted_local_batch_dispatch_counts_the_sent_pairs_in_one_put(leader,
     assert snapshot.forward_steps == (2 if leader else 0)
     if leader:
         assert snapshot.local_tokens_histogram[3] == 2
+
+
+@pytest.mark.parametrize("hook", ["mooncake", "mori"])
+def test_a_local_batch_overflow_is_counted_then_handed_on_or_refused_before_the_library(hook):
+    """A batch above the cap, counted once before the library sees anything; Mooncake EP's then reaches its own
+    assertion (the library's check ends the rank), MoRI's never reaches MoRI, which would take it silently."""
+    from capwatch.dispatcher.counting import CapOverflowError
+    from capwatch.sglang_plugin.hooks.local_batch import SentPairs, counted_dispatch
+
+    rules, overflow = local_batch_hook(hook)
+    counters = DispatchCounters(CAP, EP_SIZE)
+    layer = local_batch_layers(counters, rules, 8)[0]
+    reached = []
+
+    def dispatch(hidden_states, topk_output):
+        reached.append(hidden_states.shape[0])
+        raise AssertionError("the library's own check")
+
+    counted = counted_dispatch(dispatch, layer, SentPairs.made(layer, CAP, 2), overflow)
+    ids = torch.zeros(CAP + 1, 2, dtype=torch.int64)
+    with pytest.raises(CapOverflowError if hook == "mori" else AssertionError):
+        counted(torch.zeros(CAP + 1, 4), SimpleNamespace(topk_ids=ids))
+    assert reached == ([] if hook == "mori" else [CAP + 1])
+    counted_events = {kind: n for kind, n in counters.snapshot().overflow_events.items() if n}
+    assert counted_events == {("runtime_over_cap", "raised"): 1}
