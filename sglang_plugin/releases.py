@@ -38,6 +38,24 @@ class Target:
     parameters: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class Adapter:
+    """How a family of SGLang releases builds and drives a backend's dispatch where one set of hook targets serves
+    them all: the releases (each verified by the backend's plugin test) and the targets its hooks rely on, every
+    name and signature checked before anything is hooked (``first_problem``). A backend whose releases differ in
+    more than that keeps an adapter class of its own (FlashInfer's, NIXL EP's)."""
+
+    releases: tuple[str, ...]
+    hooked: tuple[Target, ...]
+
+    def targets(self) -> tuple[Target, ...]:
+        return self.hooked
+
+    def by_release(self) -> dict[str, "Adapter"]:
+        """A hook module's ``ADAPTERS``: this one for each of its releases."""
+        return {release: self for release in self.releases}
+
+
 # Every graph capture of a scheduler goes through one of these (spec runners subclass the two runners), in every
 # verified release: each backend's hooks pause its snapshots around them.
 CAPTURE_TARGETS = (

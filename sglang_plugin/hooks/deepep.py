@@ -22,7 +22,7 @@ from capwatch.dispatcher.counting import LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import deepep as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption
-from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.releases import VERIFIED, Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.deepep_plan import DEEPEP as DEEPEP_RULES
 
@@ -42,19 +42,9 @@ LOW_LATENCY_DISPATCH = Target(f"{MODULE}.Buffer.low_latency_dispatch",
                               ("x", "topk_idx", "num_max_dispatch_tokens_per_rank", "num_experts"))
 
 
-@dataclass(frozen=True)
-class Adapter:
-    """How a family of SGLang releases builds and drives ``_DeepEPDispatcherImplLowLatency``."""
-
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, DISPATCH_B, GET_BUFFER, DEEPEP_CONFIG, LOW_LATENCY_DISPATCH,
-                *adoption.COMMON_TARGETS)
-
-
-LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED)
-ADAPTERS = {release: LOW_LATENCY_ADAPTER for release in LOW_LATENCY_ADAPTER.releases}
+LOW_LATENCY_ADAPTER = Adapter(releases=VERIFIED, hooked=(INIT, DISPATCH_A, DISPATCH_B, GET_BUFFER, DEEPEP_CONFIG,
+                                                         LOW_LATENCY_DISPATCH, *adoption.COMMON_TARGETS))
+ADAPTERS = LOW_LATENCY_ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:

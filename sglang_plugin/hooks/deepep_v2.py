@@ -13,13 +13,12 @@ process-wide ``ElasticBuffer`` (``DeepEPv2Buffer.get_buffer``, lazy: built at th
 from __future__ import annotations
 
 import pkgutil
-from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import deepep_v2 as FLOOR  # its cap's start-up floor, per release
-from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.releases import Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.deepep_v2 import DEEPEP_V2 as DEEPEP_V2_RULES
 
@@ -35,16 +34,10 @@ GET_BUFFER = Target(f"{MODULE}._DeepEPv2Impl._get_buffer")
 VALIDATE = Target(f"{MODULE}._DeepEPv2Impl._validate_common", ("hidden_states", "topk_ids"))
 
 
-@dataclass(frozen=True)
-class Adapter:
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH, GET_BUFFER, VALIDATE, *local_batch.COMMON_TARGETS)
-
-
-ADAPTER = Adapter(releases=("0.5.22", "0.5.23"))  # verified on both (tests/sglang/test_deepep_v2_plugin.py)
-ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+# verified on both (tests/sglang/test_deepep_v2_plugin.py)
+ADAPTER = Adapter(releases=("0.5.22", "0.5.23"), hooked=(INIT, DISPATCH, GET_BUFFER, VALIDATE,
+                                                         *local_batch.COMMON_TARGETS))
+ADAPTERS = ADAPTER.by_release()
 # Why the hooks do not run on the older releases (the plugin's one line says it).
 _OLDER_FLOOR = ("its start-up check of the cap is another rule (validate_deepep_v2_dispatch_token_budget inline, "
                 "without _decode_graph_dispatch_tokens_per_rank) that capwatch's floor does not read")

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import os
 import pkgutil
-from dataclasses import dataclass
 
 import torch
 from capwatch.backends.reported import ReportedBuffer
@@ -34,7 +33,7 @@ from capwatch.dispatcher.counting import LayerCounting
 from capwatch.sglang_engine.caps import bind, reported_backend
 from capwatch.sglang_plugin.floors import flashinfer_megamoe as FLOOR  # its cap's floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.flashinfer_megamoe import FLASHINFER_MEGAMOE as MEGAMOE_RULES
 
@@ -54,17 +53,10 @@ FALLBACK_CAP = 1024  # _resolve_max_tokens_per_rank's when nothing can be derive
 MAX_WALK_DEPTH = 4  # how deep the workspace's objects are searched for tensors
 
 
-@dataclass(frozen=True)
-class Adapter:
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE, adoption.GET_FLAGS,
-                *CAPTURE_TARGETS)
-
-
-ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_flashinfer_megamoe_plugin.py)
-ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+# verified on 0.5.23 (tests/sglang/test_flashinfer_megamoe_plugin.py)
+ADAPTER = Adapter(releases=("0.5.23",), hooked=(ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE,
+                                                adoption.GET_FLAGS, *CAPTURE_TARGETS))
+ADAPTERS = ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:

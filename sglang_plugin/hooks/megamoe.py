@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import pkgutil
-from dataclasses import dataclass
 
 from capwatch.backends import spec_of
 from capwatch.backends.reported import ReportedBuffer
@@ -33,7 +32,7 @@ from capwatch.dispatcher.counting import suggested_cap
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import megamoe as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
-from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Target, first_problem
+from capwatch.sglang_plugin.releases import CAPTURE_TARGETS, Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.byte_units import format_bytes
 from capwatch.sizing.megamoe import MEGAMOE as MEGAMOE_RULES
@@ -62,16 +61,10 @@ LIBRARY = "deep_gemm"
 FALLBACK_STEPS = spec_of(NAME).series.counters[0].field
 
 
-@dataclass(frozen=True)
-class Adapter:
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (SHOULD_USE, RUN, SYMM_BUFFER, MOE_BUFFER, *ASKED, PARALLEL, *CAPTURE_TARGETS)
-
-
-ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_megamoe_plugin.py)
-ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+# verified on 0.5.23 (tests/sglang/test_megamoe_plugin.py)
+ADAPTER = Adapter(releases=("0.5.23",), hooked=(SHOULD_USE, RUN, SYMM_BUFFER, MOE_BUFFER, *ASKED, PARALLEL,
+                                                *CAPTURE_TARGETS))
+ADAPTERS = ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:

@@ -13,13 +13,12 @@ arguments and reports that (``backends/reported.py``).
 from __future__ import annotations
 
 import pkgutil
-from dataclasses import dataclass
 
 from capwatch.backends.reported import ReportedBuffer
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.hooks import local_batch
 from capwatch.sglang_plugin.floors import mooncake as FLOOR  # its cap's start-up floor, per release
-from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.releases import VERIFIED, Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.mooncake import MOONCAKE as MOONCAKE_RULES
 
@@ -38,17 +37,10 @@ SIZE_HINT = Target(f"{LIBRARY}.Buffer.get_ep_buffer_size_hint",
                    ("num_max_dispatch_tokens_per_rank", "hidden", "num_ranks", "num_experts"))
 
 
-@dataclass(frozen=True)
-class Adapter:
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, GET_BUFFER, EP_BUFFER, SIZE_HINT, *local_batch.COMMON_TARGETS)
-
-
 # SGLang's mooncake.py is one file in every verified release (tests/sglang/test_deepep_api_plugins.py: 0.5.19, 0.5.23).
-ADAPTER = Adapter(releases=VERIFIED)
-ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+ADAPTER = Adapter(releases=VERIFIED, hooked=(INIT, DISPATCH_A, GET_BUFFER, EP_BUFFER, SIZE_HINT,
+                                             *local_batch.COMMON_TARGETS))
+ADAPTERS = ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:

@@ -27,14 +27,13 @@ from __future__ import annotations
 import logging
 import os
 import pkgutil
-from dataclasses import dataclass
 
 from capwatch.backends.mori import MoriOp, op_config
 from capwatch.dispatcher.counting import CapOverflowError, LayerCounting
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import mori as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
-from capwatch.sglang_plugin.releases import VERIFIED, Target, first_problem
+from capwatch.sglang_plugin.releases import VERIFIED, Adapter, Target, first_problem
 from capwatch.sizing.mori import MORI as MORI_RULES
 from capwatch.sizing.mori import mori_op_plan
 
@@ -54,18 +53,9 @@ GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .moe_ep_rank
 EPV2_VARIABLE = "SGLANG_MORI_EP_V2"
 
 
-@dataclass(frozen=True)
-class Adapter:
-    """How a family of SGLang releases builds and drives MoRI's EPv1 dispatcher impls."""
-
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, INIT_OP, GET_PARALLEL, *adoption.COMMON_TARGETS)
-
-
-EPV1_ADAPTER = Adapter(releases=VERIFIED)  # tests/sglang/test_mori_plugin.py: on 0.5.19 and 0.5.23
-ADAPTERS = {release: EPV1_ADAPTER for release in EPV1_ADAPTER.releases}
+# tests/sglang/test_mori_plugin.py: on 0.5.19 and 0.5.23
+EPV1_ADAPTER = Adapter(releases=VERIFIED, hooked=(INIT, DISPATCH_A, INIT_OP, GET_PARALLEL, *adoption.COMMON_TARGETS))
+ADAPTERS = EPV1_ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:

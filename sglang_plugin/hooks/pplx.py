@@ -18,13 +18,12 @@ picks it, ``nnodes > 1``) and its bytes as capwatch prices them (``sizing/pplx.p
 from __future__ import annotations
 
 import pkgutil
-from dataclasses import dataclass
 
 from capwatch.backends.pplx import PplxAllToAll
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import pplx as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import local_batch
-from capwatch.sglang_plugin.releases import Target, first_problem
+from capwatch.sglang_plugin.releases import Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.pplx import PPLX as PPLX_RULES
 from capwatch.sizing.pplx import PplxConfig, pplx_plan
@@ -45,16 +44,10 @@ GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .nnodes: SGL
 LIBRARY = "pplx_kernels"
 
 
-@dataclass(frozen=True)
-class Adapter:
-    releases: tuple[str, ...]
-
-    def targets(self) -> tuple[Target, ...]:
-        return (INIT, DISPATCH_A, GET_ALL_TO_ALL, MANAGER, GET_PARALLEL, *local_batch.COMMON_TARGETS)
-
-
-ADAPTER = Adapter(releases=("0.5.23",))  # verified on 0.5.23 (tests/sglang/test_pplx_plugin.py)
-ADAPTERS = {release: ADAPTER for release in ADAPTER.releases}
+# verified on 0.5.23 (tests/sglang/test_pplx_plugin.py)
+ADAPTER = Adapter(releases=("0.5.23",), hooked=(INIT, DISPATCH_A, GET_ALL_TO_ALL, MANAGER, GET_PARALLEL,
+                                                *local_batch.COMMON_TARGETS))
+ADAPTERS = ADAPTER.by_release()
 
 
 def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
