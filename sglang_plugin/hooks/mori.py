@@ -34,6 +34,7 @@ from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import mori as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import adoption, local_batch
 from capwatch.sglang_plugin.releases import VERIFIED, Adapter, Target, first_problem
+from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.mori import MORI as MORI_RULES
 from capwatch.sizing.mori import mori_op_plan
 
@@ -51,6 +52,7 @@ INIT_OP = Target(f"{MODULE}.init_mori_op", ("group", "router_topk", "num_experts
                                               "hidden_size", "params_dtype", "num_max_dispatch_tokens_per_rank"))
 GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .moe_ep_rank, .moe_ep_size
 EPV2_VARIABLE = "SGLANG_MORI_EP_V2"
+LIBRARY = "mori"  # SGLang imports it to build the dispatcher's op (init_mori_op)
 
 
 # tests/sglang/test_mori_plugin.py: on 0.5.19 and 0.5.23
@@ -58,9 +60,14 @@ EPV1_ADAPTER = Adapter(releases=VERIFIED, hooked=(INIT, DISPATCH_A, INIT_OP, GET
 ADAPTERS = EPV1_ADAPTER.by_release()
 
 
-def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | None:
-    """Why MoRI's dispatch cannot be instrumented with ``adapter``, or None: EPv2 (sized otherwise), then every
-    target and signature."""
+def problem(adapter: Adapter, backend_version: str | None, newer: bool) -> str | BackendUnavailable | None:
+    """Why MoRI's dispatch cannot be instrumented with ``adapter``, or None: MoRI imports (SGLang cannot build the
+    dispatcher's op without it: the backend is unavailable), EPv2 (sized otherwise), then every target and
+    signature."""
+    try:
+        pkgutil.resolve_name(LIBRARY)
+    except Exception as error:
+        return library_missing("MoriEPDispatcher", LIBRARY, error, "MoRI (github.com/ROCm/mori, on a ROCm server)")
     if os.environ.get(EPV2_VARIABLE, "").strip().lower() in ("1", "true", "yes", "on"):
         return (f"{EPV2_VARIABLE} is on: capwatch sizes and counts MoRI's EPv1 op only (EPv2's arena is sized "
                 "otherwise)")

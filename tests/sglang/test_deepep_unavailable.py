@@ -1,7 +1,7 @@
 """SGLang 0.5.23 where deep_ep does not import (DeepEP not installed, as in this venv): SGLang itself cannot build its
 DeepEPDispatcher, and the plugin says so as ``backend_unavailable`` (its info metric and its one start line: what is
 missing, what to do), not as ``disabled``. Two gloo ranks of the released 0.5.23 code, no DeepEP stand-in; the
-backends whose library SGLang imports by name (pplx, Mooncake EP) say the same through the same helper."""
+backends whose library SGLang imports by name (pplx, Mooncake EP, MoRI) say the same through the same helper."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_deepep_that_does_not_import_is_backend_unavailable(tmp_path):
         assert run.release() == [0, 0], run.logs()
 
 
-@pytest.mark.parametrize("backend", ["pplx", "mooncake"])
+@pytest.mark.parametrize("backend", ["pplx", "mooncake", "mori"])
 def test_a_library_that_does_not_import_is_backend_unavailable(backend, monkeypatch):
     hook = BACKENDS[backend]
     monkeypatch.setattr(hook, "LIBRARY", "capwatch_no_such_library")
