@@ -1,4 +1,4 @@
-"""pplx in SGLang (``--moe-a2a-backend pplx``): what the plugin hooks, on 0.5.23.
+"""pplx in SGLang (``--moe-a2a-backend pplx``): what the plugin hooks, on 0.5.19 – 0.5.23 (one adapter).
 
 SGLang builds one ``_PplxDispatcherImpl`` per ``PplxDispatcher`` (low-latency mode only; one per micro-batch with
 two-batch overlap) and drives it like DeepEP's low-latency one: ``dispatch_a(hidden_states, topk_output)`` asserts
@@ -23,7 +23,7 @@ from capwatch.backends.pplx import PplxAllToAll
 from capwatch.sglang_engine.caps import bind
 from capwatch.sglang_plugin.floors import pplx as FLOOR  # its cap's start-up floor, per release
 from capwatch.sglang_plugin.hooks import local_batch
-from capwatch.sglang_plugin.releases import Adapter, Target, first_problem
+from capwatch.sglang_plugin.releases import VERIFIED, Adapter, Target, first_problem
 from capwatch.sglang_plugin.status import BackendUnavailable, library_missing
 from capwatch.sizing.pplx import PPLX as PPLX_RULES
 from capwatch.sizing.pplx import PplxConfig, pplx_plan
@@ -44,8 +44,9 @@ GET_PARALLEL = Target("sglang.srt.runtime_context.get_parallel")  # .nnodes: SGL
 LIBRARY = "pplx_kernels"
 
 
-# verified on 0.5.23 (tests/sglang/test_pplx_plugin.py)
-ADAPTER = Adapter(releases=("0.5.23",), hooked=(INIT, DISPATCH_A, GET_ALL_TO_ALL, MANAGER, GET_PARALLEL,
+# SGLang's pplx.py keeps every target in every verified release (tests/sglang/test_pplx_plugin.py: 0.5.19, 0.5.22,
+# 0.5.23)
+ADAPTER = Adapter(releases=VERIFIED, hooked=(INIT, DISPATCH_A, GET_ALL_TO_ALL, MANAGER, GET_PARALLEL,
                                                 *local_batch.COMMON_TARGETS))
 ADAPTERS = ADAPTER.by_release()
 

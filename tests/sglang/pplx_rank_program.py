@@ -1,4 +1,4 @@
-"""One SGLang 0.5.23 scheduler rank with ``--moe-a2a-backend pplx``, as far as the MoE A2A goes: run by the sglang
+"""One SGLang scheduler rank (any verified release) with ``--moe-a2a-backend pplx``, as far as the MoE A2A goes: run by the sglang
 venv's python.
 
 Does what ``run_scheduler_process`` does before the model is built — ``load_plugins()`` first, ``publish``,

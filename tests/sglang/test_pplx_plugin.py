@@ -1,10 +1,11 @@
-"""The plugin on SGLang 0.5.23's own pplx dispatcher classes in gloo ranks (``pplx_kernels`` the one stand-in,
-``pplx_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``. While the ranks are
-alive their /metrics say what they dispatched (each rank's own batch against the cap, the pairs sent, the
-AllToAll's bytes as capwatch prices pplx-kernels' allocations for the arguments SGLang built it with, once per
-process), their reports carry SGLang's own floor (``required_pplx_dispatch_tokens_per_rank``) and the service
-advises pplx's own variable; then one rank's batch above the cap is counted, logged with the line to set and its
-final report reaches the service before SGLang's assertion (naming the variable) ends that rank."""
+"""The plugin on SGLang's own pplx dispatcher classes in gloo ranks, on 0.5.19 (capwatch's decode-graph term), 0.5.22
+(SGLang's) and 0.5.23 (``pplx_kernels`` the one stand-in, ``pplx_standin.py``): loaded by ``load_plugins()``, started
+by ``configure_scheduler_process``. While the ranks are alive their /metrics say what they dispatched (each rank's
+own batch against the cap, the pairs sent, the AllToAll's bytes as capwatch prices pplx-kernels' allocations for the
+arguments SGLang built it with, once per process), their reports carry SGLang's own floor
+(``required_pplx_dispatch_tokens_per_rank``) and the service advises pplx's own variable; then one rank's batch
+above the cap is counted, logged with the line to set and its final report reaches the service before SGLang's
+assertion (naming the variable) ends that rank."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def all_to_all_bytes(cap: int) -> int:
 
 
 @pytest.mark.timeout(900)
-def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service):
-    cluster = "pplx-0-5-23"
+@pytest.mark.parametrize("release", ["0.5.19", "0.5.22", "0.5.23"], ids=lambda release: f"sglang-{release}")
+def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service, release):
+    cluster = f"pplx-{release.replace('.', '-')}"
     base_port = free_port()
     env = plugin_env(cluster, base_port, service.url, {PPLX.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
@@ -50,7 +52,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_asse
             # running requests per DP rank, 40 // 2) would say 20
             "server_args": {"chunked_prefill_size": 16, "cuda_graph_max_bs_decode": CAP, "max_running_requests": 40},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.pplx_rank_program").start(plan)
     scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
@@ -58,7 +60,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_asse
     buffer_bytes = all_to_all_bytes(CAP)
     for rank in range(WORLD):
         log = run.log(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (pplx backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (pplx backend, GPU {rank})" in log, log[-3000:]
         built = run.record(rank)["all_to_alls"]  # one AllToAll per process, with SGLang's arguments
         assert [(each["kind"], each["max_num_tokens"], each["dp_size"], each["hidden_dim_bytes"],
                  each["hidden_dim_scale_bytes"]) for each in built] == [("intranode", CAP, 1, 2048 * 2, 0)]
