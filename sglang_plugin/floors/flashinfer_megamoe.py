@@ -17,7 +17,7 @@ import os
 from capwatch.sglang_plugin.floors.computed import computed_floor
 from capwatch.sizing.flashinfer_megamoe import FLASHINFER_MEGAMOE
 
-_FLOOR = computed_floor(FLASHINFER_MEGAMOE)
+_FLOOR = computed_floor(FLASHINFER_MEGAMOE, ("0.5.22", "0.5.23"))
 NAME, FLOOR_RULES, cap_params, targets = _FLOOR.NAME, _FLOOR.FLOOR_RULES, _FLOOR.cap_params, _FLOOR.targets
 
 

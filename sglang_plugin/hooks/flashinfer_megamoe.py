@@ -1,4 +1,5 @@
-"""FlashInfer's MegaMoE layer in SGLang (``--moe-a2a-backend flashinfer_megamoe``): what the plugin hooks, on 0.5.23.
+"""FlashInfer's MegaMoE layer in SGLang (``--moe-a2a-backend flashinfer_megamoe``): what the plugin hooks, on 0.5.22
+and 0.5.23 (one adapter).
 
 SGLang's dispatcher is the standard one here: the A2A lives in the fused kernel, one
 ``flashinfer.moe_ep.MoEEpMegaLayer`` per MoE layer, built lazily by
@@ -53,9 +54,11 @@ FALLBACK_CAP = 1024  # _resolve_max_tokens_per_rank's when nothing can be derive
 MAX_WALK_DEPTH = 4  # how deep the workspace's objects are searched for tensors
 
 
-# verified on 0.5.23 (tests/sglang/test_flashinfer_megamoe_plugin.py)
-ADAPTER = Adapter(releases=("0.5.23",), hooked=(ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE,
-                                                adoption.GET_FLAGS, *CAPTURE_TARGETS))
+# verified on 0.5.22 and 0.5.23 (tests/sglang/test_flashinfer_megamoe_plugin.py); 0.5.20 - 0.5.21's FlashInfer pin has
+# no MoEEpMegaLayer.create_workspace, 0.5.19 no MegaMoE
+ADAPTER = Adapter(releases=("0.5.22", "0.5.23"),
+                  hooked=(ENSURE_LAYER, RESOLVE_CAP, DERIVED_CAP, MEGA_LAYER, CREATE_WORKSPACE, adoption.GET_FLAGS,
+                          *CAPTURE_TARGETS))
 ADAPTERS = ADAPTER.by_release()
 
 

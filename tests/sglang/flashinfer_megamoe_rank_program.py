@@ -1,5 +1,5 @@
-"""One SGLang 0.5.23 scheduler rank with ``--moe-a2a-backend flashinfer_megamoe``, as far as the MoE layers go: run by
-the sglang venv's python.
+"""One SGLang scheduler rank (0.5.22 or 0.5.23) with ``--moe-a2a-backend flashinfer_megamoe``, as far as the MoE layers
+go: run by the sglang venv's python.
 
 Does what ``run_scheduler_process`` does before the model is built — ``load_plugins()`` first, ``publish``,
 ``configure_scheduler_process`` (where the capwatch plugin starts) — then builds each MoE layer's MegaMoE layer with

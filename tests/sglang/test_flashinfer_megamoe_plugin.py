@@ -1,5 +1,5 @@
-"""The plugin on SGLang 0.5.23's own FlashInfer MegaMoE code (``layers/moe/flashinfer_megamoe.py``: the layer build,
-the cap's resolution, ``run_flashinfer_megamoe``) in gloo ranks, FlashInfer's ``moe_ep`` the stand-in
+"""The plugin on SGLang's own FlashInfer MegaMoE code, 0.5.22 and 0.5.23 (``layers/moe/flashinfer_megamoe.py``: the
+layer build, the cap's resolution, ``run_flashinfer_megamoe``) in gloo ranks, FlashInfer's ``moe_ep`` the stand-in
 (``flashinfer_megamoe_standin.py``): loaded by ``load_plugins()``, started by ``configure_scheduler_process``.
 
 The variable is 0, SGLang's default: the layers are built with the cap SGLang derives
@@ -44,22 +44,23 @@ def check_outputs(run: RankRun) -> int:
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("release", ["0.5.22", "0.5.23"], ids=lambda release: f"sglang-{release}")
 def test_the_derived_cap_counted_reported_advised_then_the_overflow_reported_before_flashinfers_error(
-        tmp_path, service):
-    cluster = "flashinfer-megamoe-0-5-23"
+        tmp_path, service, release):
+    cluster = f"flashinfer-megamoe-{release.replace('.', '-')}"
     base_port = free_port()
     env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: "0"})
     plan = {"megamoe_model": MODEL, "layers": LAYERS,
             "server_args": {"max_prefill_tokens": CAP, "chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
-    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
+    run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.flashinfer_megamoe_rank_program").start(plan)
     scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
 
     assert check_outputs(run) == len(LAYERS) * len(STEPS)
     for rank in range(WORLD):
         log, record = run.log(rank), run.record(rank)
-        assert f"capwatch: enabled on sglang 0.5.23 (flashinfer_megamoe backend, GPU {rank})" in log, log[-3000:]
+        assert f"capwatch: enabled on sglang {release} (flashinfer_megamoe backend, GPU {rank})" in log, log[-3000:]
         assert f"max_tokens_per_rank={CAP}: derived by SGLang ({MEGAMOE.cap_env_var} is 0)" in log, log[-3000:]
         assert record["caps"] == [CAP] * len(LAYERS)  # SGLang built every layer with the derived cap
         assert len(record["workspaces"]) == 1  # FlashInfer pools one workspace for the layers
