@@ -16,7 +16,8 @@ hooked (``HookRegistry`` AROUND; the models import them at call time, so every c
   SGLang's assertion naming the variable ends the rank. The pairs each rank sends are counted from ``topk_ids`` on
   the traffic sample.
 
-Each MoE layer (its ``experts`` object) is adopted at its first call. The symmetric buffer
+Each MoE layer (its ``experts`` object) is adopted at its first call, into the draft role when that call runs in
+SGLang's speculative context (a draft model's forward), else the target's. The symmetric buffer
 (``_get_mega_moe_symm_buffer``, cached per shape and SM count) reports ``buffer.nbytes``: the bytes capwatch prices
 (``backends/reported.py``), counted once per buffer.
 """
@@ -63,7 +64,7 @@ FALLBACK_STEPS = spec_of(NAME).series.counters[0].field
 
 # verified on 0.5.23 (tests/sglang/test_megamoe_plugin.py)
 ADAPTER = Adapter(releases=("0.5.23",), hooked=(SHOULD_USE, RUN, SYMM_BUFFER, MOE_BUFFER, *ASKED, PARALLEL,
-                                                *CAPTURE_TARGETS))
+                                                adoption.GET_FLAGS, *CAPTURE_TARGETS))
 ADAPTERS = ADAPTER.by_release()
 
 
@@ -84,6 +85,7 @@ class MegaMoEHooks:
         self.session = session
         self.module = pkgutil.resolve_name(MODULE)
         self.get_parallel = pkgutil.resolve_name(PARALLEL.name)
+        self.get_flags = pkgutil.resolve_name(adoption.GET_FLAGS.name)
         self.pending_runtime_tokens: dict[int, int] = {}  # id(experts) -> the R its decision saw
         self.sent: dict[int, local_batch.SentPairs] = {}  # id(experts) -> its scratch for the pairs sent
         self.fallback_logged = False
@@ -178,7 +180,9 @@ class MegaMoEHooks:
         cap = getattr(self.module.envs, MEGAMOE.cap_env_var).get()
         counted = local_batch.Counted(cap=cap, ep_rank=group.rank(), ep_size=group.size(), hidden_size=hidden_size,
                                       top_k=top_k, num_experts=experts.num_experts)
-        role = "target"  # the layers are adopted at their first call, when no draft model is being built
+        # Adopted at its first call: a draft model's layer runs in SGLang's speculative context (the flag the
+        # dispatcher hooks read at construction), where SGLang sets it around the draft's forward.
+        role = "draft" if self.get_flags().moe.speculative_context else "target"
         layer = local_batch.count_layer(self.session, experts, counted, MEGAMOE, role,
                                         getattr(experts, "layer_id", None), lead_per_micro_batch=False)
         self.sent[id(experts)] = local_batch.SentPairs.made(layer, cap, top_k)

@@ -90,8 +90,18 @@ def step(mega_moe, moe, hidden_states, topk_ids, topk_weights):
     return output, "fallback"
 
 
+def as_draft(moe_utils):
+    """A draft model's forward as SGLang's EAGLE worker runs it: in ``speculative_moe_a2a_backend_context()``, its
+    speculative A2A backend Mega MoE (what ``--speculative-moe-a2a-backend megamoe`` resolves to)."""
+    from sglang.srt.runtime_context import get_flags
+
+    get_flags().moe.speculative_a2a_backend = get_flags().moe.a2a_backend
+    return moe_utils.speculative_moe_a2a_backend_context()
+
+
 def main(run_dir: Path, rank: int) -> None:
     from sglang.srt.layers.dp_attention import set_dp_buffer_len
+    from sglang.srt.layers.moe import utils as moe_utils
     from sglang.srt.model_executor.runner import model_capture_mode
 
     from tests.sglang.megamoe_standin import SymmBuffer
@@ -100,6 +110,7 @@ def main(run_dir: Path, rank: int) -> None:
     model = plan["megamoe_model"]
     mega_moe = start_rank(plan, rank)
     layers = [layer(model, layer_id) for layer_id in sorted(plan["layers"])]
+    drafts = {id(moe) for moe, layer_id in zip(layers, sorted(plan["layers"])) if layer_id in plan.get("draft", ())}
     record = {"steps": [], "buffers": []}
 
     def buffers() -> None:
@@ -112,10 +123,11 @@ def main(run_dir: Path, rank: int) -> None:
         with model_capture_mode() if planned.get("capture") else contextlib.nullcontext():
             yield
 
-    run_planned_steps(run_dir, rank, plan, model, layers, 1000,
-                      lambda moe, x, ids, weights, planned: dict(zip(("output", "path"),
-                                                                     step(mega_moe, moe, x, ids, weights))),
-                      record, buffers, around_step)
+    def dispatch_one(moe, x, ids, weights, planned):
+        with as_draft(moe_utils) if id(moe) in drafts else contextlib.nullcontext():
+            return dict(zip(("output", "path"), step(mega_moe, moe, x, ids, weights)))
+
+    run_planned_steps(run_dir, rank, plan, model, layers, 1000, dispatch_one, record, buffers, around_step)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ DP group's largest batch, and each rank's own; the pairs sent; the symmetric buf
 back to the non-mega path because R exceeded the cap — SGLang's ``should_use_mega_moe`` says nothing when it does;
 the service advises raising Mega MoE's own variable to stop the fallback, priced in the buffer's bytes, as memory
 traded for speed, and finds the fallback. Then a captured batch above the cap (the mega path whatever its size) is
-counted and its final report reaches the service before SGLang's assertion naming the variable ends that rank."""
+counted and its final report reaches the service before SGLang's assertion naming the variable ends that rank. A
+draft model's layer is counted in the draft role."""
 
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ OVERFLOW = {"tokens": [CAP + 1, 3], "capture": True}  # captured: the mega path,
 SGLANG_ASSERTION = f"mega MoE: num_tokens={CAP + 1} exceeds cap {MEGAMOE.cap_env_var}={CAP}"
 
 
+def megamoe_plan(tmp_path, layers: list[int], steps: list[dict], **more) -> dict:
+    """A rank plan over a tiny DeepSeek-V3 written to ``tmp_path`` (the model SGLang's start-up reads)."""
+    model_dir = tmp_path / "deepseek"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
+    return {"master_port": free_port(), "megamoe_model": MODEL, "layers": layers, "model_dir": str(model_dir),
+            "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16}, "steps": steps,
+            **more}
+
+
 def check_steps(run: RankRun) -> None:
     """Every layer's output is 2 x each token times its routing weights' sum on either path (SGLang's Mega MoE ran as
     without capwatch), on the path SGLang chose."""
@@ -61,12 +72,7 @@ def test_counted_fallbacks_advised_then_the_overflow_reported_before_sglangs_ass
     cluster = "megamoe-0-5-23"
     base_port = free_port()
     env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: str(CAP)})
-    model_dir = tmp_path / "deepseek"
-    model_dir.mkdir()
-    (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    plan = {"master_port": free_port(), "megamoe_model": MODEL, "layers": LAYERS, "model_dir": str(model_dir),
-            "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16},
-            "steps": [*STEPS, {"pause": True}, OVERFLOW]}
+    plan = megamoe_plan(tmp_path, LAYERS, [*STEPS, {"pause": True}, OVERFLOW])
     run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
                   program="tests.sglang.megamoe_rank_program").start(plan)
     scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view)
@@ -126,6 +132,33 @@ def test_counted_fallbacks_advised_then_the_overflow_reported_before_sglangs_ass
     assert final["overflow_events"] == {"runtime_over_cap/raised": 1}, final
     assert final["forward_steps_total"] == len(STEPS) + 1  # the refused batch is in the histogram too
 
+
+
+@pytest.mark.timeout(900)
+def test_a_draft_models_layer_is_counted_in_the_draft_role(tmp_path, service):
+    """A draft model's Mega MoE layer (an MTP layer), run as SGLang's EAGLE worker runs the draft (in its speculative
+    A2A context, Mega MoE its speculative backend), is adopted into the draft role at its first call: its own
+    series, its own steps and calls, nothing added to the target's."""
+    cluster = "megamoe-draft-0-5-23"
+    base_port = free_port()
+    env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: str(CAP)})
+    steps = [{"tokens": [3, 5]}, {"tokens": [CAP, 1]}]
+    draft_layer = 5  # after the target's layers, in the draft's own forward
+    run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port, program="tests.sglang.megamoe_rank_program"
+                  ).start(megamoe_plan(tmp_path, [*LAYERS, draft_layer], steps, draft=[draft_layer]))
+    try:
+        run.wait_ready()
+        scraped = {rank: run.metrics(rank) for rank in range(WORLD)}
+        assert run.release() == [0] * WORLD
+    finally:
+        run.kill()
+    for rank in range(WORLD):
+        assert [step["path"] for step in run.record(rank)["steps"]] == ["mega"] * (len(LAYERS) + 1) * len(steps)
+        for role, layers in (("target", len(LAYERS)), ("draft", 1)):
+            series = {"dispatcher": role, "ep_rank": rank, "ep_group": cluster}
+            assert value(scraped[rank], "moe_a2a_dispatch_calls_total", **series) == layers * len(steps), role
+            assert value(scraped[rank], "moe_a2a_forward_steps_total", **series) == len(steps), role
+            assert value(scraped[rank], "moe_a2a_runtime_tokens_max", **series) == CAP, role
 
 def _view(service, cluster: str) -> dict:
     """The group's view once both ranks have reported their fallback (a 404 until the first report arrives)."""
