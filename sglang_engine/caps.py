@@ -27,6 +27,10 @@ class SGLangCap:
     rules: Mapping[str, object] = field(default_factory=dict)  # SGLang's facts in the backend's rules (why_max, ...)
     mode_setting: str | None = None  # the server arg that picks the backend's kernel mode (None: none)
     side: ModuleType | None = None  # SGLang's own code for the backend (sglang_engine/<backend>.py)
+    # SGLang's start-up check of the cap, where it is the chunked prefill or the decode CUDA-graph batch, the larger,
+    # on a server with chunked prefill that is not a decode server (arg_groups/moe_hook.py
+    # required_pplx_dispatch_tokens_per_rank, the same in every verified release); False: another rule or none.
+    start_check_prefill_or_decode_batch: bool = False
 
 
 # _DeepEPv2Impl._validate_common: a rank's own batch above the cap.
@@ -48,7 +52,8 @@ CAPS: dict[str, SGLangCap] = {
     # --deepep-mode picks MoRI's kernel too (low_latency: AsyncLL; auto becomes normal).
     "mori": SGLangCap("SGLANG_MORI_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=4096,
                       mode_setting=deepep.MODE_SETTING),
-    "pplx": SGLangCap("SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128),  # environ.py, pplx.py:224
+    "pplx": SGLangCap("SGLANG_PPLX_NUM_MAX_DISPATCH_TOKENS_PER_RANK", default_cap=128,  # environ.py, pplx.py:224
+                      start_check_prefill_or_decode_batch=True),
     # 0 (its default) = derived per rank: flashinfer_megamoe._resolve_max_tokens_per_rank (no fixed number)
     "flashinfer_megamoe": SGLangCap("SGLANG_FLASHINFER_MEGAMOE_MAX_TOKENS_PER_RANK"),
     "megamoe": SGLangCap("SGLANG_OPT_DEEPGEMM_MEGA_MOE_NUM_MAX_TOKENS_PER_RANK", default_cap=8192),  # read per call

@@ -20,7 +20,7 @@ from typing import Any
 
 from capwatch.backends import SPECS
 from capwatch.sizing.caps import MAX_CAP_TOKENS
-from capwatch.sglang_engine.caps import DEFAULT_MIN_CAP
+from capwatch.sglang_engine.caps import CAPS, DEFAULT_MIN_CAP
 from capwatch.sglang_engine.floor_terms import decode_graph_term, floor_limits, prefill_graph_term
 from capwatch.sglang_engine.limits import MAX_TOKENS_PER_REQUEST, SGLangLimits
 
@@ -249,6 +249,18 @@ def max_prefill_buffer_tokens(args: dict) -> int:
     return tokens
 
 
+def with_start_check(limits: SGLangLimits, backend: str, chunked_prefill: int, mode: str,
+                     decode_graph_batch: int | None) -> SGLangLimits:
+    """``limits`` with SGLang's own start-up check of the backend's cap where its rule is the prefill chunk or the
+    decode CUDA-graph batch, the larger (``CAPS``: pplx's, in every verified release), on a server with chunked
+    prefill that is not a decode server: as the plugin reads it with SGLang's own function."""
+    cap = CAPS.get(backend)
+    if cap is None or not cap.start_check_prefill_or_decode_batch or chunked_prefill <= 0 or mode == "decode":
+        return limits
+    return limits.model_copy(update={"max_prefill_buffer_tokens": max(chunked_prefill, decode_graph_batch or 0),
+                                     "floor_rule": "sglang"})
+
+
 def checks_cap_at_startup(args: dict, resolved_dict: bool) -> bool:
     """Whether the server ran 0.5.22's rules or later (see the module's docstring); a repr is older."""
     return resolved_dict and any(key in args for key in FROM_0_5_22_KEYS)
@@ -292,6 +304,8 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
         floor_rule="sglang" if checked else "capwatch" if resolved_dict else "capwatch_prefill")
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _backend_name(args)
+    if resolved_dict:
+        limits = with_start_check(limits, backend, _int(args, "chunked_prefill_size", 0) or 0, mode, decode_bs)
     rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(
         max(0, _int(args, "chunked_prefill_size", 0) or 0), "chunked prefill")
     return ServerConfig(

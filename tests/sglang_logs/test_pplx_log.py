@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from capwatch.backends import spec_of
 from capwatch.backends.pplx import PplxAllToAll, config_of
 from capwatch.sglang_logs.line_shapes import NOT_OVERFLOW, Overflow, parse_overflow
@@ -13,6 +14,7 @@ from capwatch.sizing.model_presets import model_geometry
 from capwatch.sizing.pplx import pplx_plan
 
 from tests.sglang_logs.logs import T0, decode_lines, rank, traffic, write
+from tests.support.sglang_logs import args_message, server_args, server_args_0_5_21
 from tests.sglang_logs.test_cli import LOG, run_cli
 
 PPLX = spec_of("pplx").rules
@@ -64,3 +66,20 @@ def test_an_internode_pplx_servers_log_says_why_it_cannot_be_priced(tmp_path):
     result = run_cli("--sglang-log", write(tmp_path / "pplx-internode.log", lines))
     assert result.returncode != 0
     assert "depend on the dispatch dtype" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("release_args", ["0.5.23", "0.5.21"])
+def test_the_floor_is_sglangs_own_start_check_the_chunk_or_the_decode_graph_batch(tmp_path, release_args):
+    """SGLang refuses to start a pplx server with chunked prefill (not a decode server) whose cap is below the chunk
+    or the decode CUDA-graph batch, the larger (``required_pplx_dispatch_tokens_per_rank``, every verified release):
+    the floor the advice keeps, as the plugin reads it (tests/sglang/test_pplx_plugin.py: 64, where the decode graph
+    term alone, capped by the running requests per DP rank, says 40 // 8 = 5)."""
+    start = {"moe_a2a_backend": "pplx", "moe_runner_backend": "deep_gemm", "chunked_prefill_size": 16,
+             "decode_max_bs": 64, "max_running_requests": 40}
+    args = server_args(**start) if release_args == "0.5.23" else server_args_0_5_21(**start)
+    lines = LOG.record(T0 - 30, [args_message(args)]) + decode_lines(LOG, traffic(60, lambda m, s, d: 2 + d % 3))
+    result = run_cli("--sglang-log", write(tmp_path / "pplx.log", lines), "--json")
+    assert result.returncode == 0, result.stderr
+    advice = json.loads(result.stdout)
+    assert advice["floor_cap"] == 64, advice
+    assert advice["recommended_cap"] is None or advice["recommended_cap"] >= 64, advice
