@@ -2,6 +2,9 @@
 
 A port found free may be taken before it is bound (other programs run at the same time): servers
 that can bind port 0 themselves should, and launchers of programs that cannot retry on a lost race.
+Within one process no port is handed out twice (the last ``REMEMBERED_PORTS``): a port handed out is
+free until its program binds it, so a second caller found it free too — in CI a rank's metrics port
+and its group's rendezvous port came out the same, and the rank that bound second failed.
 
 The ports handed out lie outside the kernel's ephemeral range (``ip_local_port_range``), the one it
 takes the local port of every outgoing connection from. A port from ``bind(("", 0))`` lies inside it,
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+from collections import deque
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
@@ -20,6 +25,9 @@ LOOPBACK = "127.0.0.1"
 LOWEST_PORT = 10_000
 LINUX_EPHEMERAL = (32_768, 60_999)  # the default, where /proc cannot be read
 _PICK = random.Random()  # its own generator: a test that seeds ``random`` must not make every process pick alike
+REMEMBERED_PORTS = 4096
+_HANDED_OUT: deque[int] = deque(maxlen=REMEMBERED_PORTS)  # every port of the blocks handed out lately, oldest first
+_HANDING_OUT = threading.Lock()
 
 
 def ephemeral_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> tuple[int, int]:
@@ -45,10 +53,13 @@ def free_port(host: str = LOOPBACK) -> int:
 def free_port_block(count: int, host: str = LOOPBACK, tries: int = 200) -> int:
     """A base port with ``count`` free ports from it (rank r exports on base + r), outside the ephemeral range."""
     bases = candidate_bases(count)
-    for _ in range(tries if bases else 0):
-        base = _PICK.choice(bases)
-        if block_is_free(base, count, host):
-            return base
+    with _HANDING_OUT:
+        handed_out = set(_HANDED_OUT)
+        for _ in range(tries if bases else 0):
+            base = _PICK.choice(bases)
+            if handed_out.isdisjoint(range(base, base + count)) and block_is_free(base, count, host):
+                _HANDED_OUT.extend(range(base, base + count))
+                return base
     raise OSError(f"no block of {count} free ports on {host} outside the ephemeral range {ephemeral_range()} "
                   f"in {tries} tries; pass the ports explicitly")
 

@@ -4,6 +4,9 @@ exporter once found its port taken by a connection opened between the pick and t
 
 from __future__ import annotations
 
+from collections import deque
+
+import pytest
 from capwatch.demo import ports
 
 
@@ -25,3 +28,20 @@ def test_the_range_is_read_from_the_kernel_and_defaults_to_linuxs(tmp_path):
     assert ports.ephemeral_range(tmp_path / "absent") == ports.LINUX_EPHEMERAL
     path.write_text("garbage")
     assert ports.ephemeral_range(path) == ports.LINUX_EPHEMERAL
+
+
+
+def test_no_port_is_handed_out_twice_in_a_process_while_its_program_has_not_bound_it(monkeypatch):
+    """A port handed out stays free until its program binds it, so a second caller would find it free too: in CI a
+    rank's metrics port (a two-rank block) and its group's rendezvous port came out the same. Among a few free
+    candidates the helper hands out each block once, every port of it remembered, then says it found none."""
+    monkeypatch.setattr(ports, "_HANDED_OUT", deque(maxlen=ports.REMEMBERED_PORTS))
+    chosen = [base for base in ports.candidate_bases(2) if base % 10 == 0 and ports.block_is_free(base, 2)][:3]
+    monkeypatch.setattr(ports, "candidate_bases", lambda count=1: list(chosen))
+    assert sorted(ports.free_port_block(2, tries=500) for _ in chosen) == chosen  # each block once
+    assert all(ports.block_is_free(base, 2) for base in chosen)  # still free: remembered, not bound
+    with pytest.raises(OSError, match="no block of 2 free ports"):
+        ports.free_port_block(2, tries=50)
+    monkeypatch.setattr(ports, "candidate_bases", lambda count=1: [base + 1 for base in chosen])
+    with pytest.raises(OSError, match="no block of 1 free ports"):  # the second port of each block too
+        ports.free_port_block(1, tries=50)

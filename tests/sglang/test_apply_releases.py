@@ -26,7 +26,7 @@ from tests.sglang.ranks import MODEL, MODEL_CONFIG, START_TIMEOUT_S, UNSET, Rank
 from tests.sglang.releases import RELEASES, release_path
 from tests.sglang.test_deepep_dispatcher import MODEL as DEEPEP_MODEL
 from tests.support import launcher
-from tests.support.ports import free_port
+from tests.support.ports import free_port_pair
 from tests.support.service import ServiceProcess
 
 NEWEST = RELEASES[-1]
@@ -77,8 +77,8 @@ def launch(folder: Path, release: str, env: dict[str, str], backend: str = "flas
 
 
 def base_env(**extra: str) -> dict[str, str]:
-    return {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "apply", "CAPWATCH_METRICS_BASE_PORT": str(free_port()),
-            **extra}
+    return {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "apply",
+            "CAPWATCH_METRICS_BASE_PORT": str(free_port_pair()), **extra}  # two ranks: base and base + 1
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from capwatch.backends.deepep import RULES as DEEPEP
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import WORLD
 from tests.sglang.test_deepep_plugin import MODEL, get_json, value, wait_for
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_port_block
 from tests.support.service import ServiceProcess
 
 RELEASES = ["0.5.19", "0.5.23"]
@@ -40,7 +40,7 @@ def _run(tmp_path, service, release: str, cluster: str, cap: int, applied: bool)
     --deepep-mode auto (decode through the low-latency buffer, prefill to normal mode: the floor is the decode graph
     term): a few decode steps under the cap, then paused: scraped, the service asked, released. Returns (run,
     scraped, view, advice)."""
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": cluster, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", DEEPEP.cap_env_var: str(cap)}
     if applied:  # what the launcher leaves in the environment its schedulers inherit

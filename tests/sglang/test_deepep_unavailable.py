@@ -11,13 +11,13 @@ from capwatch.sglang_plugin.status import BackendUnavailable
 from tests.sglang.ranks import RankRun
 from tests.sglang.releases import RELEASES
 from tests.sglang.test_deepep_dispatcher import MODEL, WORLD
-from tests.support.ports import free_port
+from tests.support.ports import free_port_block
 
 NEWEST = RELEASES[-1]
 
 
 def test_deepep_that_does_not_import_is_backend_unavailable(tmp_path):
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     run = RankRun(tmp_path, WORLD, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "unavailable",
                                     "CAPWATCH_METRICS_BASE_PORT": str(base_port)},
                   sglang_release=NEWEST, metrics_base_port=base_port, program="tests.sglang.deepep_rank_program")

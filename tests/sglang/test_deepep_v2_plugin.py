@@ -18,7 +18,7 @@ from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_port_block
 
 WORLD = 2
 CAP = 64
@@ -46,7 +46,7 @@ def check_steps(run: RankRun) -> int:
 @pytest.mark.parametrize("release", ["0.5.22", "0.5.23"], ids=lambda release: f"sglang-{release}")
 def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_value_error(tmp_path, release, service):
     cluster = f"deepep-v2-{release.replace('.', '-')}"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {DEEPEP_V2.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16},
@@ -94,7 +94,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
 def test_an_older_release_is_refused_in_one_line_and_sglang_runs_on(tmp_path):
     """0.5.21 checks DeepEP v2's cap at start by a rule capwatch's floor does not read: the plugin says so in one
     line, serves its info metric disabled and hooks nothing (no dispatcher is built: the start is what is checked)."""
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "deepep-v2-0-5-21",
            "CAPWATCH_METRICS_BASE_PORT": str(base_port), DEEPEP_V2.cap_env_var: str(CAP)}
     # 0.5.21's prefill budget is the whole chunk (0.5.22 on: scattered over the TP ranks): within its cap here.

@@ -21,7 +21,7 @@ from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
-from tests.support.ports import free_port
+from tests.support.ports import free_port_block
 
 WORLD = 2
 CAP = 64  # what SGLang derives: the prefill tokens (max_prefill_tokens), above the decode graph's 16
@@ -48,7 +48,7 @@ def check_outputs(run: RankRun) -> int:
 def test_the_derived_cap_counted_reported_advised_then_the_overflow_reported_before_flashinfers_error(
         tmp_path, service, release):
     cluster = f"flashinfer-megamoe-{release.replace('.', '-')}"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: "0"})
     plan = {"megamoe_model": MODEL, "layers": LAYERS,
             "server_args": {"max_prefill_tokens": CAP, "chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.sglang.ranks import RankRun
 from tests.sglang.releases import FLASHINFER_WITHOUT_MOE_ALLTOALL, FOLDER, RELEASES
-from tests.support.ports import free_port
+from tests.support.ports import free_port_block
 
 NEWEST = RELEASES[-1]
 FLASHINFER = FLASHINFER_WITHOUT_MOE_ALLTOALL.split("==")[1]
@@ -19,7 +19,7 @@ def test_flashinfer_without_moe_alltoall_is_backend_unavailable(tmp_path):
     # The folder holds the released wheel, not a stand-in: its own dist-info and no MoeAlltoAll in flashinfer.comm.
     assert (folder / f"flashinfer_python-{FLASHINFER}.dist-info").is_dir()
     assert "MoeAlltoAll" not in (folder / "flashinfer" / "comm" / "__init__.py").read_text()
-    base_port = free_port()
+    base_port = free_port_block(2)  # rank r exports on base + r
     run = RankRun(tmp_path, 2, {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "unavailable",
                                 "CAPWATCH_METRICS_BASE_PORT": str(base_port)},
                   sglang_release=NEWEST, extra_path=(folder,), metrics_base_port=base_port)

@@ -23,7 +23,7 @@ from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_port_block
 
 WORLD = 2
 CAP = 64
@@ -70,7 +70,7 @@ def check_steps(run: RankRun) -> None:
 @pytest.mark.timeout(900)
 def test_counted_fallbacks_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service):
     cluster = "megamoe-0-5-23"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: str(CAP)})
     plan = megamoe_plan(tmp_path, LAYERS, [*STEPS, {"pause": True}, OVERFLOW])
     run = RankRun(tmp_path, WORLD, env, metrics_base_port=base_port,
@@ -140,7 +140,7 @@ def test_a_draft_models_layer_is_counted_in_the_draft_role(tmp_path, service):
     A2A context, Mega MoE its speculative backend), is adopted into the draft role at its first call: its own
     series, its own steps and calls, nothing added to the target's."""
     cluster = "megamoe-draft-0-5-23"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {MEGAMOE.cap_env_var: str(CAP)})
     steps = [{"tokens": [3, 5]}, {"tokens": [CAP, 1]}]
     draft_layer = 5  # after the target's layers, in the draft's own forward

@@ -15,7 +15,7 @@ from capwatch.sizing.mori import mori_op_plan
 from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_port_block
 from tests.support.service import ServiceProcess
 
 WORLD, CAP, CHUNK = 2, 128, 64  # SGLang's own start-up check: the prefill chunk <= the cap
@@ -58,7 +58,7 @@ def service(tmp_path_factory):
 @pytest.mark.parametrize("release", ["0.5.19", "0.5.23"], ids=lambda release: f"sglang-{release}")
 def test_counted_reported_advised_then_the_overflow_refused_before_mori_sees_it(tmp_path, release, service):
     cluster = f"mori-{release.replace('.', '-')}"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url)
     run = run_ranks(tmp_path, env, {"plugins": True, "steps": [*STEPS, {"pause": True}, OVERFLOW]}, release)
     scraped, view, advice, code = scrape_at_pause_then_overflow(run, service, cluster, _view_with_both_ranks)

@@ -17,7 +17,7 @@ from capwatch.sglang_plugin.hooks.flashinfer import ADAPTERS
 
 from tests.sglang.ranks import MODEL, START_TIMEOUT_S, RankRun
 from tests.sglang.releases import RELEASES
-from tests.support.ports import free_port
+from tests.support.ports import free_port_block
 from tests.support.service import ServiceProcess
 
 CLUSTER = "sglang-e2e"
@@ -142,7 +142,7 @@ def service(tmp_path_factory):
 
 def configured(tmp_path, world: int, env: dict | None = None, optimize: bool = False, release: str = NEWEST,
                extra_path=(), fork: bool = True) -> RankRun:
-    base_port = free_port()
+    base_port = free_port_block(world)  # rank r exports on base + r
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": CLUSTER, "CAPWATCH_METRICS_BASE_PORT": str(base_port),
            "CAPWATCH_REPORT_INTERVAL_S": "0.5", **(env or {})}
     return RankRun(tmp_path, world, env, optimize=optimize, metrics_base_port=base_port, sglang_release=release,

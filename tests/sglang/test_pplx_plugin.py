@@ -18,7 +18,7 @@ from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
-from tests.support.ports import free_port
+from tests.support.ports import free_port, free_port_block
 
 PPLX = spec_of("pplx").rules
 WORLD = 2
@@ -45,7 +45,7 @@ def all_to_all_bytes(cap: int) -> int:
 @pytest.mark.parametrize("release", ["0.5.19", "0.5.22", "0.5.23"], ids=lambda release: f"sglang-{release}")
 def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_assertion(tmp_path, service, release):
     cluster = f"pplx-{release.replace('.', '-')}"
-    base_port = free_port()
+    base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {PPLX.cap_env_var: str(CAP)})
     plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
             # SGLang's floor: max(chunked prefill 16, decode graph 64) = 64; its graph term alone (capped by the
