@@ -249,15 +249,20 @@ def max_prefill_buffer_tokens(args: dict) -> int:
     return tokens
 
 
-def with_start_check(limits: SGLangLimits, backend: str, chunked_prefill: int, mode: str,
-                     decode_graph_batch: int | None) -> SGLangLimits:
+def with_start_check(limits: SGLangLimits, backend: str, args: dict, mode: str) -> SGLangLimits:
     """``limits`` with SGLang's own start-up check of the backend's cap where its rule is the prefill chunk or the
-    decode CUDA-graph batch, the larger (``CAPS``: pplx's, in every verified release), on a server with chunked
-    prefill that is not a decode server: as the plugin reads it with SGLang's own function."""
+    decode CUDA-graph batch as set (``cuda_graph_max_bs_decode``, not the bucket it resolves to), the larger
+    (``CAPS``: pplx's, in every verified release): checked on a server with chunked prefill that is not a decode
+    server, and nowhere else (capwatch's floor there). As the plugin reads it with SGLang's own function
+    (``tests/sglang/test_logs.py`` compares them on each release's own start-up line)."""
     cap = CAPS.get(backend)
-    if cap is None or not cap.start_check_prefill_or_decode_batch or chunked_prefill <= 0 or mode == "decode":
+    if cap is None or not cap.start_check_prefill_or_decode_batch:
         return limits
-    return limits.model_copy(update={"max_prefill_buffer_tokens": max(chunked_prefill, decode_graph_batch or 0),
+    chunked_prefill = _int(args, "chunked_prefill_size", 0) or 0
+    if chunked_prefill <= 0 or mode == "decode":
+        return limits.model_copy(update={"floor_rule": "capwatch"})
+    decode_graph_batch = _int(args, "cuda_graph_max_bs_decode", 0) or 0
+    return limits.model_copy(update={"max_prefill_buffer_tokens": max(chunked_prefill, decode_graph_batch),
                                      "floor_rule": "sglang"})
 
 
@@ -305,7 +310,7 @@ def server_config(args: dict, *, resolved_dict: bool = True) -> ServerConfig:
     interval = _int(args, "decode_log_interval", DEFAULT_DECODE_LOG_INTERVAL)
     backend = _backend_name(args)
     if resolved_dict:
-        limits = with_start_check(limits, backend, _int(args, "chunked_prefill_size", 0) or 0, mode, decode_bs)
+        limits = with_start_check(limits, backend, args, mode)
     rule = DefaultCapRule(buffer, "prefill buffer") if checked else DefaultCapRule(
         max(0, _int(args, "chunked_prefill_size", 0) or 0), "chunked prefill")
     return ServerConfig(

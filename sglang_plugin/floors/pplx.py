@@ -3,12 +3,13 @@
 Every verified release (0.5.19 – 0.5.23, the same code) refuses to start below it (``arg_groups/moe_hook.py``
 ``_handle_a2a_moe``): on a server with chunked prefill that is not a decode server,
 ``required_pplx_dispatch_tokens_per_rank`` (the chunked-prefill size, or the decode CUDA-graph batch
-``cuda_graph_max_bs_decode`` when larger) <= the cap. The plugin reads it with SGLang's own function
-(``floor_rule="sglang"``) as the limits' prefill term, and the decode CUDA-graph batch x tokens per request with
-SGLang's ``_decode_graph_dispatch_tokens_per_rank`` (0.5.22 on; before, capwatch's transcription of it:
-``graph_terms.decode_graph_dispatch_tokens``): every batch goes through pplx's cap (low-latency mode only), so a
-captured decode graph above it fails at capture even where SGLang checks nothing (a decode server, chunked prefill
-off: there the prefill term is the server's prefill buffer, as for every backend).
+``cuda_graph_max_bs_decode`` when larger) <= the cap. The plugin reads it with SGLang's own function as the
+limits' prefill term (``floor_rule="sglang"``; ``"capwatch"`` where SGLang checks nothing), and the decode
+CUDA-graph batch x tokens per request with SGLang's ``_decode_graph_dispatch_tokens_per_rank`` (0.5.22 on;
+before, capwatch's transcription of it: ``graph_terms.decode_graph_dispatch_tokens``): every batch goes through
+pplx's cap (low-latency mode only), so a captured decode graph above it fails at capture even where SGLang checks
+nothing (a decode server, chunked prefill off: there the prefill term is the server's prefill buffer, as for
+every backend).
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def limits(server_args, sglang_version: str | None, release: str) -> SGLangLimit
     view = resolved_view(server_args)
     decode_graph = (moe_hook._decode_graph_dispatch_tokens_per_rank(server_args) if _has_decode_graph_function(release)
                     else decode_graph_dispatch_tokens(server_args, view))
-    found = sglang_limits(server_args, view, sglang_version, PPLX, decode_graph, FLOOR_RULES[release])
     if (view.chunked_prefill_size or 0) > 0 and str(view.disaggregation_mode) != "decode":  # SGLang's own check
+        found = sglang_limits(server_args, view, sglang_version, PPLX, decode_graph, FLOOR_RULES[release])
         return found.model_copy(update={
             "max_prefill_buffer_tokens": moe_hook.required_pplx_dispatch_tokens_per_rank(server_args)})
-    return found
+    return sglang_limits(server_args, view, sglang_version, PPLX, decode_graph, "capwatch")  # SGLang checks nothing

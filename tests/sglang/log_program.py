@@ -7,9 +7,9 @@ format and stamp, ``SGLANG_LOG_MS``) with the scheduler's prefix, the start-up l
 writes it (``server_args={server_args.resolved_dict()}``; from 0.5.22 through ``_server_args_for_logging``,
 which redacts the watermark secrets), then decode lines (their message from the test's template,
 tests/support/sglang_logs.py). Prints, per case, what SGLang itself says sizes the cap: its floor inputs as
-the plugin reads them on that release (``sglang_plugin/floors/flashinfer.py``: SGLang's functions from 0.5.22,
-capwatch's rule before) and its default cap (0.5.22 on: ``arg_groups/overrides.py``; before, the expression in
-``FlashinferDispatcher.__init__``).
+the plugin reads them on that release (the case's backend's floor module: FlashInfer's SGLang's functions from
+0.5.22, capwatch's rule before; pplx's its start-up check) and its default cap (FlashInfer's 0.5.22 on:
+``arg_groups/overrides.py``; before, the expression in ``FlashinferDispatcher.__init__``; pplx's its variable's).
 
     python -m tests.sglang.log_program PLAN_JSON OUT_DIR
 """
@@ -23,8 +23,16 @@ import sys
 from pathlib import Path
 
 
+# What each backend's server needs beside --moe-a2a-backend (the runner SGLang accepts with it; pplx as
+# tests/sglang/pplx_rank_program.py starts it).
+BACKEND_ARGS = {
+    "flashinfer": {"moe_runner_backend": "flashinfer_cutlass"},
+    "pplx": {"moe_runner_backend": "deep_gemm", "deepep_mode": "low_latency", "deepep_dispatcher_output_dtype": "bf16"},
+}
+
+
 def main(plan_path: Path, out_dir: Path) -> None:
-    from capwatch.sglang_plugin.floors.flashinfer import limits as flashinfer_limits
+    from capwatch.sglang_plugin.hooks import BACKENDS
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.utils.common import configure_logger
 
@@ -36,11 +44,11 @@ def main(plan_path: Path, out_dir: Path) -> None:
     results = {}
     for name, case in plan["cases"].items():
         os.environ.update(case.get("env", {}))
+        backend = case.get("backend", "flashinfer")
         server_args = ServerArgs(model_path=plan["model_dir"], skip_tokenizer_init=True, device="cpu",
-                                 moe_a2a_backend="flashinfer", moe_runner_backend="flashinfer_cutlass",
-                                 **case["server_args"])
+                                 moe_a2a_backend=backend, **{**BACKEND_ARGS[backend], **case["server_args"]})
         publish_scheduler(server_args, 0)
-        limits = flashinfer_limits(server_args, None, release)
+        limits = BACKENDS[backend].FLOOR.limits(server_args, None, release)  # as the plugin reads them
         log = out_dir / f"{name}.log"
         handler = logging.FileHandler(log)
         configure_logger(server_args, prefix=case.get("prefix", ""))
@@ -53,7 +61,7 @@ def main(plan_path: Path, out_dir: Path) -> None:
             logging.getLogger("sglang.srt.managers.scheduler").info(sg.decode_message(running))
         handler.close()
         root.handlers = [logging.NullHandler()]  # the next case's start-up chatter goes nowhere
-        results[name] = {"limits": limits.model_dump(), "default_cap": _default_cap(server_args),
+        results[name] = {"limits": limits.model_dump(), "default_cap": _default_cap(server_args, backend),
                          "tp_size": server_args.tp_size, "ep_size": server_args.ep_size}
     print(json.dumps(results))
 
@@ -68,9 +76,15 @@ def _for_logging(server_args) -> dict:
     return redact_watermark_secrets(server_args.resolved_dict())
 
 
-def _default_cap(server_args) -> int:
-    """The cap SGLang runs with when its variable is unset (none of the cases set it)."""
+def _default_cap(server_args, backend: str) -> int:
+    """The cap SGLang runs with when its variable is unset (none of the cases set it): a fixed default but for
+    FlashInfer's, derived from the prefill."""
+    from capwatch.backends import spec_of
     from sglang.srt.arg_groups import moe_hook, overrides
+    from sglang.srt.environ import envs
+
+    if backend != "flashinfer":
+        return getattr(envs, spec_of(backend).rules.cap_env_var).get()
 
     if hasattr(overrides, "flashinfer_a2a_max_dispatch_tokens_per_rank"):  # 0.5.22 on
         return overrides.flashinfer_a2a_max_dispatch_tokens_per_rank(moe_hook.max_prefill_buffer_tokens(server_args))

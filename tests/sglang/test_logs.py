@@ -2,7 +2,7 @@
 .venv-sglang with the release's folder first): a log written by SGLang's ``configure_logger`` and start-up line,
 read back to exactly what that release says sizes the cap — its floor inputs as the plugin reads them there
 (SGLang's own functions from 0.5.22; capwatch's rule before, where prefill takes an all-gather) and its default
-cap."""
+cap; for FlashInfer's servers and pplx's (SGLang's own start-up check of its cap, in every release)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,12 @@ CASES = {
                                     "speculative_num_steps": 3, "speculative_eagle_topk": 1}, "prefix": " DP1 TP1 EP1"},
     "pd-decode-log-ms": {"server_args": {**DP_ATTENTION, "disaggregation_mode": "decode"}, "prefix": " DP1 TP1 EP1",
                          "env": {"SGLANG_LOG_MS": "1"}},
+    # pplx: SGLang's start-up check, the chunk or the decode graph batch (required_pplx_dispatch_tokens_per_rank),
+    # and where it checks nothing (a decode server)
+    "pplx-chunk-and-graph": {"backend": "pplx", "prefix": " DP0 TP0 EP0", "server_args": {
+        **DP_ATTENTION, "chunked_prefill_size": 16, "cuda_graph_max_bs_decode": 64, "max_running_requests": 40}},
+    "pplx-pd-decode": {"backend": "pplx", "prefix": " DP1 TP1 EP1", "server_args": {
+        **DP_ATTENTION, "disaggregation_mode": "decode", "chunked_prefill_size": 16, "cuda_graph_max_bs_decode": 64}},
 }
 RUNNING = [5, 40, 17, 33]
 
@@ -68,7 +74,7 @@ def test_a_log_sglang_writes_reads_to_sglangs_own_rules(release_logs, release, c
         key: value for key, value in theirs["limits"].items() if key != "sglang_version"}
     assert config.default_cap == theirs["default_cap"] == segment.cap_in_use
     assert (config.tp_size, config.ep_size) == (theirs["tp_size"], theirs["ep_size"])
-    assert config.moe_a2a_backend == "flashinfer"
+    assert config.moe_a2a_backend == CASES[case].get("backend", "flashinfer")
     assert config.tokens_per_request == theirs["limits"]["tokens_per_request"]
     assert read.decode_lines == len(RUNNING) and read.unusable_lines == read.args_unread == 0
     assert segment.history.max_peak_runtime_tokens == max(RUNNING) * config.tokens_per_request

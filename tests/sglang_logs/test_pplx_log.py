@@ -71,11 +71,12 @@ def test_an_internode_pplx_servers_log_says_why_it_cannot_be_priced(tmp_path):
 @pytest.mark.parametrize("release_args", ["0.5.23", "0.5.21"])
 def test_the_floor_is_sglangs_own_start_check_the_chunk_or_the_decode_graph_batch(tmp_path, release_args):
     """SGLang refuses to start a pplx server with chunked prefill (not a decode server) whose cap is below the chunk
-    or the decode CUDA-graph batch, the larger (``required_pplx_dispatch_tokens_per_rank``, every verified release):
-    the floor the advice keeps, as the plugin reads it (tests/sglang/test_pplx_plugin.py: 64, where the decode graph
-    term alone, capped by the running requests per DP rank, says 40 // 8 = 5)."""
+    or the decode CUDA-graph batch as set, the larger (``required_pplx_dispatch_tokens_per_rank``, every verified
+    release): the floor the advice keeps, 64 here, where the decode graph's resolved bucket (what SGLang logs in
+    ``cuda_graph_config``, 32) would say less. tests/sglang/test_logs.py checks the same against each release's own
+    start-up line and SGLang's own function; this is the command a user runs."""
     start = {"moe_a2a_backend": "pplx", "moe_runner_backend": "deep_gemm", "chunked_prefill_size": 16,
-             "decode_max_bs": 64, "max_running_requests": 40}
+             "decode_max_bs": 32, "cuda_graph_max_bs_decode": 64, "max_running_requests": 40}
     args = server_args(**start) if release_args == "0.5.23" else server_args_0_5_21(**start)
     lines = LOG.record(T0 - 30, [args_message(args)]) + decode_lines(LOG, traffic(60, lambda m, s, d: 2 + d % 3))
     result = run_cli("--sglang-log", write(tmp_path / "pplx.log", lines), "--json")
