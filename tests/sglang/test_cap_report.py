@@ -20,7 +20,7 @@ from capwatch.backends.deepep import RULES as DEEPEP
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import WORLD
 from tests.sglang.test_deepep_plugin import MODEL, get_json, value, wait_for
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 from tests.support.service import ServiceProcess
 
 RELEASES = ["0.5.19", "0.5.23"]
@@ -45,7 +45,7 @@ def _run(tmp_path, service, release: str, cluster: str, cap: int, applied: bool)
            "CAPWATCH_SERVICE_URL": service.url, "CAPWATCH_REPORT_INTERVAL_S": "0.5", DEEPEP.cap_env_var: str(cap)}
     if applied:  # what the launcher leaves in the environment its schedulers inherit
         record_applied(DEEPEP.cap_env_var, cap, "capwatch", 7, "advice revision 7 for this deployment", environ=env)
-    plan = {"plugins": True, "master_port": free_port(), "deepep_model": MODEL, "deepep_mode": "auto",
+    plan = {"plugins": True, "deepep_model": MODEL, "deepep_mode": "auto",
             "layers": [0, 1], "steps": [{"tokens": [3, 5]}, {"tokens": [2, 4]}, {"pause": True}]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
                   program="tests.sglang.deepep_rank_program").start(plan)

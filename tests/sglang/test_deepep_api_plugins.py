@@ -25,7 +25,7 @@ from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 
 WORLD = 2
 CAP = 64
@@ -57,7 +57,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_the_librarys
     cluster = f"{backend}-{release.replace('.', '-')}"
     base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {rules.cap_env_var: str(CAP)})
-    plan = {"master_port": free_port(), "backend": backend, "deepep_model": MODEL, "layers": LAYERS,
+    plan = {"backend": backend, "deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,

@@ -14,7 +14,6 @@ from capwatch.sizing.model_presets import custom_geometry
 
 from tests.sglang.deepep_standin import DEEPEP_ASSERT
 from tests.sglang.ranks import START_TIMEOUT_S, RankRun
-from tests.support.ports import free_port
 
 WORLD = 2
 CAP = 128
@@ -59,7 +58,7 @@ def check_steps(run: RankRun) -> int:
 def test_decode_steps_with_two_batch_overlap_then_deepeps_assertion_ends_the_rank(tmp_path):
     """SGLang's defaults (--deepep-mode auto, FP8 dispatch) with two-batch overlap; the last step puts one more
     token than the cap on rank 0 alone: DeepEP refuses it on that rank (SGLang has no check of its own)."""
-    plan = {"master_port": free_port(), "deepep_mode": "auto", "dispatch_dtype": "fp8", "two_batch_overlap": True,
+    plan = {"deepep_mode": "auto", "dispatch_dtype": "fp8", "two_batch_overlap": True,
             "layers": [3, 1],
             "steps": [{"tokens": [3, 5]}, {"micro_batches": [[2, 4], [CAP, 1]]}, {"tokens": [0, 7]},
                       {"tokens": [CAP + 1, 3]}]}

@@ -16,7 +16,7 @@ from tests.sglang.deepep_standin import DEEPEP_ASSERT
 from tests.sglang.plugin_run import get_json, plugin_env, scrape_at_pause_then_overflow, wait_for
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_dispatcher import CAP, GEOMETRY, MODEL, WORLD, check_steps
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 from tests.support.service import ServiceProcess
 
 LAYERS = [3, 1]  # built out of order: layer 1 leads, both of its micro-batch dispatchers
@@ -46,7 +46,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_deepeps_asse
     cluster = f"deepep-{release.replace('.', '-')}"
     base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {DEEPEP.cap_env_var: str(CAP)})
-    plan = {"plugins": True, "master_port": free_port(), "deepep_model": MODEL, "deepep_mode": "auto",
+    plan = {"plugins": True, "deepep_model": MODEL, "deepep_mode": "auto",
             "dispatch_dtype": "fp8", "two_batch_overlap": True, "layers": LAYERS,
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,

@@ -18,7 +18,7 @@ from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 
 WORLD = 2
 CAP = 64
@@ -48,7 +48,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_valu
     cluster = f"deepep-v2-{release.replace('.', '-')}"
     base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {DEEPEP_V2.cap_env_var: str(CAP)})
-    plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
+    plan = {"deepep_model": MODEL, "layers": LAYERS,
             "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16},
             "steps": [*STEPS, {"pause": True}, OVERFLOW]}
     run = RankRun(tmp_path, WORLD, env, sglang_release=release, metrics_base_port=base_port,
@@ -98,7 +98,7 @@ def test_an_older_release_is_refused_in_one_line_and_sglang_runs_on(tmp_path):
     env = {"SGLANG_PLUGINS": "capwatch", "CAPWATCH_CLUSTER": "deepep-v2-0-5-21",
            "CAPWATCH_METRICS_BASE_PORT": str(base_port), DEEPEP_V2.cap_env_var: str(CAP)}
     # 0.5.21's prefill budget is the whole chunk (0.5.22 on: scattered over the TP ranks): within its cap here.
-    plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": [],
+    plan = {"deepep_model": MODEL, "layers": [],
             "server_args": {"chunked_prefill_size": CAP, "cuda_graph_max_bs_decode": 16}, "steps": []}
     run = RankRun(tmp_path, WORLD, env, sglang_release="0.5.21", metrics_base_port=base_port,
                   program="tests.sglang.deepep_v2_rank_program").start(plan)

@@ -23,7 +23,7 @@ from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 
 WORLD = 2
 CAP = 64
@@ -50,7 +50,7 @@ def megamoe_plan(tmp_path, layers: list[int], steps: list[dict], **more) -> dict
     model_dir = tmp_path / "deepseek"
     model_dir.mkdir()
     (model_dir / "config.json").write_text(json.dumps(MODEL_CONFIG))
-    return {"master_port": free_port(), "megamoe_model": MODEL, "layers": layers, "model_dir": str(model_dir),
+    return {"megamoe_model": MODEL, "layers": layers, "model_dir": str(model_dir),
             "server_args": {"chunked_prefill_size": CAP * WORLD, "cuda_graph_max_bs_decode": 16}, "steps": steps,
             **more}
 

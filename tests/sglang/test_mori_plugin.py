@@ -15,7 +15,7 @@ from capwatch.sizing.mori import mori_op_plan
 from tests.sglang.plugin_run import plugin_env, scrape_at_pause_then_overflow
 from tests.sglang.ranks import RankRun
 from tests.sglang.test_deepep_plugin import _final_rank_zero, get_json, value, wait_for
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 from tests.support.service import ServiceProcess
 
 WORLD, CAP, CHUNK = 2, 128, 64  # SGLang's own start-up check: the prefill chunk <= the cap
@@ -30,7 +30,7 @@ def run_ranks(tmp_path, env: dict, plan: dict, release: str = "0.5.23") -> RankR
     run = RankRun(tmp_path, WORLD, {MORI.cap_env_var: str(CAP), **env}, sglang_release=release,
                   metrics_base_port=int(env.get("CAPWATCH_METRICS_BASE_PORT", 0)),
                   program="tests.sglang.mori_rank_program")
-    return run.start({"master_port": free_port(), "mori_model": MODEL, "layers": LAYERS,
+    return run.start({"mori_model": MODEL, "layers": LAYERS,
                       "chunked_prefill_size": CHUNK, **plan})
 
 

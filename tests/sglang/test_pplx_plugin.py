@@ -18,7 +18,7 @@ from tests.sglang.test_deepep_dispatcher import check_steps
 from tests.sglang.test_deepep_plugin import service  # noqa: F401  (the service the ranks report to)
 from tests.sglang.test_deepep_plugin import _final_rank_zero, value, wait_for
 from tests.sglang.test_deepep_v2_plugin import _view
-from tests.support.ports import free_port, free_port_block
+from tests.support.ports import free_port_block
 
 PPLX = spec_of("pplx").rules
 WORLD = 2
@@ -47,7 +47,7 @@ def test_counted_reported_advised_then_the_overflow_reported_before_sglangs_asse
     cluster = f"pplx-{release.replace('.', '-')}"
     base_port = free_port_block(WORLD)  # rank r exports on base + r
     env = plugin_env(cluster, base_port, service.url, {PPLX.cap_env_var: str(CAP)})
-    plan = {"master_port": free_port(), "deepep_model": MODEL, "layers": LAYERS,
+    plan = {"deepep_model": MODEL, "layers": LAYERS,
             # SGLang's floor: max(chunked prefill 16, decode graph 64) = 64; its graph term alone (capped by the
             # running requests per DP rank, 40 // 2) would say 20
             "server_args": {"chunked_prefill_size": 16, "cuda_graph_max_bs_decode": CAP, "max_running_requests": 40},
