@@ -59,3 +59,18 @@ def test_an_engines_series_are_its_limits_under_its_name(name):
     assert len(fields) == len(set(fields))
     assert set(fields) == set(ENGINES[name].LIMITS.model_fields) - {"engine"}  # the discriminator is not on the wire
     assert set(metrics.metrics) <= set(catalogue.METRICS)
+
+
+def test_the_traffic_help_says_for_every_hooked_backend_what_it_counts_and_on_which_layers():
+    """Every backend the SGLang plugin hooks counts its traffic on a sample of layers: its spec says which (the help
+    would say "every layer" for it otherwise), and both traffic series' help name it."""
+    import re
+
+    from capwatch.backends import SPECS
+    from capwatch.sglang_plugin.hooks import BACKENDS
+
+    for name in BACKENDS:
+        assert SPECS[name].traffic_sample is not None, f"{name}: say on which layers its hook counts traffic"
+        for spec in (catalogue.TOKENS_SENT, catalogue.TOKENS_RECEIVED):
+            grouped = re.findall(r"\(([a-z0-9_, ]+)\)", spec.help)  # "what (backend, backend)"
+            assert any(name in group.split(", ") for group in grouped), (name, spec.name)
